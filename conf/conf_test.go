@@ -1,0 +1,267 @@
+package conf
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const sample = `# the issue's example
+[log]
+level  = "info"
+format = "auto"
+access = true
+
+[defaults]
+scheduler       = "wrr"
+connect_timeout = "3s"
+idle_timeout    = "0s"
+retries         = 2
+
+[services.pg]
+listen    = ["127.0.0.1:15432", "[::1]:15432"]
+scheduler = "lc"
+  [[services.pg.backends]]
+  name    = "pg-a"
+  address = "127.0.0.1:5432"
+  weight  = 3
+  [[services.pg.backends]]
+  address = "127.0.0.2:5432"
+
+[services.redis]
+listen = [":16379"]
+connect_timeout = "250ms"
+idle_timeout = "1h"
+backends = [ { name = "r1", address = "127.0.0.1:6379", weight = 0 } ]
+`
+
+func TestParseSample(t *testing.T) {
+	cfg, err := Parse("sample.toml", []byte(sample))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if len(cfg.Services) != 2 || cfg.Services[0].Name != "pg" || cfg.Services[1].Name != "redis" {
+		t.Fatalf("services = %+v; want pg, redis in file order", cfg.Services)
+	}
+	pg, redis := cfg.Services[0], cfg.Services[1]
+	if pg.Scheduler != "lc" || pg.ConnectTimeout != 3*time.Second || pg.Retries != 2 || pg.DrainTimeout != 5*time.Minute {
+		t.Errorf("pg settings = %+v; want lc, 3s, 2 retries, 5m drain", pg.Settings)
+	}
+	wantListen := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:15432"), netip.MustParseAddrPort("[::1]:15432")}
+	if len(pg.Listen) != 2 || pg.Listen[0] != wantListen[0] || pg.Listen[1] != wantListen[1] {
+		t.Errorf("pg listen = %v; want %v", pg.Listen, wantListen)
+	}
+	if b := pg.Backends[0]; b.Name != "pg-a" || b.Weight != 3 || b.Addr != netip.MustParseAddrPort("127.0.0.1:5432") {
+		t.Errorf("pg backend 0 = %+v", b)
+	}
+	if b := pg.Backends[1]; b.Name != "127.0.0.2:5432" || b.Weight != 1 {
+		t.Errorf("pg backend 1 = %+v; want name defaulting to the address, weight 1", b)
+	}
+	if redis.Scheduler != "wrr" || redis.ConnectTimeout != 250*time.Millisecond || redis.IdleTimeout != time.Hour {
+		t.Errorf("redis settings = %+v; want wrr from defaults, own timeouts", redis.Settings)
+	}
+	if l := redis.Listen[0]; !l.Addr().IsUnspecified() || l.Port() != 16379 {
+		t.Errorf("redis listen = %v; want every address, port 16379", l)
+	}
+	if redis.Backends[0].Weight != 0 {
+		t.Errorf("redis weight = %d; want 0", redis.Backends[0].Weight)
+	}
+	if !cfg.Log.Access || cfg.Log.Level != "info" {
+		t.Errorf("log = %+v", cfg.Log)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Parse("", []byte(`
+[services.s]
+listen = ["127.0.0.1:1"]
+backends = [{address = "127.0.0.1:2"}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute}
+	if got := cfg.Services[0].Settings; got != want {
+		t.Errorf("settings = %+v; want %+v", got, want)
+	}
+	if cfg.Log != (Log{Level: "info", Format: "auto", Access: true}) {
+		t.Errorf("log = %+v", cfg.Log)
+	}
+}
+
+// TestErrors checks that each problem is reported with its file, line and
+// key, and that one file with many problems reports them all.
+func TestErrors(t *testing.T) {
+	base := "[services.s]\nlisten = [\"127.0.0.1:1\"]\n"
+	ok := base + "backends = [{address = \"127.0.0.1:2\"}]\n"
+	tests := []struct {
+		name string
+		src  string
+		want []string // each must appear, in this order
+	}{
+		{"syntax", "[services.s\nlisten = 1\n", []string{"f.toml:2: expected '.' or ']' to end table name"}},
+		{"unknown top-level key", ok + "[servces.t]\n", []string{"f.toml:4: servces: unknown key (did you mean \"services\"?)"}},
+		{"unknown service key", ok + "wieght = 3\n", []string{"f.toml:4: services.s.wieght: unknown key"}},
+		{"unknown backend key", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nwieght = 3\n",
+			[]string{"f.toml:5: services.s.backends[0].wieght: unknown key (did you mean \"weight\"?)"}},
+		{"unknown log key", "[log]\nlevl = \"info\"\n" + ok, []string{"f.toml:2: log.levl: unknown key"}},
+		{"bad level", "[log]\nlevel = \"loud\"\n" + ok, []string{`f.toml:2: log.level: "loud" is not one of debug, info, warn, error`}},
+		{"bad listen", "[services.s]\nlisten = [\"localhost:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:2: services.s.listen[0]: "localhost:1": listen on an IP address`}},
+		{"no listen", "[services.s]\nbackends = [{address = \"127.0.0.1:2\"}]\n", []string{"f.toml:1: services.s.listen: at least one listen address"}},
+		{"bad backend address", base + "[[services.s.backends]]\naddress = \"127.0.0.1\"\n",
+			[]string{`f.toml:4: services.s.backends[0].address: "127.0.0.1" is not host:port`}},
+		{"port zero", base + "[[services.s.backends]]\naddress = \"127.0.0.1:0\"\n",
+			[]string{`f.toml:4: services.s.backends[0].address: "127.0.0.1:0": port "0" is not a number from 1 to 65535`}},
+		{"missing address", base + "[[services.s.backends]]\nname = \"a\"\n",
+			[]string{`f.toml:3: services.s.backends[0].address: missing`}},
+		{"negative weight", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nweight = -1\n",
+			[]string{"f.toml:5: services.s.backends[0].weight: must not be negative, have -1"}},
+		{"huge weight", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nweight = 70000\n",
+			[]string{"f.toml:5: services.s.backends[0].weight: must be between 0 and 65535"}},
+		{"weight as string", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nweight = \"3\"\n",
+			[]string{`f.toml:5: services.s.backends[0].weight: want an integer, have string "3"`}},
+		{"unknown scheduler", ok + "scheduler = \"wlcx\"\n", []string{`f.toml:4: services.s.scheduler: "wlcx" is not one of`}},
+		{"bad duration", "[defaults]\nconnect_timeout = \"3\"\n" + ok, []string{`f.toml:2: defaults.connect_timeout: "3" is not a duration`}},
+		{"zero connect timeout", "[defaults]\nconnect_timeout = \"0s\"\n" + ok, []string{`f.toml:2: defaults.connect_timeout: must be at least 1ms`}},
+		{"negative idle", ok + "idle_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.idle_timeout: must not be negative`}},
+		{"too many retries", ok + "retries = 99\n", []string{`f.toml:4: services.s.retries: must be between 0 and 15, have 99`}},
+		{"no backends", base, []string{"f.toml:1: services.s.backends: a service needs at least one backend"}},
+		{"duplicate backend name", base + "[[services.s.backends]]\nname = \"a\"\naddress = \"127.0.0.1:2\"\n[[services.s.backends]]\nname = \"a\"\naddress = \"127.0.0.1:3\"\n",
+			[]string{`f.toml:7: services.s.backends[1].name: backend name "a" is already used by services.s.backends[0]`}},
+		{"duplicate default name", base + "backends = [{address = \"127.0.0.1:2\"}, {address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:3: services.s.backends[1].name: backend name "127.0.0.1:2" is already used`}},
+		{"duplicate listen across services", ok + "[services.t]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:5: services.t.listen[0]: 127.0.0.1:1 is also listened on by services.s.listen[0]`}},
+		{"wildcard overlaps", ok + "[services.t]\nlisten = [\":1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:5: services.t.listen[0]: :1 is also listened on by services.s.listen[0]`}},
+		{"bad service name", "[services.\"a b\"]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:1: services.a b: service name "a b" may hold only`}},
+		{"everything at once", `[log]
+level = "loud"
+[defaults]
+retries = -1
+[services.s]
+listen = ["127.0.0.1:1", "127.0.0.1:1"]
+scheduler = "nope"
+  [[services.s.backends]]
+  address = "127.0.0.1"
+  weight = -2
+  color = "red"
+`, []string{
+			"f.toml:2: log.level",
+			"f.toml:4: defaults.retries",
+			"f.toml:6: services.s.listen[1]",
+			"f.toml:7: services.s.scheduler",
+			"f.toml:9: services.s.backends[0].address",
+			"f.toml:10: services.s.backends[0].weight",
+			"f.toml:11: services.s.backends[0].color: unknown key",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse("f.toml", []byte(tt.src))
+			if err == nil {
+				t.Fatalf("Parse = %+v, nil; want errors %q", cfg, tt.want)
+			}
+			msg := err.Error()
+			at := 0
+			for _, w := range tt.want {
+				i := strings.Index(msg[at:], w)
+				if i < 0 {
+					t.Fatalf("Parse error =\n%s\nwant it to contain, in order:\n%s", msg, strings.Join(tt.want, "\n"))
+				}
+				at += i + len(w)
+			}
+			var e *Error
+			if !errors.As(err, &e) || e.File != "f.toml" || e.Line == 0 {
+				t.Errorf("errors.As(*Error) = %+v; want file and line set", e)
+			}
+		})
+	}
+}
+
+func TestResolveHostname(t *testing.T) {
+	old := lookup
+	defer func() { lookup = old }()
+	lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
+		if host == "db.internal" {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.9"), netip.MustParseAddr("127.0.0.10")}, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	cfg, err := Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"db.internal:5432\"}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Services[0].Backends[0].Addr; got != netip.MustParseAddrPort("127.0.0.9:5432") {
+		t.Errorf("resolved = %v; want the first address, 127.0.0.9:5432", got)
+	}
+	_, err = Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"nope.internal:5432\"}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `f.toml:3: services.s.backends[0].address: "nope.internal:5432": cannot resolve "nope.internal"`) {
+		t.Errorf("Parse = %v; want a located resolution error", err)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "fulcrum.toml")
+	if err := os.WriteFile(p, []byte(sample), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(p)
+	if err != nil || cfg.File != p {
+		t.Fatalf("Load = %v, %v", cfg, err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.toml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing) = %v; want ErrNotExist", err)
+	}
+	if err := os.WriteFile(p, []byte("[services.s]\nlisten = 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), p+":2: services.s.listen: want an array of strings") {
+		t.Errorf("Load = %v; want %s:2: services.s.listen: …", err, p)
+	}
+}
+
+func TestLocate(t *testing.T) {
+	src := `a = 1 # [not.a.table]
+"quoted.key" = "x = [y]"
+[t]
+s = """
+multi
+line = 2
+"""
+arr = [
+  1,
+  { k = "v" },
+]
+[[t.list]]
+x = 1
+[[t.list]]
+x = 2
+  [[t.list.sub]]
+  y = 3
+[t . "u v"]
+dotted.key = 4
+`
+	want := map[string]int{
+		"a": 1, "quoted.key": 2, "t": 3, "t.s": 4, "t.arr": 8, "t.arr[1].k": 10,
+		"t.list[0]": 12, "t.list[0].x": 13, "t.list[1]": 14, "t.list[1].x": 15,
+		"t.list[1].sub[0].y": 17, "t.u v.dotted.key": 19,
+	}
+	got := locate(src)
+	for k, line := range want {
+		if got[k] != line {
+			t.Errorf("locate[%q] = %d; want %d", k, got[k], line)
+		}
+	}
+	if _, ok := got["line"]; ok {
+		t.Errorf("locate read a key inside a multi-line string")
+	}
+}
