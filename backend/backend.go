@@ -1,0 +1,193 @@
+// Package backend holds what fulcrum knows about each backend server and
+// keeps across reloads: its identity (service and name), live counters, and
+// drain state.
+//
+// Settings that a reload may change (address, weight, limits) live in the
+// scheduler snapshot, not here. A Backend is shared by every snapshot that
+// names it, so the counters of a backend whose name is kept survive a reload.
+//
+// Typical use, on the per-connection path:
+//
+//	if !b.Acquire(maxConns) {
+//		// full or draining: pick another
+//	}
+//	defer b.Release()
+//	... dial, then b.Track(session) so that a drain deadline can close it,
+//	and b.Untrack(session) when it ends.
+//
+// The package only counts and tracks; it never dials or closes on its own,
+// except that Drain closes the sessions still tracked at its deadline.
+package backend
+
+import (
+	"context"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Backend is one backend server of one service.
+type Backend struct {
+	Service string // the service's name
+	Name    string // the backend's name, unique in its service
+
+	active       atomic.Int64  // connections holding a slot: dialling or open
+	total        atomic.Uint64 // connections that took a slot
+	bytesIn      atomic.Uint64 // client → backend
+	bytesOut     atomic.Uint64 // backend → client
+	connectFails atomic.Uint64
+	draining     atomic.Bool // no new connections; set by Drain, cleared by Undrain
+	closing      atomic.Bool // the drain deadline passed: sessions are being closed
+
+	mu       sync.Mutex             // protects sessions
+	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline
+}
+
+// New returns a backend with zeroed counters.
+func New(service, name string) *Backend {
+	return &Backend{Service: service, Name: name, sessions: map[io.Closer]struct{}{}}
+}
+
+// Acquire takes a connection slot. It fails when the backend is draining or,
+// with max > 0, when max slots are already taken; a dial in progress holds a
+// slot, so max is never exceeded.
+func (b *Backend) Acquire(max int) bool {
+	if b.draining.Load() {
+		return false
+	}
+	if max <= 0 {
+		b.active.Add(1)
+	} else {
+		for {
+			n := b.active.Load()
+			if n >= int64(max) {
+				return false
+			}
+			if b.active.CompareAndSwap(n, n+1) {
+				break
+			}
+		}
+	}
+	b.total.Add(1)
+	return true
+}
+
+// Release returns a slot taken by Acquire.
+func (b *Backend) Release() { b.active.Add(-1) }
+
+// Active is the number of slots taken now.
+func (b *Backend) Active() int64 { return b.active.Load() }
+
+// Draining reports whether the backend takes no new connections.
+func (b *Backend) Draining() bool { return b.draining.Load() }
+
+// ConnectFailed counts a failed dial.
+func (b *Backend) ConnectFailed() { b.connectFails.Add(1) }
+
+// AddBytes counts bytes forwarded: in from the client, out to it.
+func (b *Backend) AddBytes(in, out int64) {
+	if in > 0 {
+		b.bytesIn.Add(uint64(in))
+	}
+	if out > 0 {
+		b.bytesOut.Add(uint64(out))
+	}
+}
+
+// Track registers an open session so that Drain can close it at its
+// deadline. It returns false when that deadline has already passed; the
+// caller must then close the session itself.
+func (b *Backend) Track(s io.Closer) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing.Load() {
+		return false
+	}
+	b.sessions[s] = struct{}{}
+	return true
+}
+
+// Untrack removes a session registered by Track.
+func (b *Backend) Untrack(s io.Closer) {
+	b.mu.Lock()
+	delete(b.sessions, s)
+	b.mu.Unlock()
+}
+
+// Stats is a point-in-time copy of a backend's counters.
+type Stats struct {
+	Active       int64
+	Total        uint64
+	BytesIn      uint64 // client → backend
+	BytesOut     uint64 // backend → client
+	ConnectFails uint64
+	Draining     bool
+}
+
+// Stats reads the counters. Each is read atomically; together they are not a
+// single snapshot.
+func (b *Backend) Stats() Stats {
+	return Stats{
+		Active:       b.active.Load(),
+		Total:        b.total.Load(),
+		BytesIn:      b.bytesIn.Load(),
+		BytesOut:     b.bytesOut.Load(),
+		ConnectFails: b.connectFails.Load(),
+		Draining:     b.draining.Load(),
+	}
+}
+
+// Undrain lets a draining backend take connections again (it was re-added).
+func (b *Backend) Undrain() {
+	b.mu.Lock()
+	b.draining.Store(false)
+	b.closing.Store(false)
+	b.mu.Unlock()
+}
+
+// StopNew makes Acquire refuse from now on: the first step of Drain, for a
+// caller that must know it has happened before starting Drain elsewhere.
+func (b *Backend) StopNew() { b.draining.Store(true) }
+
+// Drain stops new connections and waits for open ones to end. When ctx ends
+// first, it closes the sessions still open and returns how many it closed.
+// It returns early, closing nothing, if Undrain is called meanwhile.
+//
+// Like net/http's Server.Shutdown it polls, from 1 ms doubling to 500 ms.
+func (b *Backend) Drain(ctx context.Context) (closed int) {
+	b.StopNew()
+	wait := time.Millisecond
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		if b.active.Load() <= 0 || !b.draining.Load() {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return b.closeAll()
+		case <-t.C:
+			wait = min(2*wait, 500*time.Millisecond)
+			t.Reset(wait)
+		}
+	}
+}
+
+func (b *Backend) closeAll() int {
+	b.mu.Lock()
+	if !b.draining.Load() { // undrained meanwhile
+		b.mu.Unlock()
+		return 0
+	}
+	b.closing.Store(true)
+	open := make([]io.Closer, 0, len(b.sessions))
+	for s := range b.sessions {
+		open = append(open, s)
+	}
+	b.mu.Unlock()
+	for _, s := range open {
+		s.Close() // teardown: the session logs its own end
+	}
+	return len(open)
+}

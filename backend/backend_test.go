@@ -1,0 +1,138 @@
+package backend
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestAcquireMax(t *testing.T) {
+	b := New("s", "a")
+	const max, workers = 5, 8
+	var peak, cur atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() { // exits after its attempts
+			defer wg.Done()
+			for range 2000 {
+				if !b.Acquire(max) {
+					continue
+				}
+				n := cur.Add(1)
+				for {
+					p := peak.Load()
+					if n <= p || peak.CompareAndSwap(p, n) {
+						break
+					}
+				}
+				cur.Add(-1)
+				b.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	if p := peak.Load(); p > max || p < 1 {
+		t.Errorf("peak holders = %d; want 1..%d", p, max)
+	}
+	if a := b.Active(); a != 0 {
+		t.Errorf("active = %d after all released", a)
+	}
+	if got := b.Stats().Total; got == 0 {
+		t.Error("total not counted")
+	}
+}
+
+type closer struct{ closed atomic.Bool }
+
+func (c *closer) Close() error { c.closed.Store(true); return nil }
+
+// TestDrainDeadline: sessions still open at the deadline are closed and
+// counted; new slots are refused meanwhile.
+func TestDrainDeadline(t *testing.T) {
+	b := New("s", "a")
+	sessions := []*closer{{}, {}}
+	for _, s := range sessions {
+		if !b.Acquire(0) || !b.Track(s) {
+			t.Fatal("acquire/track failed")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan int, 1)
+	start := time.Now()
+	go func() { done <- b.Drain(ctx) }() // exits at the deadline
+	n := <-done
+	if b.Acquire(0) {
+		t.Error("Acquire succeeded while draining")
+	}
+	if el := time.Since(start); el < 200*time.Millisecond || el > 2*time.Second {
+		t.Errorf("Drain returned after %v; want about 200ms", el)
+	}
+	if n != 2 || !sessions[0].closed.Load() || !sessions[1].closed.Load() {
+		t.Errorf("Drain closed %d; want both sessions closed", n)
+	}
+	if b.Track(&closer{}) {
+		t.Error("Track succeeded after the drain deadline")
+	}
+}
+
+// TestDrainEnds: Drain returns, closing nothing, once the last session ends.
+func TestDrainEnds(t *testing.T) {
+	b := New("s", "a")
+	s := &closer{}
+	b.Acquire(0)
+	b.Track(s)
+	done := make(chan int, 1)
+	go func() { done <- b.Drain(context.Background()) }() // exits when the session ends
+	b.Untrack(s)
+	b.Release()
+	select {
+	case n := <-done:
+		if n != 0 || s.closed.Load() {
+			t.Errorf("Drain closed %d sessions; want 0", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return after the last session ended")
+	}
+}
+
+// TestUndrain: a re-added backend stops its drain and takes connections.
+func TestUndrain(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	b.Acquire(0)
+	done := make(chan int, 1)
+	go func() { done <- b.Drain(context.Background()) }() // exits when undrained
+	waitFor(t, b.Draining)
+	if got := p.Get("s", "a"); got != b {
+		t.Fatal("Pool.Get returned a new backend for a draining name")
+	}
+	b.Undrain()
+	if n := <-done; n != 0 {
+		t.Errorf("Drain closed %d", n)
+	}
+	p.Forget(b) // not draining: kept
+	if p.Get("s", "a") != b || !b.Acquire(0) {
+		t.Error("undrained backend lost or refusing")
+	}
+	b.Release()
+	b.Release()
+	b.Drain(context.Background())
+	p.Forget(b)
+	if p.Len() != 0 {
+		t.Error("drained backend not forgotten")
+	}
+}
+
+// waitFor polls cond (there is no event to wait on) for up to 5s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+	}
+}
