@@ -1,0 +1,430 @@
+package listener
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"fulcrum/sched"
+)
+
+func contextDone() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx, cancel
+}
+
+// stream writes n deterministic bytes (seeded) to w.
+func stream(w io.Writer, seed uint64, n int) error {
+	r := rand.New(rand.NewPCG(seed, seed))
+	buf := make([]byte, 64<<10)
+	for n > 0 {
+		k := min(n, len(buf))
+		for i := 0; i < k; i += 8 {
+			v := r.Uint64()
+			for j := 0; j < 8 && i+j < k; j++ {
+				buf[i+j] = byte(v >> (8 * j))
+			}
+		}
+		if _, err := w.Write(buf[:k]); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+func streamSum(seed uint64, n int) [32]byte {
+	h := sha256.New()
+	stream(h, seed, n)
+	return [32]byte(h.Sum(nil))
+}
+
+// TestBulkBothWays moves 16 MiB each way at once and compares checksums.
+func TestBulkBothWays(t *testing.T) {
+	checkLeaks(t)
+	const size = 16 << 20
+	got := make(chan [32]byte, 1)
+	be := newServer(t, func(c *net.TCPConn) {
+		done := make(chan error, 1)
+		go func() { done <- stream(userspace{c}, 2, size) }() // exits when the stream is written
+		h := sha256.New()
+		io.Copy(h, userspace{c})
+		got <- [32]byte(h.Sum(nil))
+		if <-done == nil {
+			c.CloseWrite()
+		}
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	c := p.dial(t)
+	werr := make(chan error, 1)
+	go func() { // exits when the upload is written
+		err := stream(userspace{c}, 1, size)
+		c.CloseWrite()
+		werr <- err
+	}()
+	h := sha256.New()
+	n, err := io.Copy(h, userspace{c})
+	if err != nil || n != size {
+		t.Fatalf("download: %d bytes, %v; want %d", n, err, size)
+	}
+	if err := <-werr; err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	if [32]byte(h.Sum(nil)) != streamSum(2, size) {
+		t.Errorf("download checksum differs")
+	}
+	if <-got != streamSum(1, size) {
+		t.Errorf("upload checksum differs at the backend")
+	}
+	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	if line["bytes_in"] != float64(size) || line["bytes_out"] != float64(size) {
+		t.Errorf("access log bytes = %v/%v; want %d each", line["bytes_in"], line["bytes_out"], size)
+	}
+	st := p.svc.Targets[0].B.Stats()
+	if st.BytesIn != size || st.BytesOut != size || st.Total != 1 || st.Active != 0 {
+		t.Errorf("backend stats = %+v", st)
+	}
+}
+
+// TestHalfClose: the client sends and shuts its write side; the backend
+// answers only after EOF, and the client still gets the whole answer.
+func TestHalfClose(t *testing.T) {
+	checkLeaks(t)
+	const answer = 1 << 20
+	be := newServer(t, func(c *net.TCPConn) {
+		req, err := io.ReadAll(userspace{c})
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "got %q\n", req)
+		stream(userspace{c}, 7, answer)
+		c.CloseWrite()
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	c := p.dial(t)
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	head, err := r.ReadString('\n')
+	if err != nil || head != "got \"hello\"\n" {
+		t.Fatalf("answer head = %q, %v", head, err)
+	}
+	h := sha256.New()
+	if n, err := io.Copy(h, r); err != nil || n != answer {
+		t.Fatalf("answer body = %d bytes, %v; want %d", n, err, answer)
+	}
+	if [32]byte(h.Sum(nil)) != streamSum(7, answer) {
+		t.Errorf("answer checksum differs")
+	}
+	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	if line["end"] != endClient {
+		t.Errorf("end = %v; want %q", line["end"], endClient)
+	}
+}
+
+// TestBackendClosesFirst: the backend's FIN reaches the client, and the
+// client's later data still reaches the backend.
+func TestBackendClosesFirst(t *testing.T) {
+	checkLeaks(t)
+	got := make(chan string, 1)
+	be := newServer(t, func(c *net.TCPConn) {
+		c.Write([]byte("bye\n"))
+		c.CloseWrite()
+		b, _ := io.ReadAll(userspace{c})
+		got <- string(b)
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	c := p.dial(t)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(userspace{c})
+	if err != nil || string(b) != "bye\n" {
+		t.Fatalf("read = %q, %v", b, err)
+	}
+	c.Write([]byte("late words"))
+	c.CloseWrite()
+	if s := <-got; s != "late words" {
+		t.Errorf("backend got %q; want %q", s, "late words")
+	}
+	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endBackend {
+		t.Errorf("end = %v; want %q", line["end"], endBackend)
+	}
+}
+
+// TestResetMidStream: a backend reset ends the client's connection promptly.
+func TestResetMidStream(t *testing.T) {
+	checkLeaks(t)
+	be := newServer(t, func(c *net.TCPConn) {
+		c.Write([]byte("partial"))
+		var b [1]byte
+		c.Read(b[:]) // wait for the client's go-ahead
+		c.SetLinger(0)
+		c.Close() // RST
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	c := p.dial(t)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [7]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("x"))
+	if _, err := io.ReadAll(userspace{c}); errors.Is(err, unix.ETIMEDOUT) || isTimeout(err) {
+		t.Fatalf("client was not closed after the backend reset: %v", err)
+	}
+	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	if line["end"] != endReset {
+		t.Errorf("end = %v; want %q", line["end"], endReset)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestRetrySkipsDeadBackend: a refused backend is skipped by the retry and
+// the connection is served by another; it is never tried twice.
+func TestRetrySkipsDeadBackend(t *testing.T) {
+	checkLeaks(t)
+	live := newServer(t, greeter("live"))
+	dead := deadAddr(t)
+	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.addr, 1}}, func(s *sched.Service) { s.Retries = 1 })
+	for i := range 4 {
+		c := p.dial(t)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || line != "live\n" {
+			t.Fatalf("connection %d: greeting = %q, %v; want live", i, line, err)
+		}
+		c.Close()
+	}
+	// Each connection takes two rr positions (dead, then live), so each
+	// starts at the dead backend again: one failure per connection.
+	if n := p.svc.Targets[0].B.Stats().ConnectFails; n != 4 {
+		t.Errorf("dead backend connect failures = %d; want 4", n)
+	}
+}
+
+// TestAllDeadRefused: with every backend refusing, the client is closed at
+// once, each backend tried exactly once.
+func TestAllDeadRefused(t *testing.T) {
+	checkLeaks(t)
+	bs := []testBackend{{"a", deadAddr(t), 1}, {"b", deadAddr(t), 1}, {"c", deadAddr(t), 1}}
+	p := newProxy(t, "lc", bs, func(s *sched.Service) { s.Retries = 5 })
+	c := p.dial(t)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(userspace{c}); isTimeout(err) {
+		t.Fatal("client not closed")
+	}
+	for _, tg := range p.svc.Targets {
+		if n := tg.B.Stats().ConnectFails; n != 1 {
+			t.Errorf("backend %s tried %d times; want once", tg.B.Name, n)
+		}
+	}
+	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endConnect {
+		t.Errorf("end = %v; want %q", line["end"], endConnect)
+	}
+}
+
+// blackhole returns a loopback address whose accept queue is full, so that
+// the kernel drops new SYNs and a dial times out, as with a dead host.
+func blackhole(t *testing.T) string {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)
+	for range 8 { // fill the queue until a dial times out
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			if !isTimeout(err) {
+				t.Fatalf("filling the accept queue: %v", err)
+			}
+			return addr
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	t.Fatal("accept queue never filled")
+	return ""
+}
+
+// TestAllDeadTimeout: with every backend silently dropping SYNs, the client
+// is closed after (retries+1) connect timeouts, not later.
+func TestAllDeadTimeout(t *testing.T) {
+	checkLeaks(t)
+	const timeout = 300 * time.Millisecond
+	bs := []testBackend{{"a", blackhole(t), 1}, {"b", blackhole(t), 1}, {"c", blackhole(t), 1}}
+	p := newProxy(t, "rr", bs, func(s *sched.Service) { s.ConnectTimeout, s.Retries = timeout, 2 })
+	c := p.dial(t)
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(userspace{c}); isTimeout(err) {
+		t.Fatal("client not closed within 10s")
+	}
+	elapsed := time.Since(start)
+	want := 3 * timeout
+	if elapsed < want*9/10 || elapsed > want+time.Second {
+		t.Errorf("client closed after %v; want about %v (3 attempts × %v)", elapsed, want, timeout)
+	}
+	for _, tg := range p.svc.Targets {
+		if n := tg.B.Stats().ConnectFails; n != 1 {
+			t.Errorf("backend %s: %d connect failures; want 1", tg.B.Name, n)
+		}
+	}
+}
+
+// TestWRROrder: sequential connections through a wrr 8/6/4/2 service reach
+// the backends in the LVS order.
+func TestWRROrder(t *testing.T) {
+	checkLeaks(t)
+	var bs []testBackend
+	for i, w := range []int{8, 6, 4, 2} {
+		name := string(rune('A' + i))
+		bs = append(bs, testBackend{name, newServer(t, greeter(name)).addr, w})
+	}
+	p := newProxy(t, "wrr", bs, nil)
+	var got strings.Builder
+	for range 20 {
+		c := p.dial(t)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.WriteString(strings.TrimSpace(line))
+		c.Close()
+	}
+	if want := "AABABCABCDAABABCABCD"; got.String() != want {
+		t.Errorf("order = %s; want %s (LVS ip_vs_wrr.c)", got.String(), want)
+	}
+}
+
+// TestConcurrent holds 1,000 proxied connections open at once, each doing a
+// request/response, then closes them all.
+func TestConcurrent(t *testing.T) {
+	checkLeaks(t)
+	const n = 1000
+	bs := []testBackend{{"a", newServer(t, echo).addr, 1}, {"b", newServer(t, echo).addr, 1}}
+	p := newProxy(t, "lc", bs, nil)
+	conns := make([]*net.TCPConn, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		c, err := net.DialTimeout("tcp", p.addr, 10*time.Second)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		conns[i] = c.(*net.TCPConn)
+		defer c.Close()
+		wg.Add(1)
+		go func() { // exits after one round trip
+			defer wg.Done()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			msg := fmt.Appendf(nil, "ping %d\n", i)
+			if _, err := c.Write(msg); err != nil {
+				errs <- err
+				return
+			}
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+				errs <- fmt.Errorf("conn %d: echo %q, %v", i, got, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	a, b := p.svc.Targets[0].B.Active(), p.svc.Targets[1].B.Active()
+	if a+b != n || a < n/2-1 || b < n/2-1 {
+		t.Errorf("active = %d + %d; want %d, balanced by lc", a, b, n)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	lines := 0
+	p.logs.wait(t, 20*time.Second, "for every connection", func(m map[string]any) bool {
+		if isAccess(m) {
+			lines++
+		}
+		return lines == n
+	})
+}
+
+// TestIdleTimeout: a connection with no traffic either way is closed after
+// idle_timeout; one where only the backend talks, slowly, is not.
+func TestIdleTimeout(t *testing.T) {
+	checkLeaks(t)
+	const idle = 300 * time.Millisecond
+	release := make(chan struct{})
+	be := newServer(t, func(c *net.TCPConn) {
+		var b [1]byte
+		if _, err := c.Read(b[:]); err != nil {
+			return
+		}
+		if b[0] == 'q' { // quiet: say nothing
+			c.Read(b[:])
+			return
+		}
+		// trickle: one byte every idle/3 for 4 idle periods, then wait for the test
+		for range 12 {
+			if _, err := c.Write([]byte{'.'}); err != nil {
+				return
+			}
+			time.Sleep(idle / 3) // the traffic pattern under test, not synchronisation
+		}
+		<-release
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, func(s *sched.Service) { s.IdleTimeout = idle })
+
+	quiet := p.dial(t)
+	start := time.Now()
+	quiet.Write([]byte{'q'})
+	quiet.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(userspace{quiet}); isTimeout(err) {
+		t.Fatal("idle connection not closed")
+	}
+	if el := time.Since(start); el < idle || el > idle+time.Second {
+		t.Errorf("idle connection closed after %v; want about %v", el, idle)
+	}
+	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endIdle {
+		t.Errorf("end = %v; want %q", line["end"], endIdle)
+	}
+
+	trickle := p.dial(t)
+	trickle.Write([]byte{'t'}) // then the client says nothing more
+	trickle.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, 12)
+	if _, err := io.ReadFull(trickle, got); err != nil {
+		t.Fatalf("trickle connection cut after %q: %v", got, err)
+	}
+	close(release)
+}

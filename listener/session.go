@@ -1,0 +1,262 @@
+package listener
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/sched"
+)
+
+// How a connection ended, as the access log says it.
+const (
+	endClient    = "client close"   // the client sent FIN first; both sides then closed cleanly
+	endBackend   = "backend close"  // the backend sent FIN first
+	endReset     = "reset"          // an error (RST, write failure) on either side
+	endIdle      = "idle timeout"   // no byte either way for idle_timeout
+	endConnect   = "connect failed" // no backend could be dialled
+	endNoBackend = "no backend"     // nothing eligible to dial
+	endDrained   = "drained"        // closed at a drain deadline
+)
+
+// handle serves one accepted connection from start to end.
+func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
+	defer s.wg.Done()
+	start := time.Now()
+	svc := s.tbl.Load().Route(key)
+	if svc == nil { // the listener is being closed by a reload
+		c.Close()
+		return
+	}
+	var r sched.Request
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		r.Client = a.AddrPort()
+	}
+	bc, t, tries, err := s.connect(svc, &r)
+	if err != nil {
+		c.Close()
+		end := endConnect
+		if errors.Is(err, sched.ErrNoBackend) && tries == 0 {
+			end = endNoBackend
+		}
+		s.access(svc, r.Client, nil, start, 0, 0, end, err)
+		return
+	}
+	ss := &session{client: c, backend: bc, idle: svc.IdleTimeout}
+	if t.B.Track(ss) {
+		ss.run()
+		t.B.Untrack(ss)
+	} else { // the backend's drain deadline has passed
+		ss.drained.Store(true)
+		ss.closeBoth()
+	}
+	t.B.Release()
+	t.B.AddBytes(ss.up.n, ss.down.n)
+	s.access(svc, r.Client, t, start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+}
+
+// connect picks and dials backends until one answers, trying at most
+// svc.Retries more after the first failure and never one backend twice.
+// tries counts the dials that failed.
+func (s *Server) connect(svc *sched.Service, r *sched.Request) (*net.TCPConn, *sched.Target, int, error) {
+	var last error = sched.ErrNoBackend
+	tries := 0
+	for tries <= svc.Retries {
+		i, err := svc.Picker.Pick(r)
+		if err != nil {
+			return nil, nil, tries, last
+		}
+		if !r.MarkTried(i) {
+			return nil, nil, tries, last
+		}
+		t := &svc.Targets[i]
+		if !t.B.Acquire(0) { // draining since the pick: not a failure
+			continue
+		}
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
+		c, err := d.Dial("tcp", t.Addr.String())
+		if err == nil {
+			return c.(*net.TCPConn), t, tries, nil
+		}
+		t.B.Release()
+		t.B.ConnectFailed()
+		tries++
+		last = err
+		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
+	}
+	return nil, nil, tries, last
+}
+
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
+	var e *zerolog.Event
+	if svc.AccessLog {
+		e = s.log.Info()
+	} else {
+		e = s.log.Debug()
+	}
+	if e == nil {
+		return
+	}
+	e = e.Str("service", svc.Name).Stringer("client", client)
+	if t != nil {
+		e = e.Str("backend", t.B.Name)
+	}
+	e = e.Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	if err != nil && end != endClient && end != endBackend {
+		e = e.AnErr("error", err)
+	}
+	e.Msg("connection")
+}
+
+// session is one proxied connection after a successful dial.
+type session struct {
+	client, backend *net.TCPConn
+	idle            time.Duration // 0 = none
+
+	up   half // client → backend
+	down half // backend → client
+
+	first   atomic.Int32 // which half reached EOF first: 1 up, 2 down
+	err     atomic.Pointer[error]
+	drained atomic.Bool
+}
+
+// half is one direction of a session.
+type half struct {
+	src, dst *net.TCPConn
+	n        int64        // bytes copied; written by the half's own goroutine, read after it ends
+	last     atomic.Int64 // unix nanoseconds of the last progress seen (idle timeout only)
+	poked    atomic.Bool  // the other half asks this one to report its progress
+	done     atomic.Bool  // the half has returned
+}
+
+var errIdle = errors.New("idle timeout")
+
+// Close closes both sockets; the session then ends as drained. It lets a
+// backend's drain deadline close a session it tracks.
+func (ss *session) Close() error {
+	ss.drained.Store(true)
+	ss.closeBoth()
+	return nil
+}
+
+func (ss *session) closeBoth() {
+	ss.client.Close()
+	ss.backend.Close()
+}
+
+// run copies both ways until both directions have ended, then closes both
+// sockets. One direction runs in a new goroutine, which run waits for.
+func (ss *session) run() {
+	ss.up.src, ss.up.dst = ss.client, ss.backend
+	ss.down.src, ss.down.dst = ss.backend, ss.client
+	if ss.idle > 0 {
+		now := time.Now().UnixNano()
+		ss.up.last.Store(now)
+		ss.down.last.Store(now)
+	}
+	done := make(chan struct{})
+	go ss.pipe(&ss.down, &ss.up, 2, done) // exits when the backend→client direction ends
+	ss.pipe(&ss.up, &ss.down, 1, nil)
+	<-done
+	ss.closeBoth()
+}
+
+// pipe runs one direction. A clean EOF is passed on as a FIN (CloseWrite)
+// and the other direction keeps flowing; an error closes both sockets so
+// that the other direction ends too.
+func (ss *session) pipe(h, o *half, id int32, done chan<- struct{}) {
+	err := ss.copy(h, o)
+	h.done.Store(true)
+	if err == nil {
+		ss.first.CompareAndSwap(0, id)
+		h.dst.CloseWrite()
+	} else {
+		ss.err.CompareAndSwap(nil, &err)
+		ss.closeBoth()
+	}
+	if done != nil {
+		close(done)
+	}
+}
+
+// copy moves bytes from h.src to h.dst. Both are *net.TCPConn on purpose:
+// io.Copy then reaches TCPConn.ReadFrom, which splices in the kernel.
+// Wrapping either conn (a counting reader, a bufio) would silently fall back
+// to a userspace copy.
+//
+// With an idle timeout, each direction waits with a read deadline. When it
+// expires with no progress anywhere known, the half asks the other to report
+// (an immediate deadline, "poke"), since bytes moving inside the other's
+// io.Copy are not visible until it returns; the poked half, knowing both
+// sides, gives the verdict.
+func (ss *session) copy(h, o *half) error {
+	if ss.idle <= 0 {
+		n, err := io.Copy(h.dst, h.src)
+		h.n += n
+		return err
+	}
+	deadline := time.Now().Add(ss.idle)
+	for {
+		h.src.SetReadDeadline(deadline)
+		var n int64
+		var err error
+		poked := h.poked.Swap(false)
+		if poked {
+			err = os.ErrDeadlineExceeded // a poke that our own SetReadDeadline overwrote
+		} else {
+			n, err = io.Copy(h.dst, h.src)
+			poked = h.poked.Swap(false)
+		}
+		h.n += n
+		now := time.Now()
+		if n > 0 {
+			h.last.Store(now.UnixNano())
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		last := time.Unix(0, max(h.last.Load(), o.last.Load()))
+		switch {
+		case now.Sub(last) < ss.idle:
+			deadline = last.Add(ss.idle)
+		case poked || o.done.Load():
+			return errIdle
+		default:
+			o.poked.Store(true)
+			o.src.SetReadDeadline(time.Unix(1, 0))
+			deadline = now.Add(ss.idle)
+		}
+	}
+}
+
+// firstErr is the error that ended the session, or nil.
+func (ss *session) firstErr() error {
+	if p := ss.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// end says how the session ended.
+func (ss *session) end() string {
+	if ss.drained.Load() {
+		return endDrained
+	}
+	if p := ss.err.Load(); p != nil {
+		if errors.Is(*p, errIdle) {
+			return endIdle
+		}
+		return endReset
+	}
+	if ss.first.Load() == 2 {
+		return endBackend
+	}
+	return endClient
+}
