@@ -1,0 +1,396 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestMain lets the test binary run as fulcrum itself, so that tests can
+// start the real daemon as a child process.
+func TestMain(m *testing.M) {
+	if os.Getenv("FULCRUM_TEST_MAIN") == "1" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func writeFile(t *testing.T, name, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCheck(t *testing.T) {
+	good := writeFile(t, "good.toml", `
+[services.pg]
+listen = ["127.0.0.1:15432"]
+scheduler = "lc"
+  [[services.pg.backends]]
+  name = "pg-a"
+  address = "127.0.0.1:5432"
+  weight = 3
+  [[services.pg.backends]]
+  name = "pg-b"
+  address = "127.0.0.1:5433"
+  weight = 0
+`)
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-check", "-config", good}, &out, &errOut); code != 0 {
+		t.Fatalf("-check good = %d; stderr:\n%s", code, errOut.String())
+	}
+	for _, want := range []string{"configuration is valid", "service pg", "scheduler lc", "listen 127.0.0.1:15432",
+		"pg-a", "127.0.0.1:5432", "3", "pg-b", "0 (drain)", "connect_timeout 3s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	bad := writeFile(t, "bad.toml", `
+[services.pg]
+listen = ["127.0.0.1:15432"]
+scheduler = "wlcx"
+  [[services.pg.backends]]
+  address = "127.0.0.1:5432"
+  weight = -3
+`)
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-config", bad}, &out, &errOut); code != 1 {
+		t.Fatalf("-check bad = %d; want 1", code)
+	}
+	for _, want := range []string{bad + ":4: services.pg.scheduler:", bad + ":7: services.pg.backends[0].weight: must not be negative"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("errors lack %q:\n%s", want, errOut.String())
+		}
+	}
+	if code := run([]string{"-check", "-config", filepath.Join(t.TempDir(), "none.toml")}, &out, &errOut); code != 1 {
+		t.Errorf("-check on a missing file = %d; want 1", code)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"-version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "fulcrum ") {
+		t.Errorf("-version = %d, %q", code, out.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a test can read while another goroutine writes.
+type syncBuffer struct {
+	mu sync.Mutex // protects b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDemo runs `fulcrum demo` and checks the spread it prints.
+func TestDemo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() { // exits when ctx is cancelled
+		done <- demo(ctx, []string{"-listen", "127.0.0.1:0"}, pw, io.Discard)
+		pw.Close()
+	}()
+	var out strings.Builder
+	sc := bufio.NewScanner(pr)
+	var addr string
+	for sc.Scan() {
+		out.WriteString(sc.Text() + "\n")
+		if m := regexp.MustCompile(`try:\s+nc (\S+) (\d+)`).FindStringSubmatch(sc.Text()); m != nil {
+			addr = net.JoinHostPort(m[1], m[2])
+			break
+		}
+	}
+	for _, want := range []string{"order: alpha alpha alpha bravo alpha bravo charlie alpha bravo charlie",
+		"alpha    weight 5   10 connections", "bravo    weight 3    6 connections", "charlie  weight 2    4 connections"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if addr == "" {
+		t.Fatalf("demo printed no address:\n%s", out.String())
+	}
+	// The balancer keeps serving: greet, then echo.
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	r := bufio.NewReader(c)
+	name, _ := r.ReadString('\n')
+	fmt.Fprintf(c, "hello\n")
+	echoed, _ := r.ReadString('\n')
+	c.Close()
+	if !strings.Contains("alpha bravo charlie", strings.TrimSpace(name)) || echoed != "hello\n" {
+		t.Errorf("after the burst: greeting %q, echo %q", name, echoed)
+	}
+	cancel()
+	go io.Copy(io.Discard, pr) // let the demo finish printing
+	if code := <-done; code != 0 {
+		t.Errorf("demo exited %d", code)
+	}
+}
+
+// daemon is fulcrum running as a child process.
+type daemon struct {
+	cmd   *exec.Cmd
+	lines chan map[string]any // its JSON log lines
+	exit  chan struct{}       // closed when the process has exited
+	err   error               // its exit status, once exit is closed
+}
+
+func startDaemon(t *testing.T, config string) *daemon {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-config", writeFile(t, "fulcrum.toml", config))
+	cmd.Env = append(os.Environ(), "FULCRUM_TEST_MAIN=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{cmd: cmd, lines: make(chan map[string]any, 1000), exit: make(chan struct{})}
+	go func() { // exits when the child closes stderr
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				select {
+				case d.lines <- m:
+				default: // nobody is reading; drop
+				}
+			}
+		}
+		close(d.lines)
+		d.err = cmd.Wait()
+		close(d.exit)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-d.exit
+	})
+	return d
+}
+
+// await returns the first log line with the given message.
+func (d *daemon) await(t *testing.T, msg string) map[string]any {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m, ok := <-d.lines:
+			if !ok {
+				t.Fatalf("daemon exited before logging %q", msg)
+			}
+			if m["message"] == msg {
+				return m
+			}
+		case <-timeout:
+			t.Fatalf("daemon did not log %q within 10s", msg)
+		}
+	}
+}
+
+// pipes counts the splice pipes a process holds (fds above 2: its stdio may be pipes too).
+func pipes(t *testing.T, pid int) int {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Name() == "0" || e.Name() == "1" || e.Name() == "2" {
+			continue
+		}
+		if l, _ := os.Readlink(dir + "/" + e.Name()); strings.HasPrefix(l, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestDaemonSplices runs the real daemon: it serves a config, moves bytes
+// with splice(2) (seen as the pipes it holds while data moves — nothing
+// else in fulcrum makes pipes), and exits 0 on SIGTERM.
+func TestDaemonSplices(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // a sink backend; exits when ln closes
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Write([]byte("done")); c.Close() }() // exits at the client's EOF
+		}
+	}()
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.sink]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "sink", address = %q }]
+`, ln.Addr().String()))
+	addr := d.await(t, "listening")["addr"].(string)
+	base := pipes(t, d.cmd.Process.Pid) // descriptors it may have inherited
+
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop := make(chan struct{})
+	wrote := make(chan error, 1)
+	go func() { // writes until told to stop (bounded: 1 GiB)
+		buf := make([]byte, 256<<10)
+		for range 4096 {
+			select {
+			case <-stop:
+				wrote <- nil
+				return
+			default:
+			}
+			if _, err := c.Write(buf); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	seen := 0
+	for deadline := time.Now().Add(10 * time.Second); seen < 2 && time.Now().Before(deadline); {
+		seen = pipes(t, d.cmd.Process.Pid) - base
+	}
+	close(stop)
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if seen < 2 {
+		t.Errorf("no splice pipe seen in the daemon while data moved: the copy is not splicing")
+	}
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(c); err != nil || string(b) != "done" {
+		t.Fatalf("answer = %q, %v", b, err)
+	}
+	if line := d.await(t, "connection"); line["end"] != "client close" {
+		t.Errorf("access log end = %v", line["end"])
+	}
+
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exit:
+		if d.err != nil {
+			t.Errorf("daemon exit: %v; want status 0", d.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("daemon did not exit on SIGTERM")
+	}
+}
+
+// lowestFreeFD is the descriptor number process pid would get next. With
+// RLIMIT_NOFILE set to it, opening any descriptor fails with EMFILE.
+func lowestFreeFD(t *testing.T, pid int) int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, e := range ents {
+		used[e.Name()] = true
+	}
+	n := 0
+	for used[fmt.Sprint(n)] {
+		n++
+	}
+	return n
+}
+
+// TestDaemonSurvivesEMFILE: when the daemon's descriptor table is full its
+// accept loop backs off and logs, and serves again once descriptors free up.
+func TestDaemonSurvivesEMFILE(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // a greeter backend; exits when ln closes
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi\n"))
+			c.Close()
+		}
+	}()
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.s]
+listen = ["127.0.0.1:0"]
+backends = [{ address = %q }]
+`, ln.Addr().String()))
+	addr := d.await(t, "listening")["addr"].(string)
+	pid := d.cmd.Process.Pid
+	var lim unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &lim); err != nil {
+		t.Fatal(err)
+	}
+	tight := lim
+	tight.Cur = uint64(lowestFreeFD(t, pid)) // full: the next accept fails
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &tight, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second) // completes in the kernel backlog
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if line := d.await(t, "accept failed"); !strings.Contains(fmt.Sprint(line["error"]), "too many open files") {
+		t.Errorf("accept error = %v; want EMFILE", line["error"])
+	}
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &lim, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hi\n" {
+		t.Fatalf("after the limit was lifted: %q, %v; want the greeting", got, err)
+	}
+}

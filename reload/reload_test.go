@@ -1,0 +1,153 @@
+package reload
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/conf"
+	"fulcrum/listener"
+	"fulcrum/sched"
+)
+
+// TestSchedulerNames keeps conf's list of scheduler names and sched's
+// implementations in step.
+func TestSchedulerNames(t *testing.T) {
+	if !slices.Equal(conf.Schedulers, sched.Names) {
+		t.Errorf("conf.Schedulers = %v; sched.Names = %v", conf.Schedulers, sched.Names)
+	}
+	for _, n := range conf.Schedulers {
+		if _, err := sched.New(n, nil, nil); err != nil {
+			t.Errorf("sched.New(%q): %v", n, err)
+		}
+	}
+}
+
+type harness struct {
+	t   *testing.T
+	ptr atomic.Pointer[sched.Table]
+	srv *listener.Server
+	m   *Manager
+}
+
+func newHarness(t *testing.T) *harness {
+	h := &harness{t: t}
+	log := zerolog.New(io.Discard)
+	h.srv = listener.New(&h.ptr, log)
+	h.m = New("", &h.ptr, h.srv, log)
+	t.Cleanup(h.m.Shutdown)
+	return h
+}
+
+// config renders a one-service file; backends are "name=addr/weight".
+func config(t *testing.T, listen []string, scheduler string, backends ...string) *conf.Config {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "[services.s]\nlisten = [%q", listen[0])
+	for _, l := range listen[1:] {
+		fmt.Fprintf(&b, ", %q", l)
+	}
+	fmt.Fprintf(&b, "]\nscheduler = %q\n", scheduler)
+	for _, be := range backends {
+		var name, addr string
+		var w int
+		fmt.Sscanf(strings.NewReplacer("=", " ", "/", " ").Replace(be), "%s %s %d", &name, &addr, &w)
+		fmt.Fprintf(&b, "[[services.s.backends]]\nname = %q\naddress = %q\nweight = %d\n", name, addr, w)
+	}
+	cfg, err := conf.Parse("test.toml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestApplyKeepsIdentity(t *testing.T) {
+	h := newHarness(t)
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/1", "b=127.0.0.1:2/1")); err != nil {
+		t.Fatal(err)
+	}
+	t1 := h.ptr.Load()
+	a, b := t1.Services[0].Targets[0].B, t1.Services[0].Targets[1].B
+	a.Acquire(0) // a live connection's slot, carried across the reload
+	defer a.Release()
+
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/5", "c=127.0.0.1:3/1")); err != nil {
+		t.Fatal(err)
+	}
+	t2 := h.ptr.Load()
+	if t2.Gen != t1.Gen+1 {
+		t.Errorf("gen = %d; want %d", t2.Gen, t1.Gen+1)
+	}
+	if got := t2.Services[0].Targets[0]; got.B != a || got.Weight != 5 || got.B.Active() != 1 {
+		t.Errorf("kept backend a = %+v (active %d); want the same object, weight 5, active 1", got, got.B.Active())
+	}
+	if !b.Draining() {
+		t.Error("removed backend b is not draining")
+	}
+	if c := t2.Services[0].Targets[1].B; c == b || c.Name != "c" {
+		t.Errorf("new backend = %s", c.Name)
+	}
+}
+
+func TestApplyUnchangedKeepsPicker(t *testing.T) {
+	h := newHarness(t)
+	cfg := config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/3", "b=127.0.0.1:2/1")
+	if err := h.m.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	p1 := h.ptr.Load().Services[0].Picker
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/3", "b=127.0.0.1:2/1")); err != nil {
+		t.Fatal(err)
+	}
+	if p2 := h.ptr.Load().Services[0].Picker; p2 != p1 {
+		t.Error("unchanged service got a new picker; its cursor would restart")
+	}
+}
+
+// TestApplyBindFailure: a listener that cannot be bound aborts the reload;
+// the old table and listeners keep serving.
+func TestApplyBindFailure(t *testing.T) {
+	h := newHarness(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	first := netip.MustParseAddrPort("127.0.0.1:0")
+	if err := h.m.Apply(config(t, []string{first.String()}, "rr", "a=127.0.0.1:1/1")); err != nil {
+		t.Fatal(err)
+	}
+	old := h.ptr.Load()
+	bound := h.srv.Addr(first)
+	free, err := net.Listen("tcp", "127.0.0.1:0") // a port that is free now
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeAddr := free.Addr().String()
+	free.Close()
+	err = h.m.Apply(config(t, []string{first.String(), freeAddr, busy.Addr().String()}, "rr", "a=127.0.0.1:1/1"))
+	if err == nil {
+		t.Fatal("Apply with a busy address succeeded")
+	}
+	if h.ptr.Load() != old {
+		t.Error("table swapped despite the failure")
+	}
+	if h.srv.Addr(first) != bound {
+		t.Error("the kept listener was touched")
+	}
+	if h.srv.Addr(netip.MustParseAddrPort(freeAddr)) != nil {
+		t.Error("a listener opened by the failed reload is still registered")
+	}
+	if l, err := net.Listen("tcp", freeAddr); err != nil {
+		t.Errorf("the failed reload left %s bound: %v", freeAddr, err)
+	} else {
+		l.Close()
+	}
+}
