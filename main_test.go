@@ -162,6 +162,39 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// backendServer serves handle on a loopback port and returns its address;
+// handle's connection is closed when it returns. The test's cleanup closes
+// the listener and waits for every handler.
+func backendServer(t *testing.T, handle func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // exits when the cleanup closes ln
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { // exits when handle returns
+				defer wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				handle(c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
 // daemon is fulcrum running as a child process.
 type daemon struct {
 	cmd   *exec.Cmd
@@ -246,27 +279,17 @@ func pipes(t *testing.T, pid int) int {
 // with splice(2) (seen as the pipes it holds while data moves — nothing
 // else in fulcrum makes pipes), and exits 0 on SIGTERM.
 func TestDaemonSplices(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // a sink backend; exits when ln closes
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(io.Discard, c); c.Write([]byte("done")); c.Close() }() // exits at the client's EOF
-		}
-	}()
+	be := backendServer(t, func(c net.Conn) { // a sink
+		io.Copy(io.Discard, c)
+		c.Write([]byte("done"))
+	})
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
 [services.sink]
 listen = ["127.0.0.1:0"]
 backends = [{ name = "sink", address = %q }]
-`, ln.Addr().String()))
+`, be))
 	addr := d.await(t, "listening")["addr"].(string)
 	base := pipes(t, d.cmd.Process.Pid) // descriptors it may have inherited
 
@@ -345,28 +368,14 @@ func lowestFreeFD(t *testing.T, pid int) int {
 // TestDaemonSurvivesEMFILE: when the daemon's descriptor table is full its
 // accept loop backs off and logs, and serves again once descriptors free up.
 func TestDaemonSurvivesEMFILE(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() { // a greeter backend; exits when ln closes
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hi\n"))
-			c.Close()
-		}
-	}()
+	be := backendServer(t, func(c net.Conn) { c.Write([]byte("hi\n")) })
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
 [services.s]
 listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
-`, ln.Addr().String()))
+`, be))
 	addr := d.await(t, "listening")["addr"].(string)
 	pid := d.cmd.Process.Pid
 	var lim unix.Rlimit
