@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/listener/listenertest"
 )
 
 // TestMain lets the test binary run as fulcrum itself, so that tests can
@@ -162,39 +164,6 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-// backendServer serves handle on a loopback port and returns its address;
-// handle's connection is closed when it returns. The test's cleanup closes
-// the listener and waits for every handler.
-func backendServer(t *testing.T, handle func(net.Conn)) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // exits when the cleanup closes ln
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() { // exits when handle returns
-				defer wg.Done()
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				handle(c)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-	})
-	return ln.Addr().String()
-}
-
 // daemon is fulcrum running as a child process.
 type daemon struct {
 	cmd   *exec.Cmd
@@ -279,10 +248,10 @@ func pipes(t *testing.T, pid int) int {
 // with splice(2) (seen as the pipes it holds while data moves — nothing
 // else in fulcrum makes pipes), and exits 0 on SIGTERM.
 func TestDaemonSplices(t *testing.T) {
-	be := backendServer(t, func(c net.Conn) { // a sink
-		io.Copy(io.Discard, c)
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // a sink
+		io.Copy(io.Discard, listenertest.User(c))
 		c.Write([]byte("done"))
-	})
+	}).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
@@ -368,7 +337,7 @@ func lowestFreeFD(t *testing.T, pid int) int {
 // TestDaemonSurvivesEMFILE: when the daemon's descriptor table is full its
 // accept loop backs off and logs, and serves again once descriptors free up.
 func TestDaemonSurvivesEMFILE(t *testing.T) {
-	be := backendServer(t, func(c net.Conn) { c.Write([]byte("hi\n")) })
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { c.Write([]byte("hi\n")) }).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"

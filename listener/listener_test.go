@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/listener/listenertest"
 	"fulcrum/sched"
 )
 
@@ -54,29 +55,29 @@ func streamSum(seed uint64, n int) [32]byte {
 
 // TestBulkBothWays moves 16 MiB each way at once and compares checksums.
 func TestBulkBothWays(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	const size = 16 << 20
 	got := make(chan [32]byte, 1)
-	be := newServer(t, func(c *net.TCPConn) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
 		done := make(chan error, 1)
-		go func() { done <- stream(userspace{c}, 2, size) }() // exits when the stream is written
+		go func() { done <- stream(listenertest.User(c), 2, size) }() // exits when the stream is written
 		h := sha256.New()
-		io.Copy(h, userspace{c})
+		io.Copy(h, listenertest.User(c))
 		got <- [32]byte(h.Sum(nil))
 		if <-done == nil {
 			c.CloseWrite()
 		}
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	werr := make(chan error, 1)
 	go func() { // exits when the upload is written
-		err := stream(userspace{c}, 1, size)
+		err := stream(listenertest.User(c), 1, size)
 		c.CloseWrite()
 		werr <- err
 	}()
 	h := sha256.New()
-	n, err := io.Copy(h, userspace{c})
+	n, err := io.Copy(h, listenertest.User(c))
 	if err != nil || n != size {
 		t.Fatalf("download: %d bytes, %v; want %d", n, err, size)
 	}
@@ -89,7 +90,7 @@ func TestBulkBothWays(t *testing.T) {
 	if <-got != streamSum(1, size) {
 		t.Errorf("upload checksum differs at the backend")
 	}
-	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	line := p.logs.Wait(t, 5*time.Second, "access", isAccess)
 	if line["bytes_in"] != float64(size) || line["bytes_out"] != float64(size) {
 		t.Errorf("access log bytes = %v/%v; want %d each", line["bytes_in"], line["bytes_out"], size)
 	}
@@ -102,18 +103,18 @@ func TestBulkBothWays(t *testing.T) {
 // TestHalfClose: the client sends and shuts its write side; the backend
 // answers only after EOF, and the client still gets the whole answer.
 func TestHalfClose(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	const answer = 1 << 20
-	be := newServer(t, func(c *net.TCPConn) {
-		req, err := io.ReadAll(userspace{c})
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		req, err := io.ReadAll(listenertest.User(c))
 		if err != nil {
 			return
 		}
 		fmt.Fprintf(c, "got %q\n", req)
-		stream(userspace{c}, 7, answer)
+		stream(listenertest.User(c), 7, answer)
 		c.CloseWrite()
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	if _, err := c.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestHalfClose(t *testing.T) {
 	if [32]byte(h.Sum(nil)) != streamSum(7, answer) {
 		t.Errorf("answer checksum differs")
 	}
-	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	line := p.logs.Wait(t, 5*time.Second, "access", isAccess)
 	if line["end"] != endClient {
 		t.Errorf("end = %v; want %q", line["end"], endClient)
 	}
@@ -143,18 +144,18 @@ func TestHalfClose(t *testing.T) {
 // TestBackendClosesFirst: the backend's FIN reaches the client, and the
 // client's later data still reaches the backend.
 func TestBackendClosesFirst(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	got := make(chan string, 1)
-	be := newServer(t, func(c *net.TCPConn) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
 		c.Write([]byte("bye\n"))
 		c.CloseWrite()
-		b, _ := io.ReadAll(userspace{c})
+		b, _ := io.ReadAll(listenertest.User(c))
 		got <- string(b)
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b, err := io.ReadAll(userspace{c})
+	b, err := io.ReadAll(listenertest.User(c))
 	if err != nil || string(b) != "bye\n" {
 		t.Fatalf("read = %q, %v", b, err)
 	}
@@ -163,22 +164,22 @@ func TestBackendClosesFirst(t *testing.T) {
 	if s := <-got; s != "late words" {
 		t.Errorf("backend got %q; want %q", s, "late words")
 	}
-	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endBackend {
+	if line := p.logs.Wait(t, 5*time.Second, "access", isAccess); line["end"] != endBackend {
 		t.Errorf("end = %v; want %q", line["end"], endBackend)
 	}
 }
 
 // TestResetMidStream: a backend reset ends the client's connection promptly.
 func TestResetMidStream(t *testing.T) {
-	checkLeaks(t)
-	be := newServer(t, func(c *net.TCPConn) {
+	listenertest.CheckLeaks(t)
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
 		c.Write([]byte("partial"))
 		var b [1]byte
 		c.Read(b[:]) // wait for the client's go-ahead
 		c.SetLinger(0)
 		c.Close() // RST
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var b [7]byte
@@ -186,10 +187,10 @@ func TestResetMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Write([]byte("x"))
-	if _, err := io.ReadAll(userspace{c}); errors.Is(err, unix.ETIMEDOUT) || isTimeout(err) {
+	if _, err := io.ReadAll(listenertest.User(c)); errors.Is(err, unix.ETIMEDOUT) || isTimeout(err) {
 		t.Fatalf("client was not closed after the backend reset: %v", err)
 	}
-	line := p.logs.wait(t, 5*time.Second, "access", isAccess)
+	line := p.logs.Wait(t, 5*time.Second, "access", isAccess)
 	if line["end"] != endReset {
 		t.Errorf("end = %v; want %q", line["end"], endReset)
 	}
@@ -203,10 +204,10 @@ func isTimeout(err error) bool {
 // TestRetrySkipsDeadBackend: a refused backend is skipped by the retry and
 // the connection is served by another; it is never tried twice.
 func TestRetrySkipsDeadBackend(t *testing.T) {
-	checkLeaks(t)
-	live := newServer(t, greeter("live"))
-	dead := deadAddr(t)
-	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.addr, 1}}, func(s *sched.Service) { s.Retries = 1 })
+	listenertest.CheckLeaks(t)
+	live := listenertest.NewServer(t, listenertest.Greeter("live"))
+	dead := listenertest.DeadAddr(t)
+	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.Addr, 1}}, func(s *sched.Service) { s.Retries = 1 })
 	for i := range 4 {
 		c := p.dial(t)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -226,12 +227,12 @@ func TestRetrySkipsDeadBackend(t *testing.T) {
 // TestAllDeadRefused: with every backend refusing, the client is closed at
 // once, each backend tried exactly once.
 func TestAllDeadRefused(t *testing.T) {
-	checkLeaks(t)
-	bs := []testBackend{{"a", deadAddr(t), 1}, {"b", deadAddr(t), 1}, {"c", deadAddr(t), 1}}
+	listenertest.CheckLeaks(t)
+	bs := []testBackend{{"a", listenertest.DeadAddr(t), 1}, {"b", listenertest.DeadAddr(t), 1}, {"c", listenertest.DeadAddr(t), 1}}
 	p := newProxy(t, "lc", bs, func(s *sched.Service) { s.Retries = 5 })
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadAll(userspace{c}); isTimeout(err) {
+	if _, err := io.ReadAll(listenertest.User(c)); isTimeout(err) {
 		t.Fatal("client not closed")
 	}
 	for _, tg := range p.svc.Targets {
@@ -239,7 +240,7 @@ func TestAllDeadRefused(t *testing.T) {
 			t.Errorf("backend %s tried %d times; want once", tg.B.Name, n)
 		}
 	}
-	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endConnect {
+	if line := p.logs.Wait(t, 5*time.Second, "access", isAccess); line["end"] != endConnect {
 		t.Errorf("end = %v; want %q", line["end"], endConnect)
 	}
 }
@@ -278,14 +279,14 @@ func blackhole(t *testing.T) string {
 // TestAllDeadTimeout: with every backend silently dropping SYNs, the client
 // is closed after (retries+1) connect timeouts, not later.
 func TestAllDeadTimeout(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	const timeout = 300 * time.Millisecond
 	bs := []testBackend{{"a", blackhole(t), 1}, {"b", blackhole(t), 1}, {"c", blackhole(t), 1}}
 	p := newProxy(t, "rr", bs, func(s *sched.Service) { s.ConnectTimeout, s.Retries = timeout, 2 })
 	c := p.dial(t)
 	start := time.Now()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(userspace{c}); isTimeout(err) {
+	if _, err := io.ReadAll(listenertest.User(c)); isTimeout(err) {
 		t.Fatal("client not closed within 10s")
 	}
 	elapsed := time.Since(start)
@@ -303,11 +304,11 @@ func TestAllDeadTimeout(t *testing.T) {
 // TestWRROrder: sequential connections through a wrr 8/6/4/2 service reach
 // the backends in the LVS order.
 func TestWRROrder(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	var bs []testBackend
 	for i, w := range []int{8, 6, 4, 2} {
 		name := string(rune('A' + i))
-		bs = append(bs, testBackend{name, newServer(t, greeter(name)).addr, w})
+		bs = append(bs, testBackend{name, listenertest.NewServer(t, listenertest.Greeter(name)).Addr, w})
 	}
 	p := newProxy(t, "wrr", bs, nil)
 	var got strings.Builder
@@ -329,9 +330,9 @@ func TestWRROrder(t *testing.T) {
 // TestConcurrent holds 1,000 proxied connections open at once, each doing a
 // request/response, then closes them all.
 func TestConcurrent(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	const n = 1000
-	bs := []testBackend{{"a", newServer(t, echo).addr, 1}, {"b", newServer(t, echo).addr, 1}}
+	bs := []testBackend{{"a", listenertest.NewServer(t, listenertest.Echo).Addr, 1}, {"b", listenertest.NewServer(t, listenertest.Echo).Addr, 1}}
 	p := newProxy(t, "lc", bs, nil)
 	conns := make([]*net.TCPConn, n)
 	errs := make(chan error, n)
@@ -371,7 +372,7 @@ func TestConcurrent(t *testing.T) {
 		c.Close()
 	}
 	lines := 0
-	p.logs.wait(t, 20*time.Second, "for every connection", func(m map[string]any) bool {
+	p.logs.Wait(t, 20*time.Second, "for every connection", func(m map[string]any) bool {
 		if isAccess(m) {
 			lines++
 		}
@@ -382,10 +383,10 @@ func TestConcurrent(t *testing.T) {
 // TestIdleTimeout: a connection with no traffic either way is closed after
 // idle_timeout; one where only the backend talks, slowly, is not.
 func TestIdleTimeout(t *testing.T) {
-	checkLeaks(t)
+	listenertest.CheckLeaks(t)
 	const idle = 300 * time.Millisecond
 	release := make(chan struct{})
-	be := newServer(t, func(c *net.TCPConn) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != nil {
 			return
@@ -403,19 +404,19 @@ func TestIdleTimeout(t *testing.T) {
 		}
 		<-release
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.addr, 1}}, func(s *sched.Service) { s.IdleTimeout = idle })
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) { s.IdleTimeout = idle })
 
 	quiet := p.dial(t)
 	start := time.Now()
 	quiet.Write([]byte{'q'})
 	quiet.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(userspace{quiet}); isTimeout(err) {
+	if _, err := io.ReadAll(listenertest.User(quiet)); isTimeout(err) {
 		t.Fatal("idle connection not closed")
 	}
 	if el := time.Since(start); el < idle || el > idle+time.Second {
 		t.Errorf("idle connection closed after %v; want about %v", el, idle)
 	}
-	if line := p.logs.wait(t, 5*time.Second, "access", isAccess); line["end"] != endIdle {
+	if line := p.logs.Wait(t, 5*time.Second, "access", isAccess); line["end"] != endIdle {
 		t.Errorf("end = %v; want %q", line["end"], endIdle)
 	}
 
