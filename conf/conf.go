@@ -17,6 +17,7 @@ package conf
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -25,7 +26,6 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -47,7 +47,9 @@ const MaxWeight = 65535
 // Config is one validated configuration file.
 type Config struct {
 	File     string    // the path it was read from; "" from Parse without a name
+	Digest   [32]byte  // SHA-256 of the file's bytes
 	Log      Log       // the [log] table
+	Reload   Reload    // the [reload] table
 	Services []Service // in file order
 }
 
@@ -56,6 +58,12 @@ type Log struct {
 	Level  string // debug | info | warn | error; default info
 	Format string // auto | json | console; default auto (console on a TTY, else JSON)
 	Access bool   // one log line per finished connection; default true
+}
+
+// Reload is the [reload] table: how the running daemon notices edits.
+type Reload struct {
+	Debounce time.Duration // quiet time after the last file event before reading; default 200ms
+	Recheck  time.Duration // re-read the file this often in case events were lost; default 30s, 0 = never
 }
 
 // Settings are the per-service values that [defaults] supplies and a service
@@ -100,17 +108,23 @@ func Load(path string) (*Config, error) {
 // Parse validates data; name is used in error messages and may be "".
 func Parse(name string, data []byte) (*Config, error) {
 	var tree map[string]any
-	if _, err := toml.Decode(string(data), &tree); err != nil {
+	md, err := toml.Decode(string(data), &tree)
+	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
 			return nil, &Error{File: name, Line: pe.Position.Line, Msg: pe.Message}
 		}
 		return nil, &Error{File: name, Msg: err.Error()}
 	}
-	w := &walker{file: name, pos: locate(string(data))}
+	w := &walker{file: name, order: map[string]int{}}
+	for i, k := range md.Keys() {
+		w.order[k.String()] = i
+	}
 	cfg := w.config(w.table("", tree))
 	cfg.File = name
+	cfg.Digest = sha256.Sum256(data)
 	if len(w.errs) > 0 {
+		w.locateErrors(data)
 		slices.SortStableFunc(w.errs, func(a, b *Error) int { return a.Line - b.Line })
 		errs := make([]error, len(w.errs))
 		for i, e := range w.errs {
@@ -133,21 +147,36 @@ func (w *walker) config(root *table) *Config {
 	}
 	lt.done()
 
+	rt := root.sub("reload")
+	cfg.Reload = Reload{
+		Debounce: rt.duration("debounce", 200*time.Millisecond, 10*time.Millisecond),
+		Recheck:  rt.duration("recheck", 30*time.Second, 0),
+	}
+	if cfg.Reload.Debounce > 10*time.Second {
+		w.errorf(rt.key("debounce"), "must be at most 10s, have %s", cfg.Reload.Debounce)
+	}
+	if r := cfg.Reload.Recheck; r > 0 && r < time.Second {
+		w.errorf(rt.key("recheck"), "must be 0 (off) or at least 1s, have %s", r)
+	}
+	rt.done()
+
 	dt := root.sub("defaults")
 	defaults := w.settings(dt, builtinSettings())
 	dt.done()
 
 	st := root.sub("services")
+	if len(st.m) == 0 {
+		// Refused rather than served as "nothing": a file caught truncated
+		// mid-write must not close every listener.
+		w.errorf("services", "no services; a configuration needs at least one [services.NAME]")
+	}
 	names := make([]string, 0, len(st.m))
 	for name := range st.m {
 		names = append(names, name)
 	}
 	// File order, so that -check and logs list services as written.
 	slices.SortFunc(names, func(a, b string) int {
-		if d := w.line(st.key(a)) - w.line(st.key(b)); d != 0 {
-			return d
-		}
-		return strings.Compare(a, b)
+		return w.order[st.key(a)] - w.order[st.key(b)]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
 	for _, name := range names {

@@ -186,6 +186,16 @@ scheduler = "nope"
 	}
 }
 
+// TestEmpty: an empty or truncated-to-nothing file is refused, so that a
+// file caught mid-write never closes every listener.
+func TestEmpty(t *testing.T) {
+	for _, src := range []string{"", "# only a comment\n", "[log]\nlevel = \"info\"\n"} {
+		if cfg, err := Parse("f.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), "f.toml: services: no services") {
+			t.Errorf("Parse(%q) = %v, %v; want a no-services error", src, cfg, err)
+		}
+	}
+}
+
 func TestResolveHostname(t *testing.T) {
 	old := lookup
 	defer func() { lookup = old }()

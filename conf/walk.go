@@ -39,20 +39,29 @@ func (e *Error) Error() string {
 // walker reads the decoded TOML tree into typed values and collects every
 // problem instead of stopping at the first.
 type walker struct {
-	file string
-	pos  map[string]int
-	errs []*Error
+	file  string
+	order map[string]int // key path → rank in file order, from toml's MetaData
+	errs  []*Error       // lines are filled in by locateErrors
 }
 
 func (w *walker) errorf(key, format string, args ...any) {
-	w.errs = append(w.errs, &Error{File: w.file, Line: w.line(key), Key: key, Msg: fmt.Sprintf(format, args...)})
+	w.errs = append(w.errs, &Error{File: w.file, Key: key, Msg: fmt.Sprintf(format, args...)})
 }
 
-// line finds the line of key, or of its nearest written parent (a default
-// value has no line of its own).
-func (w *walker) line(key string) int {
+// locateErrors fills in the line of each error: the line of its key, or of
+// the nearest written parent (a default value has no line of its own). The
+// source is scanned only when there are errors, so a valid file costs
+// nothing here.
+func (w *walker) locateErrors(src []byte) {
+	pos := locate(string(src))
+	for _, e := range w.errs {
+		e.Line = line(pos, e.Key)
+	}
+}
+
+func line(pos map[string]int, key string) int {
 	for key != "" {
-		if n, ok := w.pos[key]; ok {
+		if n, ok := pos[key]; ok {
 			return n
 		}
 		i := strings.LastIndexAny(key, ".[")
