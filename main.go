@@ -80,8 +80,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var ptr atomic.Pointer[sched.Table]
 	srv := listener.New(&ptr, log)
 	m := reload.New(*path, &ptr, srv, log)
+	m.OnLog = setLevel
+	hup, stopHup := hupChannel()
+	defer stopHup()
+	m.Hup = hup
 	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
-	if err := m.Serve(ctx, cfg); err != nil {
+	if err := m.Run(ctx, cfg); err != nil {
 		log.Error().Err(err).Msg("cannot start")
 		return 1
 	}
@@ -117,6 +121,41 @@ func signalContext() (context.Context, func()) {
 	}
 }
 
+// hupChannel delivers SIGHUP as a reload request.
+func hupChannel() (<-chan struct{}, func()) {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGHUP)
+	hup := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() { // exits when stop is called
+		for {
+			select {
+			case <-sig:
+				select {
+				case hup <- struct{}{}:
+				default: // one pending request is enough
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return hup, func() {
+		signal.Stop(sig)
+		close(done)
+	}
+}
+
+// setLevel applies the reloadable part of [log]: the level. The root
+// logger is at trace level; the global level filters.
+func setLevel(lc conf.Log) {
+	level, err := zerolog.ParseLevel(lc.Level)
+	if err != nil {
+		level = zerolog.InfoLevel
+	}
+	zerolog.SetGlobalLevel(level)
+}
+
 // newLogger builds the root logger from the [log] table.
 func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
 	console := lc.Format == "console"
@@ -129,11 +168,8 @@ func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
 	if console {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
-	level, err := zerolog.ParseLevel(lc.Level)
-	if err != nil {
-		level = zerolog.InfoLevel
-	}
-	return zerolog.New(w).Level(level).With().Timestamp().Logger()
+	setLevel(lc)
+	return zerolog.New(w).With().Timestamp().Logger()
 }
 
 func versionString() string {
@@ -169,9 +205,6 @@ func versionString() string {
 func summary(w io.Writer, cfg *conf.Config) {
 	fmt.Fprintf(w, "%s: configuration is valid\n", cfg.File)
 	fmt.Fprintf(w, "log: level %s, format %s, access log %v\n", cfg.Log.Level, cfg.Log.Format, onOff(cfg.Log.Access))
-	if len(cfg.Services) == 0 {
-		fmt.Fprintln(w, "no services")
-	}
 	for _, s := range cfg.Services {
 		listen := make([]string, len(s.Listen))
 		for i, a := range s.Listen {

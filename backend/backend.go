@@ -37,8 +37,9 @@ type Backend struct {
 	bytesIn      atomic.Uint64 // client → backend
 	bytesOut     atomic.Uint64 // backend → client
 	connectFails atomic.Uint64
-	draining     atomic.Bool // no new connections; set by Drain, cleared by Undrain
-	closing      atomic.Bool // the drain deadline passed: sessions are being closed
+	drainClosed  atomic.Uint64 // sessions closed at a drain deadline
+	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
+	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 
 	mu       sync.Mutex             // protects sessions
 	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline
@@ -122,6 +123,7 @@ type Stats struct {
 	BytesIn      uint64 // client → backend
 	BytesOut     uint64 // backend → client
 	ConnectFails uint64
+	DrainClosed  uint64 // sessions closed because a drain deadline passed
 	Draining     bool
 }
 
@@ -134,6 +136,7 @@ func (b *Backend) Stats() Stats {
 		BytesIn:      b.bytesIn.Load(),
 		BytesOut:     b.bytesOut.Load(),
 		ConnectFails: b.connectFails.Load(),
+		DrainClosed:  b.drainClosed.Load(),
 		Draining:     b.draining.Load(),
 	}
 }
@@ -186,6 +189,7 @@ func (b *Backend) closeAll() int {
 		open = append(open, s)
 	}
 	b.mu.Unlock()
+	b.drainClosed.Add(uint64(len(open)))
 	for _, s := range open {
 		s.Close() // teardown: the session logs its own end
 	}

@@ -1,17 +1,21 @@
-// Package reload is the sole writer of fulcrum's snapshot. It turns a
-// validated configuration into the next sched.Table, opens the listeners
-// that are new, swaps the table in atomically, closes the listeners that
-// were removed, and drains the backends that were removed.
+// Package reload is the sole writer of fulcrum's snapshot. It watches the
+// configuration file, turns each new version into the next sched.Table,
+// opens the listeners that are new, swaps the table in atomically, closes
+// the listeners that were removed, and drains the backends that were removed.
+// A reload never touches an established connection, and a bad file is
+// refused while the running configuration keeps serving.
 //
 // Typical use (main does this):
 //
 //	var ptr atomic.Pointer[sched.Table]
 //	srv := listener.New(&ptr, log)
 //	m := reload.New(path, &ptr, srv, log)
-//	err := m.Run(ctx) // applies the file, serves until ctx ends, then shuts down
+//	m.Hup = hupSignals // optional: SIGHUP reloads at once
+//	err := m.Run(ctx, cfg) // applies cfg, follows the file until ctx ends, then shuts down
 //
-// Ownership: the Manager owns the drain goroutines it starts and waits for
-// them before Run returns; main owns the atomic pointer and the Server.
+// Ownership: Run owns the file watcher, the debounce timer, the recheck
+// ticker and every drain goroutine; all are gone when Run returns. main owns
+// the atomic pointer and the Server.
 package reload
 
 import (
@@ -33,14 +37,39 @@ import (
 
 // Manager applies configurations, one at a time.
 type Manager struct {
+	// Hup, if set before Run, reloads the file at once on every receive,
+	// even when its content looks unchanged (host names are re-resolved).
+	Hup <-chan struct{}
+	// Notify, if set before Run, is told of reloads in sd_notify terms
+	// ("RELOADING=1…", "READY=1…"). A nil Notify is a no-op.
+	Notify func(state string) error
+	// OnLog, if set, applies the reloadable [log] settings (level) of each
+	// configuration that is applied.
+	OnLog func(conf.Log)
+
 	path string
 	ptr  *atomic.Pointer[sched.Table]
 	srv  *listener.Server
 	log  zerolog.Logger
 	pool backend.Pool
 
-	mu     sync.Mutex // serialises Apply and shutdown
-	drains sync.WaitGroup
+	mu      sync.Mutex // serialises Apply and Shutdown; protects cur
+	cur     *conf.Config
+	drains  sync.WaitGroup
+	stopped bool // Shutdown has run
+
+	statusMu sync.Mutex // protects status
+	status   Status
+}
+
+// Status describes the reload history, for status views.
+type Status struct {
+	Generation  uint64    // of the running table; 0 before the first apply
+	Applied     time.Time // when that generation was applied
+	Reloads     uint64    // reloads applied, the first configuration excluded
+	Failed      uint64    // reloads refused
+	LastError   string    // why the last attempt was refused; "" if it was applied
+	LastAttempt time.Time
 }
 
 // New returns a Manager for the file at path.
@@ -48,33 +77,30 @@ func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, lo
 	return &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
 }
 
-// Run loads and applies the file, serves until ctx ends, then shuts down
-// gracefully: it stops accepting and lets every connection run for up to its
-// service's drain_timeout before closing it. An invalid file fails at once.
-func (m *Manager) Run(ctx context.Context) error {
-	cfg, err := conf.Load(m.path)
-	if err != nil {
-		return err
-	}
-	return m.Serve(ctx, cfg)
+// Status returns the reload history.
+func (m *Manager) Status() Status {
+	m.statusMu.Lock()
+	defer m.statusMu.Unlock()
+	return m.status
 }
 
-// Serve applies cfg, serves until ctx ends, then shuts down as Run does.
-func (m *Manager) Serve(ctx context.Context, cfg *conf.Config) error {
-	if err := m.Apply(cfg); err != nil {
-		m.srv.Close()
-		return err
+func (m *Manager) notify(state string) {
+	if m.Notify != nil {
+		if err := m.Notify(state); err != nil {
+			m.log.Warn().Err(err).Msg("sd_notify failed")
+		}
 	}
-	<-ctx.Done()
-	m.Shutdown()
-	return nil
 }
 
-// Apply makes cfg the running configuration. On error nothing changes: the
-// old snapshot and listeners keep serving.
+// Apply makes cfg the running configuration: build the next table, bind the
+// new listeners, swap, close removed listeners, drain removed backends. On
+// error nothing changes: the old table and listeners keep serving.
 func (m *Manager) Apply(cfg *conf.Config) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.stopped {
+		return fmt.Errorf("shutting down")
+	}
 	start := time.Now()
 	old := m.ptr.Load()
 	next, err := m.build(cfg, old)
@@ -89,12 +115,35 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if err != nil {
 		return err
 	}
+	d := diff(old, next) // before settle: removed backends still show their open connections
 	m.ptr.Store(next)
 	opened, closed := ch.Commit()
 	m.settle(old, next)
-	m.log.Info().Uint64("generation", next.Gen).Int("services", len(next.Services)).
-		Int("listeners_opened", len(opened)).Int("listeners_closed", len(closed)).
-		Dur("took", time.Since(start)).Msg("configuration applied")
+	if m.OnLog != nil {
+		m.OnLog(cfg.Log)
+	}
+	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
+		m.log.Warn().Str("running", m.cur.Log.Format).Str("file", cfg.Log.Format).
+			Msg("log.format changes only at restart; keeping the running format")
+	}
+	m.cur = cfg
+	took := time.Since(start)
+
+	m.statusMu.Lock()
+	if old != nil {
+		m.status.Reloads++
+	}
+	m.status.Generation, m.status.Applied = next.Gen, time.Now()
+	m.status.LastError, m.status.LastAttempt = "", m.status.Applied
+	m.statusMu.Unlock()
+
+	e := m.log.Info().Uint64("generation", next.Gen).Float64("took_ms", float64(took.Microseconds())/1000)
+	d.log(e, opened, closed)
+	if old == nil {
+		e.Int("services", len(next.Services)).Msg("configuration applied")
+	} else {
+		e.Msg("reload applied")
+	}
 	return nil
 }
 
@@ -198,14 +247,18 @@ func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 
 // Shutdown stops accepting on every listener and drains every backend, each
 // for its service's drain_timeout, then waits for all sessions to end.
+// Later Apply calls fail.
 func (m *Manager) Shutdown() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.srv.Close()
-	if t := m.ptr.Load(); t != nil {
-		for _, s := range t.Services {
-			for _, tg := range s.Targets {
-				m.drain(tg.B, s.DrainTimeout)
+	if !m.stopped {
+		m.stopped = true
+		m.srv.Close()
+		if t := m.ptr.Load(); t != nil {
+			for _, s := range t.Services {
+				for _, tg := range s.Targets {
+					m.drain(tg.B, s.DrainTimeout)
+				}
 			}
 		}
 	}

@@ -96,6 +96,35 @@ func TestApplyKeepsIdentity(t *testing.T) {
 	}
 }
 
+// TestApplyReAddDraining: a backend removed while it still has connections,
+// then added back, gets its live object back and takes connections again.
+func TestApplyReAddDraining(t *testing.T) {
+	h := newHarness(t)
+	cfg := config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1", "b=127.0.0.1:2/1")
+	if err := h.m.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	b := h.ptr.Load().Services[0].Targets[1].B
+	b.Acquire(0) // an open connection keeps it draining
+	defer b.Release()
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Draining() || b.Acquire(0) {
+		t.Fatal("removed backend takes new connections")
+	}
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1", "b=127.0.0.1:2/1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.ptr.Load().Services[0].Targets[1].B; got != b || got.Draining() || got.Active() != 1 {
+		t.Errorf("re-added backend: same object %v, draining %v, active %d; want the live one back", got == b, got.Draining(), got.Active())
+	}
+	if !b.Acquire(0) {
+		t.Error("re-added backend refuses connections")
+	}
+	b.Release()
+}
+
 func TestApplyUnchangedKeepsPicker(t *testing.T) {
 	h := newHarness(t)
 	cfg := config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/3", "b=127.0.0.1:2/1")

@@ -116,7 +116,7 @@ func (l *LogSink) Wait(t testing.TB, d time.Duration, what string, match func(ma
 		select {
 		case <-wake:
 		case <-timeout.C:
-			t.Fatalf("no log line %s within %v; have %d lines: %v", what, d, len(lines), lines)
+			t.Fatalf("no log line %s within %v; the last of %d lines: %v", what, d, len(lines), lines[max(0, len(lines)-20):])
 		}
 	}
 }

@@ -1,0 +1,195 @@
+package reload
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
+
+	"fulcrum/conf"
+)
+
+// Run applies cfg (the file as main loaded it), then follows the file until
+// ctx ends, and then shuts down gracefully (see Shutdown).
+//
+// The file's directory is watched, not the file, so every way of replacing
+// it is seen: written in place, renamed over (vim, sed -i, Ansible,
+// consul-template), a symlink swapped (Kubernetes ConfigMaps swap the
+// "..data" link), deleted and recreated. When the path is a symlink the
+// directory it resolves to is watched too, so an edit of the target is seen.
+// Events are debounced ([reload] debounce of quiet), and a file whose
+// content is what was last tried is not reloaded again. inotify can drop
+// events, so the file is also re-read every [reload] recheck. A Hup receive
+// reloads at once, whatever the content.
+func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
+	r := &runner{m: m, tried: cfg.Digest, cfg: cfg.Reload, watched: map[string]bool{}}
+	// Watch before applying, so that no edit made from here on is missed.
+	var events <-chan fsnotify.Event
+	var werrs <-chan error
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		m.log.Warn().Err(err).Msg("cannot watch the configuration file; reload it with SIGHUP")
+	} else {
+		defer w.Close()
+		r.w, events, werrs = w, w.Events, w.Errors
+		r.rewatch()
+	}
+	if err := m.Apply(cfg); err != nil {
+		m.srv.Close()
+		return err
+	}
+	defer m.Shutdown()
+	m.notify("READY=1")
+	r.check(false) // an edit made since main read the file
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
+	recheck := time.NewTicker(time.Hour)
+	defer recheck.Stop()
+	r.resetRecheck(recheck)
+
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			if ev.Op != fsnotify.Chmod {
+				debounce.Reset(r.cfg.Debounce)
+			}
+		case err, ok := <-werrs:
+			if !ok {
+				werrs = nil
+				continue
+			}
+			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
+			debounce.Reset(r.cfg.Debounce) // an overflow may have lost the event we need
+		case <-debounce.C:
+			r.check(false)
+			r.resetRecheck(recheck)
+		case <-recheck.C:
+			r.check(false)
+		case <-m.Hup:
+			debounce.Stop()
+			r.check(true)
+			r.resetRecheck(recheck)
+		}
+	}
+}
+
+// runner is the state of Run's loop, touched only by its goroutine.
+type runner struct {
+	m       *Manager
+	w       *fsnotify.Watcher // nil when watching is unavailable
+	watched map[string]bool   // directories added to w
+	tried   [32]byte          // digest of the content last tried, applied or not
+	cfg     conf.Reload       // of the running configuration
+	gone    bool              // the file was missing at the last check
+}
+
+func (r *runner) resetRecheck(t *time.Ticker) {
+	if r.cfg.Recheck > 0 {
+		t.Reset(r.cfg.Recheck)
+	} else {
+		t.Stop()
+	}
+}
+
+// check reads the file and reloads it if its content changed (or if force).
+func (r *runner) check(force bool) {
+	m := r.m
+	defer r.rewatch() // a symlink may now lead elsewhere
+	data, err := os.ReadFile(m.path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			if !r.gone {
+				r.gone = true
+				m.log.Warn().Str("file", m.path).Msg("configuration file is gone; the running configuration stays")
+			}
+			return
+		}
+		r.refuse(err)
+		return
+	}
+	if r.gone {
+		r.gone = false
+		m.log.Info().Str("file", m.path).Msg("configuration file is back")
+	}
+	digest := sha256.Sum256(data)
+	if !force && digest == r.tried {
+		return
+	}
+	r.tried = digest
+	m.notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+	cfg, err := conf.Parse(m.path, data)
+	if err == nil {
+		err = m.Apply(cfg)
+	}
+	if err != nil {
+		r.refuse(err)
+	} else {
+		r.cfg = cfg.Reload
+	}
+	m.notify("READY=1")
+}
+
+// refuse records and logs a reload that was not applied, on one line.
+func (r *runner) refuse(err error) {
+	m := r.m
+	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+	m.statusMu.Lock()
+	m.status.Failed++
+	m.status.LastError, m.status.LastAttempt = msg, time.Now()
+	gen := m.status.Generation
+	m.statusMu.Unlock()
+	m.log.Error().Uint64("generation", gen).Msgf("reload refused, generation %d keeps serving: %s", gen, msg)
+}
+
+// rewatch keeps the watch set to the file's directory and, when the path is
+// a symlink, the directory it resolves to.
+func (r *runner) rewatch() {
+	if r.w == nil {
+		return
+	}
+	want := map[string]bool{filepath.Dir(r.m.path): true}
+	if real, err := filepath.EvalSymlinks(r.m.path); err == nil {
+		want[filepath.Dir(real)] = true
+	}
+	for d := range r.watched {
+		if !want[d] {
+			r.w.Remove(d) // may already be gone with its directory
+			delete(r.watched, d)
+		}
+	}
+	for d := range want {
+		if r.watched[d] {
+			continue
+		}
+		if err := r.w.Add(d); err != nil {
+			r.m.log.Warn().Err(err).Str("dir", d).Msg("cannot watch directory; relying on SIGHUP and recheck")
+			continue
+		}
+		r.watched[d] = true
+	}
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, as sd_notify's
+// MONOTONIC_USEC wants it next to RELOADING=1.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano() / 1000
+}
