@@ -118,7 +118,9 @@ func Parse(name string, data []byte) (*Config, error) {
 	}
 	w := &walker{file: name, order: map[string]int{}}
 	for i, k := range md.Keys() {
-		w.order[k.String()] = i
+		if len(k) == 2 && k[0] == "services" {
+			w.order[k[1]] = i
+		}
 	}
 	cfg := w.config(w.table("", tree))
 	cfg.File = name
@@ -176,7 +178,7 @@ func (w *walker) config(root *table) *Config {
 	}
 	// File order, so that -check and logs list services as written.
 	slices.SortFunc(names, func(a, b string) int {
-		return w.order[st.key(a)] - w.order[st.key(b)]
+		return w.order[a] - w.order[b]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
 	for _, name := range names {

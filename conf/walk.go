@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,7 +41,7 @@ func (e *Error) Error() string {
 // problem instead of stopping at the first.
 type walker struct {
 	file  string
-	order map[string]int // key path → rank in file order, from toml's MetaData
+	order map[string]int // service name → rank in file order, from toml's MetaData
 	errs  []*Error       // lines are filled in by locateErrors
 }
 
@@ -79,18 +80,22 @@ type table struct {
 	w    *walker
 	path string
 	m    map[string]any
-	used map[string]bool
+	used []string // keys read; a handful, so a slice beats a map
 }
 
 func (w *walker) table(path string, m map[string]any) *table {
-	return &table{w: w, path: path, m: m, used: map[string]bool{}}
+	return &table{w: w, path: path, m: m}
 }
+
+func (t *table) isUsed(k string) bool { return slices.Contains(t.used, k) }
 
 func (t *table) key(k string) string { return join(t.path, k) }
 
 // get returns the raw value of k and whether it is set.
 func (t *table) get(k string) (any, bool) {
-	t.used[k] = true
+	if !t.isUsed(k) {
+		t.used = append(t.used, k)
+	}
 	if t.m == nil {
 		return nil, false
 	}
@@ -107,17 +112,13 @@ func (t *table) has(k string) bool {
 func (t *table) done() {
 	var unknown []string
 	for k := range t.m {
-		if !t.used[k] {
+		if !t.isUsed(k) {
 			unknown = append(unknown, k)
 		}
 	}
 	sort.Strings(unknown)
 	for _, k := range unknown {
-		known := make([]string, 0, len(t.used))
-		for u := range t.used {
-			known = append(known, u)
-		}
-		if s := suggest(k, known); s != "" {
+		if s := suggest(k, slices.Clone(t.used)); s != "" {
 			t.w.errorf(t.key(k), "unknown key (did you mean %q?)", s)
 		} else {
 			t.w.errorf(t.key(k), "unknown key")
@@ -273,8 +274,9 @@ func (t *table) tables(k string) ([]*table, bool) {
 		return nil, true
 	}
 	out := make([]*table, len(ms))
+	prefix := t.key(k) + "["
 	for i, m := range ms {
-		out[i] = t.w.table(fmt.Sprintf("%s[%d]", t.key(k), i), m)
+		out[i] = t.w.table(prefix+strconv.Itoa(i)+"]", m)
 	}
 	return out, true
 }
