@@ -41,6 +41,11 @@ type Backend struct {
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 
+	down    atomic.Int32    // health: downActive | downPassive bits; 0 = up
+	health  healthState     // health details, under its own mutex
+	changes chan<- *Backend // where health transitions are reported; nil = nowhere
+	pending atomic.Bool     // a report is in changes, not yet Seen
+
 	mu       sync.Mutex             // protects sessions
 	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline
 }

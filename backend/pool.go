@@ -6,6 +6,11 @@ import "sync"
 // survives reloads. Only the reload path uses it; the connection path holds
 // *Backend values taken from a snapshot.
 type Pool struct {
+	// Changes, if set before the first Get, receives each backend whose
+	// health changed (up to down or back). Sends never block: when the
+	// channel is full a report is dropped, and the reader should rescan.
+	Changes chan<- *Backend
+
 	mu sync.Mutex // protects m
 	m  map[key]*Backend
 }
@@ -26,6 +31,7 @@ func (p *Pool) Get(service, name string) *Backend {
 	b, ok := p.m[k]
 	if !ok {
 		b = New(service, name)
+		b.changes = p.Changes
 		p.m[k] = b
 	}
 	return b
@@ -39,6 +45,19 @@ func (p *Pool) Forget(b *Backend) {
 	k := key{b.Service, b.Name}
 	if p.m[k] == b && b.Draining() {
 		delete(p.m, k)
+	}
+}
+
+// Each calls f for every backend in the pool, draining ones included.
+func (p *Pool) Each(f func(*Backend)) {
+	p.mu.Lock()
+	bs := make([]*Backend, 0, len(p.m))
+	for _, b := range p.m {
+		bs = append(bs, b)
+	}
+	p.mu.Unlock()
+	for _, b := range bs {
+		f(b)
 	}
 }
 

@@ -1,0 +1,271 @@
+package backend
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/listener/listenertest"
+)
+
+func probe(kind, addr string) *Probe {
+	return &Probe{Kind: kind, Addr: addr, Timeout: 2 * time.Second}
+}
+
+func TestProbeTCP(t *testing.T) {
+	up := listenertest.NewServer(t, func(*net.TCPConn) {})
+	if err := probe("tcp", up.Addr).Run(t.Context()); err != nil {
+		t.Errorf("tcp on a listener: %v", err)
+	}
+	if err := probe("tcp", listenertest.DeadAddr(t)).Run(t.Context()); err == nil {
+		t.Error("tcp on a dead port succeeded")
+	}
+}
+
+// TestProbeSendExpect: a backend that accepts but never answers fails the
+// check within its timeout; one that answers as expected passes.
+func TestProbeSendExpect(t *testing.T) {
+	mute := listenertest.NewServer(t, func(c *net.TCPConn) {
+		var b [1]byte
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		c.Read(b[:]) // accepts, reads nothing useful, never answers
+	})
+	p := &Probe{Kind: "send-expect", Addr: mute.Addr, Timeout: 300 * time.Millisecond, Send: []byte("HELLO\r\n"), Expect: regexp.MustCompile(`^OK`)}
+	start := time.Now()
+	if err := p.Run(t.Context()); err == nil {
+		t.Error("send-expect on a mute backend succeeded")
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("send-expect took %v; want about its 300ms timeout", el)
+	}
+	p.Addr = listenertest.NewServer(t, listenertest.Echo).Addr
+	p.Send, p.Expect = []byte("OK ready\n"), regexp.MustCompile(`OK ready`)
+	if err := p.Run(t.Context()); err != nil {
+		t.Errorf("send-expect on an echo: %v", err)
+	}
+}
+
+func TestProbeHTTP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/primary" { // Patroni's REST API: 200 on the leader only
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})}
+	go srv.Serve(ln) // exits when the cleanup closes the server
+	t.Cleanup(func() { srv.Close() })
+	p := probe("http", ln.Addr().String())
+	p.Path = "/primary"
+	if err := p.Run(t.Context()); err != nil {
+		t.Errorf("GET /primary: %v", err)
+	}
+	p.Path = "/replica"
+	if err := p.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "status 503") {
+		t.Errorf("GET /replica = %v; want a 503 failure", err)
+	}
+	p.Status = 503
+	if err := p.Run(t.Context()); err != nil {
+		t.Errorf("GET /replica expecting 503: %v", err)
+	}
+}
+
+// TestProbeMySQL uses scripted greetings: MySQL itself is not on the test
+// machine, and the greeting is all the probe reads.
+func TestProbeMySQL(t *testing.T) {
+	greet := func(payload []byte) func(*net.TCPConn) {
+		return func(c *net.TCPConn) {
+			n := len(payload)
+			c.Write(append([]byte{byte(n), byte(n >> 8), byte(n >> 16), 0}, payload...))
+		}
+	}
+	v10 := append([]byte{10}, "8.0.36\x00\x01\x00\x00\x00abcdefgh\x00"...)
+	if err := probe("mysql", listenertest.NewServer(t, greet(v10)).Addr).Run(t.Context()); err != nil {
+		t.Errorf("mysql greeting v10: %v", err)
+	}
+	tooMany := append([]byte{0xff, 0x10, 0x04}, "Too many connections"...)
+	if err := probe("mysql", listenertest.NewServer(t, greet(tooMany)).Addr).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "Too many connections") {
+		t.Errorf("mysql error greeting = %v; want down", err)
+	}
+	if err := probe("mysql", listenertest.NewServer(t, listenertest.Greeter("SSH-2.0-OpenSSH")).Addr).Run(t.Context()); err == nil {
+		t.Error("an SSH banner passed the mysql check")
+	}
+}
+
+func TestProbePostgres(t *testing.T) {
+	pg := listenertest.StartPostgres(t)
+	if err := probe("pgsql", pg.Addr).Run(t.Context()); err != nil {
+		t.Fatalf("pgsql on a running cluster: %v", err)
+	}
+	p := probe("pgsql", pg.Addr)
+	p.User = "nobody-in-pg-hba"
+	if err := p.Run(t.Context()); err != nil {
+		t.Errorf("pgsql with an unknown user (the server is still up): %v", err)
+	}
+	if err := probe("pgsql", listenertest.NewServer(t, listenertest.Greeter("+PONG")).Addr).Run(t.Context()); err == nil {
+		t.Error("a non-PostgreSQL server passed the pgsql check")
+	}
+
+	// A standby that does not accept connections (hot_standby off) answers
+	// with 57P03: up as a process, down as a database.
+	pg.Stop(t, "fast")
+	os.WriteFile(filepath.Join(pg.Dir, "standby.signal"), nil, 0o600)
+	f, _ := os.OpenFile(filepath.Join(pg.Dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("hot_standby = off\n")
+	f.Close()
+	pg.Ctl(t, "start", "-W", "-l", filepath.Join(filepath.Dir(pg.Dir), "log"))
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if err = probe("pgsql", pg.Addr).Run(t.Context()); err != nil && strings.Contains(err.Error(), "57P03") {
+			break
+		}
+	}
+	if err == nil || !strings.Contains(err.Error(), "57P03") {
+		t.Errorf("pgsql on a standby that refuses connections = %v; want down with 57P03", err)
+	}
+	pg.Stop(t, "immediate")
+	if err := probe("pgsql", pg.Addr).Run(t.Context()); err == nil {
+		t.Error("pgsql on a stopped cluster succeeded")
+	}
+}
+
+func TestProbeRedis(t *testing.T) {
+	r := listenertest.StartRedis(t)
+	if err := probe("redis", r.Addr).Run(t.Context()); err != nil {
+		t.Errorf("redis PING: %v", err)
+	}
+	auth := listenertest.StartRedis(t, "--requirepass", "secret")
+	if err := probe("redis", auth.Addr).Run(t.Context()); err != nil {
+		t.Errorf("redis with a password (-NOAUTH is still a live Redis): %v", err)
+	}
+	r.Kill()
+	if err := probe("redis", r.Addr).Run(t.Context()); err == nil {
+		t.Error("redis PING on a killed server succeeded")
+	}
+	if err := probe("redis", listenertest.NewServer(t, listenertest.Greeter("-LOADING Redis is loading the dataset in memory")).Addr).Run(t.Context()); err == nil {
+		t.Error("-LOADING passed the redis check")
+	}
+}
+
+// TestRunChecksRiseFall: fall failures in a row mark the backend down, rise
+// successes bring it back; each transition is reported once.
+func TestRunChecksRiseFall(t *testing.T) {
+	changes := make(chan *Backend, 10)
+	p := Pool{Changes: changes}
+	b := p.Get("s", "a")
+	ok := true
+	check := func() error {
+		if ok {
+			return nil
+		}
+		return fmt.Errorf("refused")
+	}
+	now := time.Now()
+	for range 2 {
+		ok = false
+		b.checked(check(), 2, 3, now)
+	}
+	if b.Down() {
+		t.Fatal("down after 2 failures; fall is 3")
+	}
+	b.checked(check(), 2, 3, now)
+	if !b.Down() {
+		t.Fatal("not down after 3 failures")
+	}
+	if got := <-changes; got != b {
+		t.Fatal("no report of the transition")
+	}
+	b.Seen()
+	ok = true
+	b.checked(check(), 2, 3, now)
+	if !b.Down() {
+		t.Fatal("up after 1 success; rise is 2")
+	}
+	b.checked(check(), 2, 3, now.Add(time.Second))
+	if b.Down() {
+		t.Fatal("still down after 2 successes")
+	}
+	if up, reason, since := b.Health(); !up || !strings.Contains(reason, "passed 2 times") || !since.Equal(now.Add(time.Second)) {
+		t.Errorf("Health = %v, %q, %v", up, reason, since)
+	}
+	select {
+	case <-changes:
+	default:
+		t.Error("no report of the way back up")
+	}
+}
+
+func TestPassive(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	now := time.Now()
+	if b.PassiveFail(3, 10*time.Second, now) || b.PassiveFail(3, 10*time.Second, now) {
+		t.Fatal("down before max_fails")
+	}
+	b.PassiveOK() // a success starts the count again
+	b.PassiveFail(3, 10*time.Second, now)
+	b.PassiveFail(3, 10*time.Second, now)
+	if b.Down() {
+		t.Fatal("down although a success reset the count")
+	}
+	if !b.PassiveFail(3, 10*time.Second, now.Add(time.Second)) || !b.Down() {
+		t.Fatal("not down after 3 failures within fail_timeout")
+	}
+	if next := b.ExpirePassive(now.Add(5 * time.Second)); next.IsZero() || !b.Down() {
+		t.Fatal("passive mark lifted before fail_timeout")
+	}
+	if next := b.ExpirePassive(now.Add(12 * time.Second)); !next.IsZero() || b.Down() {
+		t.Fatal("passive mark not lifted after fail_timeout")
+	}
+	// Failures spread wider than the window never add up.
+	for i := range 5 {
+		b.PassiveFail(3, time.Second, now.Add(time.Duration(i)*2*time.Second))
+	}
+	if b.Down() {
+		t.Error("failures 2s apart took it down with a 1s window")
+	}
+}
+
+// TestRunChecksStops: RunChecks returns promptly when its context ends,
+// even in the middle of a probe.
+func TestRunChecksStops(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	mute := listenertest.NewServer(t, func(c *net.TCPConn) {
+		var b [1]byte
+		c.Read(b[:])
+	})
+	var p Pool
+	b := p.Get("s", "a")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { // exits when ctx ends
+		b.RunChecks(ctx, CheckSpec{Probe: Probe{Kind: "send-expect", Addr: mute.Addr, Timeout: time.Hour, Expect: regexp.MustCompile("x")},
+			Interval: time.Millisecond, Rise: 1, Fall: 1})
+		close(done)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); mute.Open() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // the server has no event for "a probe is in progress"
+			t.Fatal("no probe reached the server")
+		}
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("RunChecks did not stop with its context")
+	}
+	if b.Down() {
+		t.Error("a cancelled probe marked the backend down")
+	}
+}

@@ -1,0 +1,206 @@
+package backend
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Health: a backend is up unless an active check or passive failures have
+// marked it down. The state lives here, with the backend, so it survives
+// reloads. Transitions are reported on the pool's Changes channel; the
+// reload manager, which owns the snapshot, logs them and re-weights.
+
+const (
+	downActive  = 1 << iota // active checks failed fall times in a row
+	downPassive             // max_fails connect failures within fail_timeout
+)
+
+// healthState is the part of Backend that health checks and passive
+// failures change.
+type healthState struct {
+	mu           sync.Mutex // protects the fields below (the down bits are atomic, in Backend)
+	reason       string     // why the last transition happened
+	upSince      time.Time  // when it last came up; zero if up since it was created
+	checkOK      int        // consecutive successful checks
+	checkFail    int        // consecutive failed checks
+	fails        int        // passive: connect failures in the current window
+	windowStart  time.Time  // passive: start of that window
+	passiveUntil time.Time  // passive: down until then
+}
+
+// Down reports whether the backend is down, by checks or by passive
+// failures. One atomic load: schedulers call it on every pick.
+func (b *Backend) Down() bool { return b.down.Load() != 0 }
+
+// Health returns whether the backend is up, why it last changed, and since
+// when it has been up (zero: up since it was created, or down).
+func (b *Backend) Health() (up bool, reason string, upSince time.Time) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	up = b.down.Load() == 0
+	if up {
+		upSince = b.health.upSince
+	}
+	return up, b.health.reason, upSince
+}
+
+// setBit sets or clears one down bit and reports a change of the overall
+// state. Called with health.mu held.
+func (b *Backend) setBit(bit int32, on bool, reason string, now time.Time) {
+	for {
+		old := b.down.Load()
+		next := old &^ bit
+		if on {
+			next = old | bit
+		}
+		if old == next || b.down.CompareAndSwap(old, next) {
+			if (old == 0) != (next == 0) {
+				b.health.reason = reason
+				if next == 0 {
+					b.health.upSince = now
+				}
+				b.changed()
+			}
+			return
+		}
+	}
+}
+
+// changed reports a state transition to the pool's Changes channel without
+// blocking; one pending report per backend is enough.
+func (b *Backend) changed() {
+	if b.changes == nil {
+		return
+	}
+	if b.pending.CompareAndSwap(false, true) {
+		select {
+		case b.changes <- b:
+		default: // the channel is full: the reader rescans everything anyway
+			b.pending.Store(false)
+		}
+	}
+}
+
+// Seen marks a report from Changes as read.
+func (b *Backend) Seen() { b.pending.Store(false) }
+
+// PassiveFail records a failed connect. With max > 0, max failures within
+// window mark the backend down for window (nginx's max_fails/fail_timeout).
+// It reports whether this failure took the backend down.
+func (b *Backend) PassiveFail(max int, window time.Duration, now time.Time) bool {
+	if max <= 0 || window <= 0 {
+		return false
+	}
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fails == 0 || now.Sub(h.windowStart) > window {
+		h.fails, h.windowStart = 0, now
+	}
+	h.fails++
+	if h.fails < max || b.down.Load()&downPassive != 0 {
+		return false
+	}
+	h.fails = 0
+	h.passiveUntil = now.Add(window)
+	wasUp := b.down.Load() == 0
+	b.setBit(downPassive, true, "passive: connect failed "+itoa(max)+" times within "+window.String(), now)
+	return wasUp
+}
+
+// PassiveOK records a successful connect: the failure count starts again.
+func (b *Backend) PassiveOK() {
+	h := &b.health
+	if b.down.Load()&downPassive != 0 {
+		return // a connect that raced the mark; the window decides
+	}
+	h.mu.Lock()
+	h.fails = 0
+	h.mu.Unlock()
+}
+
+// ExpirePassive lifts a passive mark whose time has come and returns when
+// the next one expires (zero if none is pending).
+func (b *Backend) ExpirePassive(now time.Time) time.Time {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b.down.Load()&downPassive == 0 {
+		return time.Time{}
+	}
+	if now.Before(h.passiveUntil) {
+		return h.passiveUntil
+	}
+	b.setBit(downPassive, false, "passive: fail_timeout passed", now)
+	return time.Time{}
+}
+
+// CheckSpec says how to run active checks on a backend.
+type CheckSpec struct {
+	Probe    Probe
+	Interval time.Duration // between checks; jittered ±10%
+	Rise     int           // consecutive successes to come up
+	Fall     int           // consecutive failures to go down
+}
+
+// RunChecks probes the backend every Interval until ctx ends, marking it
+// down after Fall failures in a row and up after Rise successes in a row.
+// The first check comes after a random fraction of Interval, so that the
+// checks of many backends do not align.
+func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(spec.Interval)) + 1))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := spec.Probe.Run(ctx)
+		if ctx.Err() != nil {
+			return // stopped mid-probe: the result means nothing
+		}
+		b.checked(err, spec.Rise, spec.Fall, time.Now())
+		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
+		t.Reset(spec.Interval + jitter)
+	}
+}
+
+// checked applies one check result.
+func (b *Backend) checked(err error, rise, fall int, now time.Time) {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	down := b.down.Load()&downActive != 0
+	if err == nil {
+		h.checkOK++
+		h.checkFail = 0
+		if down && h.checkOK >= rise {
+			b.setBit(downActive, false, "check passed "+itoa(h.checkOK)+" times", now)
+		}
+		return
+	}
+	h.checkFail++
+	h.checkOK = 0
+	if !down && h.checkFail >= fall {
+		b.setBit(downActive, true, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	}
+}
+
+// ClearActive marks the backend up as far as active checks go, for when its
+// checks are turned off.
+func (b *Backend) ClearActive() {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	b.health.checkOK, b.health.checkFail = 0, 0
+	b.setBit(downActive, false, "checks off", time.Now())
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
