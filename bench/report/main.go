@@ -288,9 +288,17 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "\nEach figure is the median of %d repetitions; in brackets, its ratio to the %s column "+
-		"(data rows) or to the %s column (per-proxy rows). ↓: lower is better.\n",
-		len(s.reps), labelOf(cols, "direct"), labelOf(cols, "haproxy"))
+	var bases []string
+	for _, b := range []struct{ id, rows string }{{"direct", "data rows"}, {"haproxy", "per-proxy rows"}} {
+		if l, ok := labelOf(cols, b.id); ok {
+			bases = append(bases, fmt.Sprintf("to %s for the %s", l, b.rows))
+		}
+	}
+	fmt.Fprintf(w, "\nEach figure is the median of %d repetition%s", len(s.reps), plural(len(s.reps)))
+	if len(bases) > 0 {
+		fmt.Fprintf(w, "; in brackets its ratio %s", strings.Join(bases, ", "))
+	}
+	fmt.Fprintln(w, ". ↓: lower is better.")
 	if short {
 		fmt.Fprintln(w, "†N: only N repetitions gave this figure (the others failed; see below).")
 	}
@@ -302,13 +310,20 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 	}
 }
 
-func labelOf(cols []column, id string) string {
+func labelOf(cols []column, id string) (string, bool) {
 	for _, c := range cols {
 		if c.id == id {
-			return c.label
+			return c.label, true
 		}
 	}
-	return id
+	return "", false
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 // failures sums the error:KIND and *_failed samples of each target and

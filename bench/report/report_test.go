@@ -77,7 +77,7 @@ func TestRender(t *testing.T) {
 	}
 	for _, want := range []string{
 		"| workload | direct | HAProxy | fulcrum | fulcrum ÷ HAProxy |",
-		"median of 3 repetitions",
+		"median of 3 repetitions; in brackets its ratio to direct for the data rows, to HAProxy for the per-proxy rows.",
 		"- HAProxy, conn: 1 (run failed 1)",
 		"- fulcrum, idle: 6,002 (dial: timeout 6,000; final ping: eof 2)",
 	} {
