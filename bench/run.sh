@@ -32,7 +32,7 @@ done
 CMDLINE+="bench/run.sh"
 
 if [[ ${QUICK:-0} == 1 ]]; then
-	: "${REPS:=3}" "${DUR:=1}" "${WARM:=0.3}" "${IDLE:=4000}" "${SETTLE:=1}" "${OPEN_BUDGET:=20}"
+	: "${REPS:=3}" "${DUR:=1}" "${WARM:=0.2}" "${IDLE:=4000}" "${SETTLE:=0.5}" "${OPEN_BUDGET:=20}"
 else
 	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}"
 fi
@@ -387,17 +387,15 @@ done
 sample() { printf '%s\t%s\t%s\t%s\n' "$REP" "$1" "$2" "$3" >>"$SAMPLES"; }
 
 # record TARGET PREFIX FILE KEY=JSONFIELD…: samples from a tcpload JSON line,
-# plus one PREFIX_error:KIND sample per kind of failure.
+# plus one PREFIX_error:KIND sample per kind of failure (one jq call).
 record() {
-	local t=$1 k=$2 file=$3 kv v
+	local t=$1 k=$2 file=$3 key v
 	shift 3
-	for kv in "$@"; do
-		v=$(jq -r ".${kv#*=} // empty" "$file")
-		[[ -n $v ]] && sample "$t" "${kv%%=*}" "$v"
-	done
-	jq -r '(.error_kinds // {}) | to_entries[] | "\(.key)\t\(.value)"' "$file" | while IFS=$'\t' read -r kind n; do
-		sample "$t" "${k}_error:$kind" "$n"
-	done
+	jq -r --arg k "$k" --arg kv "$*" '. as $r
+		| ([$kv | split(" ")[] | split("=") | [.[0], $r[.[1]]]]
+		   + [(.error_kinds // {}) | to_entries[] | [$k + "_error:" + .key, .value]])[]
+		| select(.[1] != null) | "\(.[0])\t\(.[1])"' "$file" |
+		while IFS=$'\t' read -r key v; do sample "$t" "$key" "$v"; done
 }
 
 # bulk TARGET STREAMS KEY: iperf3 through TARGET; proxy CPU over the run.
@@ -407,8 +405,11 @@ bulk() {
 		c0=$(cpu_ticks_of "$t")
 		if client "$out" $((DUR + 30)) iperf3 -c 127.0.0.1 -p "$(iperf_port "$t")" -t "$DUR" -P "$n" -J --connect-timeout 5000; then
 			c1=$(cpu_ticks_of "$t")
-			sample "$t" "${k}_bps" "$(jq '.end.sum_received.bits_per_second' "$out")"
-			sample "$t" "${k}_bytes" "$(jq '.end.sum_received.bytes' "$out")"
+			jq -r '.end.sum_received | "\(.bits_per_second) \(.bytes)"' "$out" | {
+				read -r bps bytes
+				sample "$t" "${k}_bps" "$bps"
+				sample "$t" "${k}_bytes" "$bytes"
+			}
 			[[ $t == direct ]] || sample "$t" "${k}_cpu_ticks" $((c1 - c0))
 			return 0
 		fi
