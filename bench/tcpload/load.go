@@ -93,6 +93,36 @@ func (t *tally) merge(o *tally) {
 	}
 }
 
+// loop runs op back to back until end, at most maxOps times, and counts
+// each run. After a failure it returns if stopOnError, else it pauses for
+// errorPause and goes on. op gets the run's number and start time.
+func (t *tally) loop(warmEnd, end time.Time, stopOnError bool, op func(i int, t0 time.Time) error) {
+	for i := 0; i < maxOps; i++ {
+		t0 := time.Now()
+		if !t0.Before(end) {
+			return
+		}
+		if err := op(i, t0); err != nil {
+			t.total++
+			t.fail(err)
+			if stopOnError {
+				return
+			}
+			time.Sleep(errorPause)
+			continue
+		}
+		t.done(t0, time.Now(), warmEnd, end)
+	}
+}
+
+func mergeAll(ts []tally) *tally {
+	var all tally
+	for i := range ts {
+		all.merge(&ts[i])
+	}
+	return &all
+}
+
 func (t *tally) result(mode string, cfg *config) *rateResult {
 	return &rateResult{Mode: mode, Conns: cfg.conns, Size: cfg.size, Seconds: cfg.dur.Seconds(),
 		Ops: t.ops, OpsTotal: t.total, Rate: float64(t.ops) / cfg.dur.Seconds(),
@@ -120,7 +150,7 @@ func kind(err error) string {
 	}
 	cause := "other"
 	switch {
-	case errors.Is(err, os.ErrDeadlineExceeded):
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
 		cause = "timeout"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		cause = "eof"
@@ -134,6 +164,11 @@ func kind(err error) string {
 		cause = "no local port"
 	case errors.Is(err, errMismatch):
 		cause = "mismatch"
+	default:
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			cause = errno.Error()
+		}
 	}
 	return step + ": " + cause
 }
@@ -183,30 +218,15 @@ func connRate(cfg *config) *rateResult {
 		wg.Add(1)
 		go func() { // exits at end, or after maxOps operations
 			defer wg.Done()
-			t := &tallies[w]
 			d := dialer(cfg.timeout)
 			msg, buf := message(cfg.size, w), make([]byte, cfg.size)
-			for i := 0; i < maxOps; i++ {
-				t0 := time.Now()
-				if !t0.Before(end) {
-					return
-				}
-				if err := oneShot(d, cfg.addrs[(w+i)%len(cfg.addrs)], msg, buf, t0.Add(cfg.timeout)); err != nil {
-					t.total++
-					t.fail(err)
-					time.Sleep(errorPause)
-					continue
-				}
-				t.done(t0, time.Now(), warmEnd, end)
-			}
+			tallies[w].loop(warmEnd, end, false, func(i int, t0 time.Time) error {
+				return oneShot(d, cfg.addrs[(w+i)%len(cfg.addrs)], msg, buf, t0.Add(cfg.timeout))
+			})
 		}()
 	}
 	wg.Wait()
-	var all tally
-	for i := range tallies {
-		all.merge(&tallies[i])
-	}
-	return all.result("connrate", cfg)
+	return mergeAll(tallies).result("connrate", cfg)
 }
 
 // oneShot connects, pings once and closes; the client closes first.
@@ -248,29 +268,13 @@ func pingPong(cfg *config) *rateResult {
 		go func() { // exits at end, on an error, or after maxOps operations
 			defer wg.Done()
 			defer c.Close()
-			t := &tallies[w]
 			c.SetDeadline(end.Add(cfg.timeout)) // one bound for the whole run, not a timer per op
 			msg, buf := message(cfg.size, w), make([]byte, cfg.size)
-			for i := 0; i < maxOps; i++ {
-				t0 := time.Now()
-				if !t0.Before(end) {
-					return
-				}
-				if err := ping(c, msg, buf); err != nil {
-					t.total++
-					t.fail(err)
-					return
-				}
-				t.done(t0, time.Now(), warmEnd, end)
-			}
+			tallies[w].loop(warmEnd, end, true, func(int, time.Time) error { return ping(c, msg, buf) })
 		}()
 	}
 	wg.Wait()
-	var all tally
-	for i := range tallies {
-		all.merge(&tallies[i])
-	}
-	r := all.result("pingpong", cfg)
+	r := mergeAll(tallies).result("pingpong", cfg)
 	r.Open = open
 	return r
 }
@@ -385,11 +389,7 @@ func forEach(n, par, size int, fn func(i int, buf []byte) error) tally {
 		}()
 	}
 	wg.Wait()
-	var all tally
-	for i := range tallies {
-		all.merge(&tallies[i])
-	}
-	return all
+	return *mergeAll(tallies)
 }
 
 // writeAtomic writes text to path through a temporary file and a rename, so

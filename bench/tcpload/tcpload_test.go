@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -209,6 +212,26 @@ func TestJSONLine(t *testing.T) {
 	for _, k := range []string{"ops_per_s", "p50_us", "p99_us", "ops_total", "errors", "nofile"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON line has no %q: %s", k, out.String())
+		}
+	}
+}
+
+func TestKind(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{&opError{"dial", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}}, "dial: refused"},
+		{&opError{"dial", &net.OpError{Op: "dial", Err: context.DeadlineExceeded}}, "dial: timeout"},
+		{&opError{"read", os.ErrDeadlineExceeded}, "read: timeout"},
+		{&opError{"read", io.ErrUnexpectedEOF}, "read: eof"},
+		{&opError{"write", syscall.EPIPE}, "write: reset"},
+		{&opError{"dial", syscall.ETIMEDOUT}, "dial: connection timed out"},
+		{&opError{"echo", errMismatch}, "echo: mismatch"},
+		{errors.New("odd"), "other: other"},
+	} {
+		if got := kind(c.err); got != c.want {
+			t.Errorf("kind(%v) = %q; want %q", c.err, got, c.want)
 		}
 	}
 }
