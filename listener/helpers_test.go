@@ -32,8 +32,17 @@ type testBackend struct {
 }
 
 // newProxy starts a proxy for one service over the given backends and stops
-// it, closing every session, when the test ends.
+// it, closing every session, when the test ends. It logs at debug level, so
+// tests see every access line.
 func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(*sched.Service)) *testProxy {
+	t.Helper()
+	return startProxy(t, scheduler, backends, tune, zerolog.DebugLevel)
+}
+
+// startProxy is newProxy with the log level given: a benchmark runs at info
+// level with the access log off, as fulcrum.toml's access = false does, so
+// that no log line is built per connection.
+func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: listenertest.NewLogSink()}
 	targets := make([]sched.Target, len(backends))
@@ -51,7 +60,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 	}
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
-	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(zerolog.DebugLevel))
+	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
 	ch, err := p.srv.Prepare([]netip.AddrPort{key})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +79,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 	return p
 }
 
-func (p *testProxy) dial(t *testing.T) *net.TCPConn {
+func (p *testProxy) dial(t testing.TB) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", p.addr, 5*time.Second)
 	if err != nil {

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const sampleTSV = `1	direct	bulk1_bps	36e9
+1	haproxy	bulk1_bps	13.5e9
+1	fulcrum	bulk1_bps	18e9
+2	direct	bulk1_bps	34e9
+2	haproxy	bulk1_bps	14.5e9
+2	fulcrum	bulk1_bps	17e9
+3	direct	bulk1_bps	35e9
+3	haproxy	bulk1_bps	12e9
+3	fulcrum	bulk1_bps	20e9
+1	haproxy	idle_asked	9000
+1	haproxy	idle_alive	9000
+1	haproxy	idle_rss0_kib	1000
+1	haproxy	idle_rss1_kib	31000
+1	fulcrum	idle_asked	9000
+1	fulcrum	idle_alive	3000
+1	fulcrum	idle_rss0_kib	5000
+1	fulcrum	idle_rss1_kib	53000
+1	fulcrum	idle_error:dial: timeout	5000
+2	fulcrum	idle_error:dial: timeout	1000
+1	fulcrum	idle_error:final ping: eof	2
+3	haproxy	conn_failed	1
+1	haproxy	conn_cpu_ticks	300
+1	haproxy	conn_total	30000
+`
+
+var cols = []column{{"direct", "direct"}, {"haproxy", "HAProxy"}, {"fulcrum", "fulcrum"}}
+
+func renderString(t *testing.T, tsv string) string {
+	t.Helper()
+	s, err := parseSamples(strings.NewReader(tsv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	render(&b, s, cols, 100)
+	return b.String()
+}
+
+// rowOf returns the table line that starts with label.
+func rowOf(t *testing.T, out, label string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "| "+label+" |") {
+			return l
+		}
+	}
+	t.Fatalf("no row %q in\n%s", label, out)
+	return ""
+}
+
+func TestRender(t *testing.T) {
+	out := renderString(t, sampleTSV)
+	for _, c := range []struct{ label, want string }{
+		// medians 35, 13.5, 18; ratios to direct; fulcrum ÷ HAProxy 18/13.5
+		{"bulk, 1 stream (iperf3), Gbit/s", "| 35.0 (1.00) | 13.5 (0.39) | 18.0 (0.51) | 1.33 |"},
+		// one repetition of three: marked †1; ratio to HAProxy
+		{"idle connections held (alive at the end, of those asked)", "| — | 9,000 of 9,000 (1.00) †1 | 3,000 of 9,000 (0.33) †1 | 0.33 |"},
+		// (31000-1000)/9000 = 3.3; (53000-5000)/3000 = 16
+		{"proxy RSS per idle connection, KiB ↓", "| — | 3.3 (1.00) †1 | 16.0 (4.80) †1 | 4.80 |"},
+		// 300 ticks at 100 Hz = 3 s over 30,000 connections = 100 µs
+		{"proxy CPU per new connection, µs ↓", "| — | 100.0 (1.00) †1 | — | — |"},
+		{"new connections/s (connect, 64 B echo, close; 32 clients)", "| — | — | — | — |"},
+	} {
+		if got := rowOf(t, out, c.label); !strings.HasSuffix(got, c.want) {
+			t.Errorf("row %q = %q; want it to end %q", c.label, got, c.want)
+		}
+	}
+	for _, want := range []string{
+		"| workload | direct | HAProxy | fulcrum | fulcrum ÷ HAProxy |",
+		"median of 3 repetitions; in brackets its ratio to direct for the data rows, to HAProxy for the per-proxy rows.",
+		"- HAProxy, conn: 1 (run failed 1)",
+		"- fulcrum, idle: 6,002 (dial: timeout 6,000; final ping: eof 2)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestCountAndMedian(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		want string
+	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {58824.4, "58,824"}, {1234567, "1,234,567"}, {-4500, "-4,500"}} {
+		if got := count(c.v, nil); got != c.want {
+			t.Errorf("count(%v) = %q; want %q", c.v, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		vs   []float64
+		want float64
+	}{{[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}, {[]float64{7}, 7}} {
+		if got := median(c.vs); got != c.want {
+			t.Errorf("median(%v) = %v; want %v", c.vs, got, c.want)
+		}
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.tsv")
+	os.WriteFile(bad, []byte("1\tdirect\tbulk1_bps\n"), 0o600)
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"-targets", "direct=direct"}, 2},
+		{[]string{"-samples", bad, "-targets", "direct"}, 2},
+		{[]string{"-samples", bad, "-targets", "direct=direct"}, 1},
+		{[]string{"-samples", filepath.Join(t.TempDir(), "none"), "-targets", "direct=direct"}, 1},
+	} {
+		var out, errOut bytes.Buffer
+		if got := run(c.args, &out, &errOut); got != c.code {
+			t.Errorf("run(%q) = %d; want %d (stderr %q)", c.args, got, c.code, errOut.String())
+		}
+	}
+}

@@ -1,0 +1,561 @@
+#!/usr/bin/env bash
+# bench/run.sh: fulcrum side by side with a direct connection, HAProxy, nginx
+# and a naive Go io.Copy proxy, all on 127.0.0.1 (issue 7). It prints one
+# Markdown table of medians and ratios and appends it to bench/RESULTS.md.
+#
+#   bench/run.sh              full run: 3 repetitions, 5 s per workload, 9,000 idle connections (~15 min)
+#   QUICK=1 bench/run.sh      the same in under 3 minutes: 1 s per workload, 4,000 idle connections
+#
+# Environment (all optional):
+#   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
+#   TARGETS="direct haproxy nginx naive fulcrum"   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle"
+#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+401)   RECORD=0 (do not append to RESULTS.md)
+#   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
+#
+# Everything it starts runs in its own process group and is stopped on exit,
+# Ctrl-C or failure. Missing HAProxy, nginx (with its stream module), iperf3
+# or jq are installed with apt-get (as root).
+set -euo pipefail
+export LC_ALL=C
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+# The command as given, for RESULTS.md: the knobs set in the environment, then the script.
+CMDLINE=""
+for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE; do
+	if [[ -n ${!v:-} ]]; then
+		printf -v q '%q' "${!v}"
+		CMDLINE+="$v=$q "
+	fi
+done
+CMDLINE+="bench/run.sh"
+
+if [[ ${QUICK:-0} == 1 ]]; then
+	: "${REPS:=3}" "${DUR:=1}" "${WARM:=0.2}" "${IDLE:=4000}" "${SETTLE:=0.5}" "${OPEN_BUDGET:=20}"
+else
+	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}"
+fi
+read -r -a TARGETS <<<"${TARGETS:-direct haproxy nginx naive fulcrum}"
+read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 idle}"
+PORT_BASE=${PORT_BASE:-21000}
+[[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/fulcrum-bench.XXXXXX")
+BIN=$WORK/bin RAW=$WORK/raw LOG=$WORK/log
+mkdir -p "$BIN" "$RAW" "$LOG" "$WORK/pid" "$WORK/nginx"
+SAMPLES=$WORK/samples.tsv
+: >"$SAMPLES"
+declare -A PID=() # name → pid of a process we started; each leads its own process group
+CLIENT=""         # the load client running in the foreground, if any
+REP=0
+
+say() { printf '%s %s\n' "$(date +%T)" "$*" >&2; }
+warn() { say "WARNING: $*"; }
+fail() {
+	say "FAILED: $*"
+	KEEP=1
+	exit 1
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# ---------------------------------------------------------------- processes
+
+cleanup() {
+	local rc=$? name
+	trap - EXIT INT TERM
+	[[ -n $CLIENT ]] && kill -TERM "$CLIENT" 2>/dev/null
+	for name in "${!PID[@]}"; do stop "$name"; done
+	if [[ ${KEEP:-0} == 1 || ($rc != 0 && $rc != 130 && $rc != 143) ]]; then
+		say "work directory kept: $WORK"
+	else
+		rm -rf "$WORK"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CMD…: run CMD in the background in a new session (its own process
+# group, so that stop reaches its children too), output appended to
+# $LOG/NAME.{out,err} (a restarted proxy keeps its earlier log).
+start() {
+	local name=$1
+	shift
+	setsid "$@" >>"$LOG/$name.out" 2>>"$LOG/$name.err" </dev/null &
+	PID[$name]=$!
+	echo "$!" >"$WORK/pid/$name.pid"
+}
+
+# gone PID: the process has exited (or is a zombie waiting for us to reap it).
+gone() {
+	local st
+	st=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+	st=${st##*) }
+	[[ ${st%% *} == Z ]]
+}
+
+alive() { [[ -n ${PID[$1]:-} ]] && ! gone "${PID[$1]}"; }
+
+# stop NAME: SIGTERM to its process group, SIGKILL after 5 s, then reap.
+stop() {
+	local name=$1 pid=${PID[$1]:-} i
+	[[ -n $pid ]] || return 0
+	unset "PID[$name]"
+	kill -TERM -- "-$pid" 2>/dev/null || true
+	for ((i = 0; i < 100; i++)); do
+		gone "$pid" && break
+		sleep 0.05
+	done
+	kill -KILL -- "-$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+listening() { [[ -n $(ss -Hltn "sport = :$1") ]]; }
+
+# wait_listen NAME PORT…: poll until NAME listens on every port (15 s at most).
+wait_listen() {
+	local name=$1 p deadline=$((SECONDS + 15))
+	shift
+	for p in "$@"; do
+		until listening "$p"; do
+			alive "$name" || fail "$name exited at start: $(tail -n 5 "$LOG/$name.err")"
+			((SECONDS < deadline)) || fail "$name does not listen on port $p within 15 s"
+			sleep 0.05
+		done
+	done
+}
+
+# client OUT LIMIT CMD…: run a load client with a time bound, stdout to OUT.
+# It runs in the background so that Ctrl-C interrupts the wait at once.
+client() {
+	local out=$1 limit=$2 rc=0
+	shift 2
+	timeout -k 2 "$limit" "$@" >"$out" 2>>"$LOG/clients.err" &
+	CLIENT=$!
+	wait "$CLIENT" || rc=$?
+	CLIENT=""
+	return "$rc"
+}
+
+# pids NAME: the processes of NAME's group (nginx: master and workers).
+pids() { pgrep -g "${PID[$1]}" || true; }
+
+# cpu_ticks NAME: utime+stime of NAME's processes, in clock ticks.
+cpu_ticks() {
+	local p st sum=0 f=()
+	for p in $(pids "$1"); do
+		st=$(cat "/proc/$p/stat" 2>/dev/null) || continue
+		read -r -a f <<<"${st##*) }" # f[0] is field 3 (state): utime is field 14, stime 15
+		sum=$((sum + f[11] + f[12]))
+	done
+	echo "$sum"
+}
+
+# rss_kib NAME: VmRSS summed over NAME's processes.
+rss_kib() {
+	local p sum=0 kb
+	for p in $(pids "$1"); do
+		kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null) || continue
+		sum=$((sum + ${kb:-0}))
+	done
+	echo "$sum"
+}
+
+# fds NAME: open descriptors summed over NAME's processes.
+fds() {
+	local p sum=0 n
+	for p in $(pids "$1"); do
+		n=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+		sum=$((sum + n))
+	done
+	echo "$sum"
+}
+
+# ---------------------------------------------------------------- tools
+
+export PATH=$PATH:/usr/local/go/bin
+for t in go ss setsid timeout pgrep getconf; do
+	have "$t" || fail "$t is needed and missing"
+done
+
+nginx_stream() { # how nginx has its stream module: static, dynamic or none
+	local v
+	v=$(nginx -V 2>&1)
+	case $v in
+	*--with-stream=dynamic*) echo dynamic ;;
+	*--with-stream\ * | *--with-stream) echo static ;;
+	*) echo none ;;
+	esac
+}
+nginx_modules() { nginx -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p'; }
+
+install_missing() {
+	local pkgs=()
+	have haproxy || pkgs+=(haproxy)
+	have nginx || pkgs+=(nginx libnginx-mod-stream)
+	if have nginx && [[ $(nginx_stream) == dynamic && ! -e $(nginx_modules)/ngx_stream_module.so ]]; then
+		pkgs+=(libnginx-mod-stream) # Debian ships the stream module as its own package
+	fi
+	have iperf3 || pkgs+=(iperf3)
+	have jq || pkgs+=(jq)
+	((${#pkgs[@]})) || return 0
+	[[ $(id -u) == 0 ]] || fail "missing ${pkgs[*]}; install them (apt-get install -y ${pkgs[*]}) or run as root"
+	have apt-get || fail "missing ${pkgs[*]} and there is no apt-get to install them"
+	say "installing ${pkgs[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	if ! apt-get install -y -q "${pkgs[@]}" >"$LOG/apt.log" 2>&1; then
+		apt-get update -q >>"$LOG/apt.log" 2>&1 || true
+		apt-get install -y -q "${pkgs[@]}" >>"$LOG/apt.log" 2>&1 ||
+			fail "apt-get install ${pkgs[*]} failed: $(tail -n 3 "$LOG/apt.log")"
+	fi
+}
+install_missing
+for t in haproxy nginx iperf3 jq; do have "$t" || fail "$t is still missing after installing"; done
+[[ $(nginx_stream) != none ]] || fail "this nginx has no stream module (nginx -V shows no --with-stream)"
+
+say "building fulcrum and the load tools"
+REV=$(git describe --always --dirty 2>/dev/null || echo unknown) # GOFLAGS may hold -buildvcs=false
+go build -ldflags "-X main.version=$REV" -o "$BIN/" . ./bench/tcpload ./bench/naive ./bench/report || fail "go build failed"
+
+CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+CORES=$(nproc)
+MEM_GIB=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo)
+KERNEL=$(uname -r)
+GO_V=$(go env GOVERSION)
+HAPROXY_V=$(haproxy -v | sed -n '1s/^HA-*Proxy version \([^ ]*\).*/\1/p')
+NGINX_V=$(nginx -v 2>&1 | sed 's|.*nginx/||')
+IPERF_V=$(iperf3 -v | awk 'NR == 1 {print $2}')
+FULCRUM_V=$("$BIN/fulcrum" -version | awk '{print $2}')
+NOFILE=$(ulimit -Hn)
+CLK_TCK=$(getconf CLK_TCK)
+LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)
+
+# ---------------------------------------------------------------- addresses and configs
+
+P_ECHO=($((PORT_BASE + 1)) $((PORT_BASE + 2)) $((PORT_BASE + 3)))
+P_IPERF=$((PORT_BASE + 10))
+declare -A FRONT=() IFRONT=() # a proxy's ports for the echo backends and for iperf3
+for t in haproxy nginx naive fulcrum; do
+	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; esac
+	FRONT[$t]=$p
+	IFRONT[$t]=$((p + 1))
+done
+ECHO_ADDRS="127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}"
+
+echo_addr() { if [[ $1 == direct ]]; then echo "$ECHO_ADDRS"; else echo "127.0.0.1:${FRONT[$1]}"; fi; }
+iperf_port() { if [[ $1 == direct ]]; then echo "$P_IPERF"; else echo "${IFRONT[$1]}"; fi; }
+
+for t in "${TARGETS[@]}"; do
+	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum)"
+done
+for p in "${P_ECHO[@]}" "$P_IPERF" "${FRONT[@]}" "${IFRONT[@]}"; do
+	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
+done
+
+# HAProxy: two threads, kernel splicing when it pays, connection limits that
+# fit the descriptor limit: 2 per connection plus 2 per pipe must stay under
+# $NOFILE (9,900 × 2 + 64 × 2 + listeners = 19,938 < 20,000).
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+    nbthread 2
+    maxconn 9900
+    maxpipes 64
+    pidfile $WORK/pid/haproxy.pidfile
+defaults
+    mode tcp
+    option splice-auto
+    maxconn 9900
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+frontend echo
+    bind 127.0.0.1:${FRONT[haproxy]}
+    default_backend echo
+backend echo
+    balance roundrobin
+    server echo1 127.0.0.1:${P_ECHO[0]}
+    server echo2 127.0.0.1:${P_ECHO[1]}
+    server echo3 127.0.0.1:${P_ECHO[2]}
+frontend iperf
+    bind 127.0.0.1:${IFRONT[haproxy]}
+    default_backend iperf
+backend iperf
+    server iperf 127.0.0.1:$P_IPERF
+EOF
+
+# nginx: the stream module, two workers, one listening socket per worker
+# (reuseport); a worker counts client and upstream connections against
+# worker_connections, and each worker has its own $NOFILE descriptors.
+{
+	[[ $(nginx_stream) == dynamic ]] && echo "load_module $(nginx_modules)/ngx_stream_module.so;"
+	cat <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+worker_rlimit_nofile $NOFILE;
+pid $WORK/pid/nginx.pidfile;
+error_log stderr warn;
+events {
+    worker_connections $((NOFILE - 1000));
+}
+stream {
+    upstream echo {
+        server 127.0.0.1:${P_ECHO[0]};
+        server 127.0.0.1:${P_ECHO[1]};
+        server 127.0.0.1:${P_ECHO[2]};
+    }
+    upstream iperf {
+        server 127.0.0.1:$P_IPERF;
+    }
+    proxy_connect_timeout 5s;
+    proxy_timeout 1h;
+    server {
+        listen 127.0.0.1:${FRONT[nginx]} reuseport;
+        proxy_pass echo;
+    }
+    server {
+        listen 127.0.0.1:${IFRONT[nginx]} reuseport;
+        proxy_pass iperf;
+    }
+}
+EOF
+} >"$WORK/nginx.conf"
+
+# fulcrum: round robin, no access log, the same addresses.
+cat >"$WORK/fulcrum.toml" <<EOF
+[log]
+level  = "info"
+format = "json"
+access = false
+
+[defaults]
+scheduler       = "rr"
+connect_timeout = "5s"
+retries         = 2
+drain_timeout   = "1s"
+
+[services.echo]
+listen   = ["127.0.0.1:${FRONT[fulcrum]}"]
+backends = [
+  { name = "echo1", address = "127.0.0.1:${P_ECHO[0]}" },
+  { name = "echo2", address = "127.0.0.1:${P_ECHO[1]}" },
+  { name = "echo3", address = "127.0.0.1:${P_ECHO[2]}" },
+]
+
+[services.iperf]
+listen   = ["127.0.0.1:${IFRONT[fulcrum]}"]
+backends = [{ name = "iperf", address = "127.0.0.1:$P_IPERF" }]
+EOF
+
+haproxy -c -f "$WORK/haproxy.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
+nginx -t -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
+"$BIN/fulcrum" -check -config "$WORK/fulcrum.toml" >"$LOG/fulcrum-check.log" 2>&1 || fail "fulcrum -check: $(cat "$LOG/fulcrum-check.log")"
+
+start_proxy() {
+	local t=$1 e=127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}
+	case $t in
+	haproxy) start haproxy haproxy -db -f "$WORK/haproxy.cfg" ;;
+	nginx) start nginx nginx -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr ;;
+	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" ;;
+	fulcrum) start fulcrum "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
+	esac
+	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}"
+}
+
+# smoke TARGET: one connection must echo before anything is measured.
+smoke() {
+	local out=$RAW/smoke-$1.json
+	client "$out" 20 "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$1")" -c 3 -d 200ms -warmup 0s ||
+		fail "$1: the smoke test failed to run"
+	[[ $(jq '.errors' "$out") == 0 && $(jq '.ops' "$out") -gt 0 ]] || fail "$1 does not echo: $(cat "$out")"
+}
+
+say "starting 3 echo backends, an iperf3 server and ${TARGETS[*]}"
+for i in 0 1 2; do start "echo$((i + 1))" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"; done
+start iperf3 iperf3 -s -B 127.0.0.1 -p "$P_IPERF"
+for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
+wait_listen iperf3 "$P_IPERF"
+for t in "${TARGETS[@]}"; do
+	[[ $t == direct ]] || start_proxy "$t"
+	smoke "$t"
+done
+
+# ---------------------------------------------------------------- workloads
+
+sample() { printf '%s\t%s\t%s\t%s\n' "$REP" "$1" "$2" "$3" >>"$SAMPLES"; }
+
+# record TARGET PREFIX FILE KEY=JSONFIELD…: samples from a tcpload JSON line,
+# plus one PREFIX_error:KIND sample per kind of failure (one jq call).
+record() {
+	local t=$1 k=$2 file=$3 key v
+	shift 3
+	jq -r --arg k "$k" --arg kv "$*" '. as $r
+		| ([$kv | split(" ")[] | split("=") | [.[0], $r[.[1]]]]
+		   + [(.error_kinds // {}) | to_entries[] | [$k + "_error:" + .key, .value]])[]
+		| select(.[1] != null) | "\(.[0])\t\(.[1])"' "$file" |
+		while IFS=$'\t' read -r key v; do sample "$t" "$key" "$v"; done
+}
+
+# bulk TARGET STREAMS KEY: iperf3 through TARGET; proxy CPU over the run.
+bulk() {
+	local t=$1 n=$2 k=$3 out=$RAW/$REP-$1-$3.json c0 c1
+	for _ in 1 2; do
+		c0=$(cpu_ticks_of "$t")
+		if client "$out" $((DUR + 30)) iperf3 -c 127.0.0.1 -p "$(iperf_port "$t")" -t "$DUR" -P "$n" -J --connect-timeout 5000; then
+			c1=$(cpu_ticks_of "$t")
+			jq -r '.end.sum_received | "\(.bits_per_second) \(.bytes)"' "$out" | {
+				read -r bps bytes
+				sample "$t" "${k}_bps" "$bps"
+				sample "$t" "${k}_bytes" "$bytes"
+			}
+			[[ $t == direct ]] || sample "$t" "${k}_cpu_ticks" $((c1 - c0))
+			return 0
+		fi
+		# The iperf3 server takes a moment to be ready for the next test.
+		grep -q busy "$out" 2>/dev/null && sleep 1 && continue
+		break
+	done
+	warn "$t $k: iperf3 failed: $(jq -r '.error // empty' "$out" 2>/dev/null | head -c 200)"
+	sample "$t" "${k}_failed" 1
+}
+
+cpu_ticks_of() { if [[ $1 == direct ]]; then echo 0; else cpu_ticks "$1"; fi; }
+
+# conn TARGET: connection rate with 32 clients; proxy CPU over the run.
+conn() {
+	local t=$1 out=$RAW/$REP-$1-conn.json c0 c1
+	c0=$(cpu_ticks_of "$t")
+	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "$(echo_addr "$t")" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
+		c1=$(cpu_ticks_of "$t")
+		record "$t" conn "$out" conn_rate=ops_per_s conn_total=ops_total
+		[[ $t == direct ]] || sample "$t" conn_cpu_ticks $((c1 - c0))
+	else
+		warn "$t conn: tcpload failed"
+		sample "$t" conn_failed 1
+	fi
+}
+
+# pp TARGET CONNS KEY: 64 B request/response on CONNS persistent connections.
+pp() {
+	local t=$1 c=$2 k=$3 out=$RAW/$REP-$1-$3.json
+	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$t")" -c "$c" -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us"
+	else
+		warn "$t $k: tcpload failed"
+		sample "$t" "${k}_failed" 1
+	fi
+}
+
+# idle TARGET: a fresh proxy, then $IDLE connections opened, pinged and held;
+# RSS and descriptors before and $SETTLE s after all are up; a final ping of
+# each. The proxy is restarted again afterwards so that the next workload
+# does not run among the remains of thousands of connections.
+idle() {
+	local t=$1 name=idle-$REP-$1 ready=$WORK/idle.ready r0 f0 r1 f1 deadline out rc=0
+	[[ $t == direct ]] && return 0
+	stop "$t"
+	start_proxy "$t"
+	r0=$(rss_kib "$t") f0=$(fds "$t")
+	rm -f "$ready"
+	start "$name" "$BIN/tcpload" -mode idle -addr "$(echo_addr "$t")" -c "$IDLE" -size 64 -par 512 -timeout 1s \
+		-open-budget "${OPEN_BUDGET}s" -hold 10m -ready "$ready"
+	deadline=$((SECONDS + OPEN_BUDGET + 30))
+	until [[ -e $ready ]]; do
+		alive "$name" || break
+		((SECONDS < deadline)) || break
+		sleep 0.1
+	done
+	if [[ -e $ready ]]; then
+		sleep "$SETTLE" # as the spike did: let the proxy settle before reading its RSS
+		r1=$(rss_kib "$t") f1=$(fds "$t")
+		kill -USR1 "${PID[$name]}" 2>/dev/null || true
+	fi
+	deadline=$((SECONDS + 30))
+	while alive "$name" && ((SECONDS < deadline)); do sleep 0.1; done
+	wait "${PID[$name]}" 2>/dev/null || rc=$?
+	stop "$name"
+	out=$LOG/$name.out
+	if [[ -n ${r1:-} && $rc == 0 && -s $out ]]; then
+		cp "$out" "$RAW/$REP-$t-idle.json"
+		record "$t" idle "$out" idle_asked=asked idle_alive=alive idle_held=held
+		sample "$t" idle_rss0_kib "$r0"
+		sample "$t" idle_rss1_kib "$r1"
+		sample "$t" idle_fds0 "$f0"
+		sample "$t" idle_fds1 "$f1"
+	else
+		warn "$t idle: tcpload idle failed (status $rc): $(tail -n 3 "$LOG/$name.err")"
+		sample "$t" idle_failed 1
+	fi
+	stop "$t"
+	start_proxy "$t"
+}
+
+say "measuring: ${REPS} repetitions of ${WORKLOADS[*]} (${DUR} s each after ${WARM} s warm-up; ${IDLE} idle connections)"
+START=$SECONDS
+for ((REP = 1; REP <= REPS; REP++)); do
+	# Round robin over the targets within each workload, starting one further
+	# along each repetition, so that no target always runs first or last.
+	order=("${TARGETS[@]:REP % ${#TARGETS[@]}}" "${TARGETS[@]:0:REP % ${#TARGETS[@]}}")
+	for w in "${WORKLOADS[@]}"; do
+		say "repetition $REP/$REPS: $w"
+		for t in "${order[@]}"; do
+			case $w in
+			bulk1) bulk "$t" 1 bulk1 ;;
+			bulk4) bulk "$t" 4 bulk4 ;;
+			conn) conn "$t" ;;
+			pp1) pp "$t" 1 pp1 ;;
+			pp32) pp "$t" 32 pp32 ;;
+			idle) idle "$t" ;;
+			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 idle)" ;;
+			esac
+		done
+	done
+done
+ELAPSED=$((SECONDS - START))
+LOAD_AFTER=$(cut -d' ' -f1 /proc/loadavg)
+
+# ---------------------------------------------------------------- the table
+
+declare -A LABEL=()
+LABEL[direct]=direct
+LABEL[haproxy]="HAProxy ${HAPROXY_V%%-*}" # 2.6.12, without Debian's package revision
+LABEL[nginx]="nginx $NGINX_V"
+LABEL[naive]="naive Go io.Copy"
+LABEL[fulcrum]=fulcrum
+cols=""
+for t in "${TARGETS[@]}"; do cols+="${cols:+,}$t=${LABEL[$t]}"; done
+"$BIN/report" -samples "$SAMPLES" -targets "$cols" -clk-tck "$CLK_TCK" >"$WORK/table.md" || fail "report failed"
+
+shared=""
+if awk -v l="$LOAD_BEFORE" 'BEGIN { exit !(l > 0.5) }'; then
+	shared="Taken on a shared machine: other work was running (load average $LOAD_BEFORE before the run), so figures are noisy."
+fi
+{
+	echo "## $(date -u '+%Y-%m-%d %H:%M UTC') · \`$CMDLINE\`"
+	echo
+	echo "- machine: $CPU_MODEL, $CORES cores, $MEM_GIB GiB, Linux $KERNEL, RLIMIT_NOFILE hard limit $NOFILE"
+	echo "- software: fulcrum $FULCRUM_V, $GO_V, HAProxy $HAPROXY_V, nginx $NGINX_V, iperf3 $IPERF_V"
+	echo "- run: $REPS repetition$([[ $REPS == 1 ]] || echo s) of ${DUR} s per workload after ${WARM} s warm-up; $IDLE idle connections asked; measuring took $((ELAPSED / 60))m$((ELAPSED % 60))s; load average $LOAD_BEFORE before, $LOAD_AFTER after"
+	[[ -n $shared ]] && echo "- $shared"
+	[[ -n ${NOTE:-} ]] && echo "- note: $NOTE"
+	echo
+	cat "$WORK/table.md"
+} >"$WORK/entry.md"
+
+cat "$WORK/entry.md"
+if [[ ${RECORD:-1} != 0 ]]; then
+	{
+		echo
+		cat "$WORK/entry.md"
+		echo
+		echo "<details><summary>raw samples (repetition, target, key, value)</summary>"
+		echo
+		echo '```'
+		cat "$SAMPLES"
+		echo '```'
+		echo "</details>"
+	} >>"$ROOT/bench/RESULTS.md"
+	say "appended to bench/RESULTS.md"
+fi

@@ -1,0 +1,132 @@
+package listener
+
+import (
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/listener/listenertest"
+	"fulcrum/sched"
+)
+
+// quiet is the production logging of bench/run.sh's fulcrum.toml:
+// access = false at level info, so no log line is built per connection.
+func quiet(s *sched.Service) { s.AccessLog = false }
+
+// BenchmarkProxyConnection is the per-connection hot path end to end:
+// connect through a Server on loopback to a loopback echo backend, one 64 B
+// round trip, close. allocs/op and B/op count every allocation of the
+// process, the client's and the backend's included; proxy-allocs/conn and
+// proxy-B/conn subtract the same loop run straight to the backend, which
+// leaves what the proxy adds per connection.
+//
+//	go test -run '^$' -bench ProxyConnection -benchmem ./listener/
+func BenchmarkProxyConnection(b *testing.B) {
+	be := listenertest.NewServer(b, listenertest.Echo)
+	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel)
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	roundTrip := func(addr string) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatalf("dial %s: %v", addr, err)
+		}
+		if _, err := c.Write(msg); err != nil {
+			b.Fatalf("write: %v", err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatalf("read: %v", err)
+		}
+		c.Close()
+	}
+	// settled waits until every connection has ended at the backend (and,
+	// through the proxy, every session), so that their teardown is counted.
+	settled := func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n := be.Open()
+			if n == 0 && p.svc.Targets[0].B.Stats().Active == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%d backend connections still open after 10s", n)
+			}
+			time.Sleep(time.Millisecond) // teardown has no event to wait on
+		}
+	}
+	// mallocs runs f n times and returns allocations and bytes per run.
+	mallocs := func(n int, f func()) (allocs, bytes float64) {
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		for range n {
+			f()
+		}
+		settled()
+		runtime.ReadMemStats(&m1)
+		return float64(m1.Mallocs-m0.Mallocs) / float64(n), float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
+	}
+
+	roundTrip(p.addr) // warm: the first connection grows pools and stacks
+	settled()
+	directAllocs, directBytes := mallocs(200, func() { roundTrip(be.Addr) })
+
+	b.ReportAllocs()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	n := 0
+	for b.Loop() {
+		roundTrip(p.addr)
+		n++
+	}
+	settled()
+	runtime.ReadMemStats(&m1)
+	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(n)-directAllocs, "proxy-allocs/conn")
+	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(n)-directBytes, "proxy-B/conn")
+}
+
+// BenchmarkSpliceThroughput pushes bulk bytes one way through one proxied
+// connection to a backend that reads and drops them; MB/s is the proxy's
+// throughput, with the drain of the last bytes inside the timing.
+//
+//	go test -run '^$' -bench SpliceThroughput -benchmem ./listener/
+func BenchmarkSpliceThroughput(b *testing.B) {
+	const chunk = 256 << 10
+	got := make(chan int64, 1)
+	be := listenertest.NewServer(b, func(c *net.TCPConn) {
+		buf := make([]byte, chunk)
+		var n int64
+		for {
+			k, err := c.Read(buf)
+			n += int64(k)
+			if err != nil {
+				break
+			}
+		}
+		got <- n
+	})
+	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel)
+	conn, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := conn.(*net.TCPConn)
+	defer c.Close()
+	data := make([]byte, chunk)
+	b.SetBytes(chunk)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(data); err != nil {
+			b.Fatalf("write: %v", err)
+		}
+	}
+	c.CloseWrite()
+	n := <-got
+	b.StopTimer()
+	if want := int64(b.N) * chunk; n != want {
+		b.Fatalf("backend read %d bytes; want %d", n, want)
+	}
+}
