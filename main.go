@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -29,6 +30,7 @@ import (
 	"fulcrum/listener"
 	"fulcrum/reload"
 	"fulcrum/sched"
+	"fulcrum/systemd"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -84,6 +86,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hup, stopHup := hupChannel()
 	defer stopHup()
 	m.Hup = hup
+	var sd systemd.Notifier
+	m.Notify = func(state string) error { _, err := sd.Notify(state); return err }
+	m.Watchdog = sd.WatchdogInterval()
+	socks, err := sd.Listeners()
+	if err != nil {
+		log.Error().Err(err).Msg("cannot start")
+		return 1
+	}
+	for _, so := range socks {
+		a := srv.Inherit(so.Listener)
+		log.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
+		if so.Name != "" {
+			if m.Sockets == nil {
+				m.Sockets = map[string][]netip.AddrPort{}
+			}
+			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
+		}
+	}
 	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
 	if err := m.Run(ctx, cfg); err != nil {
 		log.Error().Err(err).Msg("cannot start")

@@ -174,8 +174,20 @@ type daemon struct {
 
 func startDaemon(t *testing.T, config string) *daemon {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-config", writeFile(t, "fulcrum.toml", config))
-	cmd.Env = append(os.Environ(), "FULCRUM_TEST_MAIN=1")
+	return startDaemonArgs(t, []string{"-config", writeFile(t, "fulcrum.toml", config)}, nil, nil)
+}
+
+// startDaemonArgs runs the test binary as fulcrum with args (or, when args
+// start with "-c", a shell with them), extra environment, and extra files
+// as descriptors 3, 4, ….
+func startDaemonArgs(t *testing.T, args, env []string, files []*os.File) *daemon {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	if args[0] == "-c" {
+		cmd = exec.Command("/bin/sh", args...)
+	}
+	cmd.Env = append(append(os.Environ(), "FULCRUM_TEST_MAIN=1"), env...)
+	cmd.ExtraFiles = files
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

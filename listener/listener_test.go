@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -428,4 +429,58 @@ func TestIdleTimeout(t *testing.T) {
 		t.Fatalf("trickle connection cut after %q: %v", got, err)
 	}
 	close(release)
+}
+
+// TestInheritedSocket: a socket passed by systemd is adopted for its
+// address, handed back (still open, still queueing) when a reload removes
+// that address, adopted again when it returns, and closed by Close.
+func TestInheritedSocket(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.srv.Inherit(ln)
+	base := netip.MustParseAddrPort("127.0.0.1:0")
+	tbl := sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc})
+	p.ptr.Store(tbl)
+	apply := func(addrs ...netip.AddrPort) {
+		ch, err := p.srv.Prepare(addrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch.Commit()
+	}
+	greet := func(c net.Conn) string {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		return line
+	}
+	apply(base, a)
+	if p.srv.Addr(a).String() != ln.Addr().String() {
+		t.Fatalf("address %v not served by the inherited socket %v", p.srv.Addr(a), ln.Addr())
+	}
+	c, err := net.Dial("tcp", a.String())
+	if err != nil || greet(c) != "a\n" {
+		t.Fatalf("through the inherited socket: %v", err)
+	}
+	c.Close()
+
+	apply(base) // removed: handed back, still open
+	queued, err := net.DialTimeout("tcp", a.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the handed-back socket no longer queues: %v", err)
+	}
+	defer queued.Close()
+	apply(base, a) // back: the queued connection is served
+	if got := greet(queued); got != "a\n" {
+		t.Errorf("queued connection got %q after the socket came back", got)
+	}
+	p.srv.Close()
+	if c, err := net.DialTimeout("tcp", a.String(), time.Second); err == nil {
+		c.Close()
+		t.Error("the inherited socket is still open after Close")
+	}
 }

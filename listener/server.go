@@ -25,7 +25,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -44,24 +46,94 @@ type Server struct {
 	log zerolog.Logger
 	wg  sync.WaitGroup // accept loops and sessions
 
-	mu  sync.Mutex // protects lns
-	lns map[netip.AddrPort]*socket
+	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
+
+	mu    sync.Mutex // protects lns and spare
+	lns   map[netip.AddrPort]*socket
+	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 }
 
 // socket is one listening socket and its accept loop.
 type socket struct {
-	key  netip.AddrPort // the address as configured (port 0 stays 0)
-	ln   *net.TCPListener
-	done chan struct{} // closed when the socket is closed on purpose
+	key       netip.AddrPort // the address as configured (port 0 stays 0)
+	ln        *net.TCPListener
+	inherited bool          // passed by systemd: never closed by a reload, only handed back
+	done      chan struct{} // closed when the socket is taken out of service
+	exited    chan struct{} // closed when its accept loop has returned
+	beat      atomic.Int64  // unix nanoseconds of the loop's last answer
+	accepts   atomic.Uint64
+	errors    atomic.Uint64
 }
 
 // New returns a Server with no listeners.
 func New(tbl Loader, log zerolog.Logger) *Server {
-	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(), lns: map[netip.AddrPort]*socket{}}
+	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
+		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{}}
 }
 
 // keepAlive is applied to both legs of every connection.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 10 * time.Second, Count: 6}
+
+// Inherit offers a listening socket passed by the service manager. Prepare
+// adopts it for the configured address it is bound to instead of binding
+// that address; until then, and after a reload removes its address, it is
+// kept open (systemd holds the address) and Close closes it at the end.
+func (s *Server) Inherit(ln *net.TCPListener) netip.AddrPort {
+	a := ln.Addr().(*net.TCPAddr).AddrPort()
+	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	s.mu.Lock()
+	s.spare[a] = ln
+	s.mu.Unlock()
+	return a
+}
+
+// SetHeartbeat makes every accept loop wake and answer at least every d, so
+// that Alive can tell a live loop from a stuck one; 0 turns it off.
+func (s *Server) SetHeartbeat(d time.Duration) {
+	s.beat.Store(int64(d))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, so := range s.lns { // loops already waiting wait at most d from now
+		if d > 0 {
+			so.ln.SetDeadline(time.Now().Add(d))
+		}
+	}
+}
+
+// Alive reports whether every accept loop has answered within maxAge: the
+// watchdog's liveness probe.
+func (s *Server) Alive(maxAge time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oldest := time.Now().Add(-maxAge).UnixNano()
+	for _, so := range s.lns {
+		if so.beat.Load() < oldest {
+			return false
+		}
+	}
+	return true
+}
+
+// SocketStats are one listener's counters.
+type SocketStats struct {
+	Listen       netip.AddrPort // as configured
+	Addr         string         // as bound
+	Accepts      uint64
+	AcceptErrors uint64
+	Inherited    bool
+}
+
+// Sockets returns the counters of every open listener.
+func (s *Server) Sockets() []SocketStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SocketStats, 0, len(s.lns))
+	for _, so := range s.lns {
+		out = append(out, SocketStats{Listen: so.key, Addr: so.ln.Addr().String(), Accepts: so.accepts.Load(),
+			AcceptErrors: so.errors.Load(), Inherited: so.inherited})
+	}
+	return out
+}
 
 // Change is a pending change of the listener set, made by Prepare.
 type Change struct {
@@ -70,7 +142,8 @@ type Change struct {
 	opened []*socket
 }
 
-// Prepare binds every address in want that is not open yet. Nothing is
+// Prepare binds every address in want that is not open yet, adopting an
+// inherited socket bound to that address where there is one. Nothing is
 // accepted until Commit; connections wait in the kernel backlog. On error it
 // closes what it bound and leaves the open set as it was.
 func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
@@ -83,19 +156,31 @@ func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
 		if _, ok := s.lns[a]; ok {
 			continue
 		}
+		if ln, ok := s.spare[a]; ok {
+			c.opened = append(c.opened, newSocket(a, ln, true))
+			continue
+		}
 		ln, err := lc.Listen(context.Background(), "tcp", a.String())
 		if err != nil {
 			c.abort()
 			return nil, fmt.Errorf("listen %s: %w", a, err)
 		}
-		c.opened = append(c.opened, &socket{key: a, ln: ln.(*net.TCPListener), done: make(chan struct{})})
+		c.opened = append(c.opened, newSocket(a, ln.(*net.TCPListener), false))
 	}
 	return c, nil
 }
 
+func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) *socket {
+	so := &socket{key: a, ln: ln, inherited: inherited, done: make(chan struct{}), exited: make(chan struct{})}
+	so.beat.Store(time.Now().UnixNano())
+	return so
+}
+
 func (c *Change) abort() {
 	for _, so := range c.opened {
-		so.ln.Close()
+		if !so.inherited {
+			so.ln.Close()
+		}
 	}
 	c.opened = nil
 }
@@ -107,33 +192,44 @@ func (c *Change) Abort() {
 	c.abort()
 }
 
-// Commit starts accepting on the new sockets and closes those not wanted.
-// Sockets whose address is kept are untouched: not one SYN is lost.
+// Commit starts accepting on the new sockets and takes out of service those
+// not wanted. Sockets whose address is kept are untouched: not one SYN is
+// lost.
 func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, so := range c.opened {
+		delete(s.spare, so.key)
 		s.lns[so.key] = so
 		opened = append(opened, so.key)
-		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Msg("listening")
+		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Bool("inherited", so.inherited).Msg("listening")
 		s.wg.Add(1)
-		go s.accept(so) // exits when so.ln is closed
+		go s.accept(so) // exits when so is closed or taken out of service
 	}
 	for a, so := range s.lns {
 		if !c.want[a] {
 			s.log.Info().Stringer("listen", a).Msg("listener closed")
-			so.close()
-			delete(s.lns, a)
+			s.retire(so)
 			closed = append(closed, a)
 		}
 	}
 	return opened, closed
 }
 
-func (so *socket) close() {
+// retire stops a socket's accept loop. An inherited socket stays open, back
+// among the spares; any other is closed. Called with s.mu held.
+func (s *Server) retire(so *socket) {
+	delete(s.lns, so.key)
 	close(so.done)
-	so.ln.Close()
+	if !so.inherited {
+		so.ln.Close()
+		return
+	}
+	so.ln.SetDeadline(time.Unix(1, 0)) // wake the loop without closing the socket
+	<-so.exited
+	so.ln.SetDeadline(time.Time{})
+	s.spare[so.key] = so.ln
 }
 
 // Addr returns the bound address of the listener configured as a (which
@@ -147,13 +243,17 @@ func (s *Server) Addr(a netip.AddrPort) net.Addr {
 	return nil
 }
 
-// Close stops accepting on every listener. Open sessions continue.
+// Close stops accepting on every listener and closes them, inherited ones
+// included. Open sessions continue.
 func (s *Server) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for a, so := range s.lns {
-		so.close()
-		delete(s.lns, a)
+	for _, so := range s.lns {
+		s.retire(so)
+	}
+	for a, ln := range s.spare {
+		ln.Close()
+		delete(s.spare, a)
 	}
 }
 
@@ -162,23 +262,44 @@ func (s *Server) Wait() { s.wg.Wait() }
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
 // ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and never end
-// the loop; only closing the socket does.
+// the loop; only closing or retiring the socket does. With a heartbeat set,
+// Accept wakes on a deadline so that the loop answers Alive even when no
+// client comes.
 func (s *Server) accept(so *socket) {
 	defer s.wg.Done()
+	defer close(so.exited)
 	var delay time.Duration
 	var t *time.Timer
 	for {
+		if d := time.Duration(s.beat.Load()); d > 0 {
+			so.ln.SetDeadline(time.Now().Add(d))
+		}
 		c, err := so.ln.AcceptTCP()
+		so.beat.Store(time.Now().UnixNano())
 		if err == nil {
 			delay = 0
+			so.accepts.Add(1)
+			if so.inherited { // not made by our ListenConfig
+				c.SetKeepAliveConfig(keepAlive)
+			}
 			s.wg.Add(1)
 			go s.handle(c, so.key) // exits when the connection ends
 			continue
 		}
+		select {
+		case <-so.done:
+			return
+		default:
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue // the heartbeat
+		}
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
+		so.errors.Add(1)
 		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		so.beat.Store(time.Now().Add(delay).UnixNano()) // backing off is alive, for as long as the wait
 		s.log.Warn().Err(err).Stringer("listen", so.key).Dur("retry_in", delay).Msg("accept failed")
 		if t == nil {
 			t = time.NewTimer(delay)

@@ -33,6 +33,7 @@ import (
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/sched"
+	"fulcrum/systemd"
 )
 
 // Manager applies configurations, one at a time.
@@ -46,6 +47,14 @@ type Manager struct {
 	// OnLog, if set, applies the reloadable [log] settings (level) of each
 	// configuration that is applied.
 	OnLog func(conf.Log)
+	// Watchdog, if set before Run, is how often to send WATCHDOG=1 (half of
+	// WATCHDOG_USEC). A ping is sent only when the accept loops have
+	// answered the Server's heartbeat and this loop is running.
+	Watchdog time.Duration
+	// Sockets, if set before the first Apply, names the listening sockets
+	// passed by systemd (FileDescriptorName= → addresses): a service of that
+	// name also listens on them, whatever its listen list says.
+	Sockets map[string][]netip.AddrPort
 
 	path string
 	ptr  *atomic.Pointer[sched.Table]
@@ -75,6 +84,32 @@ type Status struct {
 // New returns a Manager for the file at path.
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
 	return &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
+}
+
+// StatusLine is the one-line summary systemd shows (STATUS=): generation,
+// services, backends up of total, open connections, and the last reload
+// error if the last attempt failed.
+func (m *Manager) StatusLine() string {
+	st := m.Status()
+	t := m.ptr.Load()
+	if t == nil {
+		return "starting"
+	}
+	up, total, open := 0, 0, int64(0)
+	for _, s := range t.Services {
+		for _, tg := range s.Targets {
+			total++
+			if !tg.B.Down() && !tg.B.Draining() {
+				up++
+			}
+			open += tg.B.Active()
+		}
+	}
+	line := fmt.Sprintf("generation %d; %d services; backends %d/%d up; %d connections", t.Gen, len(t.Services), up, total, open)
+	if st.LastError != "" {
+		line += "; last reload failed: " + st.LastError
+	}
+	return line
 }
 
 // Status returns the reload history.
@@ -108,7 +143,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 		return err
 	}
 	var want []netip.AddrPort
-	for _, s := range cfg.Services {
+	for _, s := range next.Services {
 		want = append(want, s.Listen...)
 	}
 	ch, err := m.srv.Prepare(want)
@@ -189,7 +224,13 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 			svc.Picker = p
 		}
 		services = append(services, svc)
-		for _, a := range cs.Listen {
+		svc.Listen = slices.Clone(cs.Listen)
+		for _, a := range m.Sockets[cs.Name] {
+			if !slices.Contains(svc.Listen, a) {
+				svc.Listen = append(svc.Listen, a)
+			}
+		}
+		for _, a := range svc.Listen {
 			listen[a] = svc
 		}
 	}
@@ -253,7 +294,9 @@ func (m *Manager) Shutdown() {
 	defer m.mu.Unlock()
 	if !m.stopped {
 		m.stopped = true
+		m.notify(systemd.Stopping)
 		m.srv.Close()
+		m.log.Info().Msg("stopped accepting; draining connections")
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
 				for _, tg := range s.Targets {

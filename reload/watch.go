@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,9 +11,9 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"golang.org/x/sys/unix"
 
 	"fulcrum/conf"
+	"fulcrum/systemd"
 )
 
 // Run applies cfg (the file as main loaded it), then follows the file until
@@ -31,6 +30,9 @@ import (
 // reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	r := &runner{m: m, tried: cfg.Digest, cfg: cfg.Reload, watched: map[string]bool{}}
+	if m.Watchdog > 0 {
+		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
+	}
 	// Watch before applying, so that no edit made from here on is missed.
 	var events <-chan fsnotify.Event
 	var werrs <-chan error
@@ -47,7 +49,7 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		return err
 	}
 	defer m.Shutdown()
-	m.notify("READY=1")
+	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 	r.check(false) // an edit made since main read the file
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
@@ -55,6 +57,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	recheck := time.NewTicker(time.Hour)
 	defer recheck.Stop()
 	r.resetRecheck(recheck)
+	var watchdog <-chan time.Time
+	if m.Watchdog > 0 {
+		t := time.NewTicker(m.Watchdog)
+		defer t.Stop()
+		watchdog = t.C
+	}
 
 	for {
 		select {
@@ -84,6 +92,15 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
+		case <-watchdog:
+			// This loop is running; the accept loops must have answered
+			// their heartbeat (every half interval) within two intervals,
+			// or systemd hears nothing.
+			if m.srv.Alive(2 * m.Watchdog) {
+				m.notify(systemd.Watchdog + "\n" + systemd.Status(m.StatusLine()))
+			} else {
+				m.log.Error().Msg("an accept loop did not answer; withholding the watchdog ping")
+			}
 		}
 	}
 }
@@ -131,7 +148,7 @@ func (r *runner) check(force bool) {
 		return
 	}
 	r.tried = digest
-	m.notify(fmt.Sprintf("RELOADING=1\nMONOTONIC_USEC=%d", monotonicUsec()))
+	m.notify(systemd.Reloading())
 	cfg, err := conf.Parse(m.path, data)
 	if err == nil {
 		err = m.Apply(cfg)
@@ -141,7 +158,7 @@ func (r *runner) check(force bool) {
 	} else {
 		r.cfg = cfg.Reload
 	}
-	m.notify("READY=1")
+	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 }
 
 // refuse records and logs a reload that was not applied, on one line.
@@ -182,14 +199,4 @@ func (r *runner) rewatch() {
 		}
 		r.watched[d] = true
 	}
-}
-
-// monotonicUsec is CLOCK_MONOTONIC in microseconds, as sd_notify's
-// MONOTONIC_USEC wants it next to RELOADING=1.
-func monotonicUsec() int64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0
-	}
-	return ts.Nano() / 1000
 }

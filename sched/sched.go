@@ -108,7 +108,8 @@ var Names = []string{"rr", "wrr", "lc"}
 // Service is one service in a snapshot: its backends, scheduler and settings.
 type Service struct {
 	Name           string
-	Scheduler      string // the scheduler's config name
+	Listen         []netip.AddrPort // the addresses it accepts on, as configured
+	Scheduler      string           // the scheduler's config name
 	Targets        []Target
 	Picker         Picker
 	ConnectTimeout time.Duration // per dial attempt

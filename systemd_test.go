@@ -1,0 +1,330 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"fulcrum/listener/listenertest"
+)
+
+// notifySocket plays systemd: a unixgram socket that collects sd_notify
+// messages.
+type notifySocket struct {
+	path string
+	msgs chan string
+}
+
+func newNotifySocket(t *testing.T) *notifySocket {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sd") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	n := &notifySocket{path: filepath.Join(dir, "notify"), msgs: make(chan string, 1000)}
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: n.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { // exits when the cleanup closes c
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			k, err := c.Read(buf)
+			if err != nil {
+				return
+			}
+			n.msgs <- string(buf[:k])
+		}
+	}()
+	t.Cleanup(func() { c.Close(); <-done })
+	return n
+}
+
+// next returns the next message that is not a watchdog ping, counting the
+// pings it skips.
+func (n *notifySocket) next(t *testing.T, pings *int) string {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m := <-n.msgs:
+			if strings.HasPrefix(m, "WATCHDOG=1") {
+				*pings++
+				continue
+			}
+			return m
+		case <-timeout:
+			t.Fatal("no sd_notify message within 10s")
+		}
+	}
+}
+
+func startDaemonEnv(t *testing.T, config string, env ...string) *daemon {
+	t.Helper()
+	d := startDaemonArgs(t, []string{"-config", writeFile(t, "fulcrum.toml", config)}, env, nil)
+	return d
+}
+
+// TestSystemdNotify plays systemd and checks the exact sequence of
+// sd_notify messages across start, a valid and an invalid reload, watchdog
+// pings and stop.
+func TestSystemdNotify(t *testing.T) {
+	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	ns := newNotifySocket(t)
+	config := func(w int) string {
+		return fmt.Sprintf("[log]\nformat = \"json\"\n[reload]\ndebounce = \"50ms\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ name = \"a\", address = %q, weight = %d }]\n", be, w)
+	}
+	d := startDaemonEnv(t, config(1), "NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=1000000")
+	path := d.cmd.Args[2]
+	pings := 0
+
+	want := func(prefix, contains string) string {
+		t.Helper()
+		m := ns.next(t, &pings)
+		if !strings.HasPrefix(m, prefix) || !strings.Contains(m, contains) {
+			t.Fatalf("sd_notify message %q; want %q…%q", m, prefix, contains)
+		}
+		return m
+	}
+	want("READY=1\nSTATUS=generation 1; 1 services; backends 1/1 up; 0 connections", "")
+
+	os.WriteFile(path, []byte(config(2)), 0o644)
+	want("RELOADING=1\nMONOTONIC_USEC=", "")
+	want("READY=1\nSTATUS=generation 2;", "")
+
+	os.WriteFile(path, []byte(config(3)+"\nbogus = 1\n"), 0o644)
+	want("RELOADING=1\nMONOTONIC_USEC=", "")
+	want("READY=1\nSTATUS=generation 2;", "last reload failed: "+path+":9: services.s.bogus: unknown key")
+
+	// Watchdog pings at half of WATCHDOG_USEC keep coming while idle.
+	start, before := time.Now(), pings
+	for pings < before+3 {
+		select {
+		case m := <-ns.msgs:
+			if strings.HasPrefix(m, "WATCHDOG=1") {
+				pings++
+			} else {
+				t.Fatalf("unexpected %q", m)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d watchdog pings", pings-before)
+		}
+	}
+	if el := time.Since(start); el < time.Second || el > 5*time.Second {
+		t.Errorf("3 watchdog pings took %v; want about 1.5s (every 500ms)", el)
+	}
+
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	want("STOPPING=1", "")
+	select {
+	case <-d.exit:
+		if d.err != nil {
+			t.Errorf("exit: %v; want 0", d.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit after SIGTERM")
+	}
+}
+
+// TestSocketActivation: under the real systemd-socket-activate, fulcrum
+// adopts the socket for the service listening on its address, and a socket
+// named after a service (FileDescriptorName=) serves that service.
+func TestSocketActivation(t *testing.T) {
+	tool, err := exec.LookPath("systemd-socket-activate")
+	if err != nil {
+		t.Skip("systemd-socket-activate is not installed")
+	}
+	a := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	byAddr, byName := listenertest.FreeAddr(t), listenertest.FreeAddr(t)
+	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
+[log]
+format = "json"
+[services.s]
+listen = [%q]
+backends = [{ address = %q }]
+[services.named]
+listen = ["127.0.0.1:0"]
+backends = [{ address = %q }]
+`, byAddr, a, a))
+	cmd := exec.Command(tool, "-l", byAddr, "-l", byName, "--fdname=s:named",
+		"-E", "FULCRUM_TEST_MAIN=1", os.Args[0], "-config", config)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex // protects logs
+	var logs strings.Builder
+	listening := make(chan struct{}, 2)
+	done := make(chan struct{})
+	go func() { // exits when the process ends
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "Listening on") {
+				listening <- struct{}{}
+			}
+			mu.Lock()
+			logs.WriteString(sc.Text() + "\n")
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); <-done; cmd.Wait() })
+	for range 2 {
+		select {
+		case <-listening:
+		case <-time.After(10 * time.Second):
+			t.Fatal("systemd-socket-activate is not listening")
+		}
+	}
+
+	// The tool accepts the first connection's SYN in the kernel and starts
+	// fulcrum; the greeting proves fulcrum adopted the socket (had it bound
+	// the address itself, the tool's socket would have made it fail).
+	for _, addr := range []string{byAddr, byName} {
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		c.SetDeadline(time.Now().Add(15 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if err != nil || line != "a\n" {
+			mu.Lock()
+			out := logs.String()
+			mu.Unlock()
+			t.Fatalf("through the socket on %s: %q, %v\n%s", addr, line, err, out)
+		}
+	}
+}
+
+// TestRestartKeepsBacklog holds the listening socket as systemd does and
+// passes it (LISTEN_FDS) to one fulcrum after another: a connection made
+// while no fulcrum runs waits in the backlog and is served by the next.
+func TestRestartKeepsBacklog(t *testing.T) {
+	a := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [%q]\nbackends = [{ address = %q }]\n", ln.Addr(), a))
+	run := func() *daemon {
+		// LISTEN_PID must be fulcrum's own pid: a shell sets it to its pid
+		// and then execs fulcrum, which keeps it.
+		return startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", config},
+			[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
+	}
+	greet := func(c net.Conn) string {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		return line
+	}
+
+	first := run()
+	first.await(t, "listening")
+	c1, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil || greet(c1) != "a\n" {
+		t.Fatalf("first fulcrum: %v", err)
+	}
+	c1.Close()
+	first.cmd.Process.Signal(syscall.SIGTERM)
+	<-first.exit
+
+	waiting, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second) // nobody accepts: the kernel queues it
+	if err != nil {
+		t.Fatalf("dial while fulcrum is down: %v", err)
+	}
+	defer waiting.Close()
+	second := run()
+	second.await(t, "listening")
+	if got := greet(waiting); got != "a\n" {
+		t.Errorf("the connection made between the two processes got %q; want it served", got)
+	}
+}
+
+// TestGracefulStop: SIGTERM with 100 open connections and drain_timeout 3s.
+// Connections that end within 3s complete intact; the rest are closed at 3s
+// (± 0.5s); the exit status is 0.
+func TestGracefulStop(t *testing.T) {
+	const n, drain = 100, 3 * time.Second
+	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
+	addr := d.await(t, "listening")["addr"].(string)
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "hello %d\n", i)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != fmt.Sprintf("hello %d\n", i) {
+			t.Fatalf("conn %d before stop: %q, %v", i, line, err)
+		}
+		conns[i] = c
+	}
+	stop := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.await(t, "stopped accepting; draining connections")
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Error("a new connection was accepted after SIGTERM")
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i, c := range conns {
+		wg.Add(1)
+		go func() { // exits when its connection ends
+			defer wg.Done()
+			r := bufio.NewReader(c)
+			if i%2 == 0 { // finishes within the drain: one more exchange, then a clean close
+				time.Sleep(time.Duration(i) * 10 * time.Millisecond) // spread over 1s: the traffic pattern
+				fmt.Fprintf(c, "bye %d\n", i)
+				if line, err := r.ReadString('\n'); err != nil || line != fmt.Sprintf("bye %d\n", i) {
+					errs <- fmt.Errorf("conn %d during the drain: %q, %v", i, line, err)
+				}
+				c.(*net.TCPConn).CloseWrite()
+				if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+					errs <- fmt.Errorf("conn %d end: %q, %v", i, rest, err)
+				}
+				return
+			}
+			io.ReadAll(r) // stays open until fulcrum closes it
+			if el := time.Since(stop); el < drain-drain/6 || el > drain+drain/6 {
+				errs <- fmt.Errorf("conn %d closed after %v; want %v ± 0.5s", i, el, drain)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	select {
+	case <-d.exit:
+		if d.err != nil {
+			t.Errorf("exit: %v; want 0", d.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no exit after the drain")
+	}
+}
