@@ -11,9 +11,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -22,10 +25,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"fulcrum/admin"
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/reload"
@@ -41,6 +46,9 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return status(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "demo" {
 		ctx, stop := signalContext()
 		defer stop()
@@ -52,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "validate the configuration, print a summary and exit (0 valid, 1 not)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum demo [-listen ADDR]\n\n")
+		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n       fulcrum demo [-listen ADDR]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -105,11 +113,71 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
+	if a := cfg.Admin.Listen; a.IsValid() {
+		ln, err := net.Listen("tcp", a.String())
+		if err != nil {
+			log.Error().Err(err).Msg("cannot start the admin listener")
+			return 1
+		}
+		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz")
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Version: versionString()}
+		actx, stopAdmin := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
+		defer func() {                                                    // after the drain, so that it can be watched
+			stopAdmin()
+			if err := <-done; err != nil {
+				log.Warn().Err(err).Msg("admin listener")
+			}
+		}()
+	}
 	if err := m.Run(ctx, cfg); err != nil {
 		log.Error().Err(err).Msg("cannot start")
 		return 1
 	}
 	log.Info().Msg("stopped")
+	return 0
+}
+
+// status prints the running daemon's /status as a table.
+func status(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fulcrum status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
+	addr := fs.String("admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	raw := fs.Bool("json", false, "print the JSON as served")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *addr == "" {
+		cfg, err := conf.Load(*path)
+		if err != nil {
+			fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+			return 1
+		}
+		if !cfg.Admin.Listen.IsValid() {
+			fmt.Fprintf(stderr, "fulcrum status: %s has no [admin] listen; set one, or pass -admin ADDR\n", *path)
+			return 1
+		}
+		*addr = cfg.Admin.Listen.String()
+	}
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + *addr + "/status")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if *raw {
+		io.Copy(stdout, resp.Body)
+		return 0
+	}
+	var st admin.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", *addr, err)
+		return 1
+	}
+	admin.WriteTable(stdout, st)
 	return 0
 }
 

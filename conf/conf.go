@@ -50,6 +50,7 @@ type Config struct {
 	Digest   [32]byte  // SHA-256 of the file's bytes
 	Log      Log       // the [log] table
 	Reload   Reload    // the [reload] table
+	Admin    Admin     // the [admin] table
 	Services []Service // in file order
 }
 
@@ -58,6 +59,13 @@ type Log struct {
 	Level  string // debug | info | warn | error; default info
 	Format string // auto | json | console; default auto (console on a TTY, else JSON)
 	Access bool   // one log line per finished connection; default true
+}
+
+// Admin is the [admin] table: the HTTP listener for /metrics and /status.
+// It is set at start and does not change on reload.
+type Admin struct {
+	Listen      netip.AddrPort // zero: no admin listener (the default)
+	AllowRemote bool           // a non-loopback Listen is refused unless set
 }
 
 // Reload is the [reload] table: how the running daemon notices edits.
@@ -162,6 +170,21 @@ func (w *walker) config(root *table) *Config {
 	}
 	rt.done()
 
+	at := root.sub("admin")
+	if a := at.str("listen", ""); a != "" {
+		ap, err := parseListen(a)
+		if err != nil {
+			w.errorf(at.key("listen"), "%v", err)
+		} else {
+			cfg.Admin.Listen = ap
+		}
+	}
+	cfg.Admin.AllowRemote = at.boolean("allow_remote", false)
+	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
+		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
+	}
+	at.done()
+
 	dt := root.sub("defaults")
 	defaults := w.settings(dt, builtinSettings())
 	dt.done()
@@ -190,6 +213,13 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 {
+		for other, owner := range listeners {
+			if overlaps(other, a) {
+				w.errorf("admin.listen", "%s is also listened on by %s", a, owner)
+			}
+		}
+	}
 	root.done()
 	return cfg
 }

@@ -142,6 +142,8 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:5: services.t.listen[0]: :1 is also listened on by services.s.listen[0]`}},
 		{"bad service name", "[services.\"a b\"]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
 			[]string{`f.toml:1: services.a b: service name "a b" may hold only`}},
+		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
+		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
 		{"everything at once", `[log]
 level = "loud"
 [defaults]

@@ -157,6 +157,9 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
+	if m.cur != nil && m.cur.Admin != cfg.Admin {
+		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
+	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
 		m.log.Warn().Str("running", m.cur.Log.Format).Str("file", cfg.Log.Format).
 			Msg("log.format changes only at restart; keeping the running format")

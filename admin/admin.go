@@ -1,0 +1,175 @@
+// Package admin serves fulcrum's admin HTTP listener: /metrics in the
+// Prometheus exposition format and /status as JSON, and prints that status
+// as a table for `fulcrum status`.
+//
+// It only reads: the current snapshot (one atomic load per request), the
+// reload history and the listener counters. Metrics are gathered at scrape
+// time from the counters the data path keeps anyway, so serving them costs
+// the connection path nothing.
+//
+// Typical use (main does this):
+//
+//	src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets}
+//	go admin.Serve(ctx, ln, admin.Handler(src)) // returns when ctx ends
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"fulcrum/listener"
+	"fulcrum/reload"
+	"fulcrum/sched"
+)
+
+// Source is what the admin listener reads.
+type Source struct {
+	Table   func() *sched.Table           // the current snapshot
+	Reloads func() reload.Status          // the reload history
+	Sockets func() []listener.SocketStats // per-listener counters
+	Healthy func() (ok bool, why string)  // for /healthz; nil: always ok
+	Version string
+}
+
+// Handler serves /metrics and /status (and /healthz) for src.
+func Handler(src Source) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&collector{src: src})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(Snapshot(src))
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		ok, why := true, "ok"
+		if src.Healthy != nil {
+			ok, why = src.Healthy()
+		}
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		w.Write([]byte(why + "\n"))
+	})
+	return mux
+}
+
+// Serve serves h on ln until ctx ends, then shuts down (in-flight requests
+// get a second) and returns. It closes ln.
+func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }() // exits when Shutdown closes ln
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	srv.Shutdown(sctx)
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Status is what /status returns: the live snapshot.
+type Status struct {
+	Version    string          `json:"version,omitempty"`
+	Generation uint64          `json:"generation"`
+	Reload     ReloadStatus    `json:"reload"`
+	Services   []ServiceStatus `json:"services"`
+	Listeners  []ListenStatus  `json:"listeners"`
+}
+
+// ReloadStatus is the reload history.
+type ReloadStatus struct {
+	Applied     time.Time `json:"applied"`
+	Reloads     uint64    `json:"reloads"`
+	Failed      uint64    `json:"failed"`
+	LastError   string    `json:"last_error,omitempty"`
+	LastAttempt time.Time `json:"last_attempt"`
+}
+
+// ServiceStatus is one service.
+type ServiceStatus struct {
+	Name      string          `json:"name"`
+	Scheduler string          `json:"scheduler"`
+	Listen    []string        `json:"listen"`
+	Backends  []BackendStatus `json:"backends"`
+}
+
+// BackendStatus is one backend: its settings in this generation and its live
+// counters.
+type BackendStatus struct {
+	Name         string `json:"name"`
+	Address      string `json:"address"`
+	Weight       int    `json:"weight"`
+	State        string `json:"state"` // up | down | draining
+	Reason       string `json:"reason,omitempty"`
+	Active       int64  `json:"active"`
+	Total        uint64 `json:"total"`
+	BytesIn      uint64 `json:"bytes_in"`
+	BytesOut     uint64 `json:"bytes_out"`
+	ConnectFails uint64 `json:"connect_failures"`
+	DrainClosed  uint64 `json:"drain_closed"`
+}
+
+// ListenStatus is one listening socket.
+type ListenStatus struct {
+	Listen       string `json:"listen"`
+	Addr         string `json:"addr"`
+	Accepts      uint64 `json:"accepts"`
+	AcceptErrors uint64 `json:"accept_errors"`
+	Inherited    bool   `json:"inherited,omitempty"`
+}
+
+// Snapshot reads src into a Status.
+func Snapshot(src Source) Status {
+	st := Status{Version: src.Version}
+	if t := src.Table(); t != nil {
+		st.Generation = t.Gen
+		for _, s := range t.Services {
+			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler}
+			for _, a := range s.Listen {
+				ss.Listen = append(ss.Listen, a.String())
+			}
+			for _, tg := range s.Targets {
+				b := tg.B.Stats()
+				up, reason, _ := tg.B.Health()
+				state := "up"
+				switch {
+				case b.Draining:
+					state = "draining"
+				case !up:
+					state = "down"
+				}
+				ss.Backends = append(ss.Backends, BackendStatus{
+					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, State: state, Reason: reason,
+					Active: b.Active, Total: b.Total, BytesIn: b.BytesIn, BytesOut: b.BytesOut,
+					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed,
+				})
+			}
+			st.Services = append(st.Services, ss)
+		}
+	}
+	if src.Reloads != nil {
+		r := src.Reloads()
+		st.Reload = ReloadStatus{Applied: r.Applied, Reloads: r.Reloads, Failed: r.Failed, LastError: r.LastError, LastAttempt: r.LastAttempt}
+	}
+	if src.Sockets != nil {
+		for _, so := range src.Sockets() {
+			st.Listeners = append(st.Listeners, ListenStatus{Listen: so.Listen.String(), Addr: so.Addr,
+				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited})
+		}
+	}
+	return st
+}

@@ -1,0 +1,83 @@
+package admin
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector turns the snapshot and counters into metrics at scrape time.
+type collector struct {
+	src Source
+}
+
+var (
+	bLabels = []string{"service", "backend"}
+
+	backendActive   = prometheus.NewDesc("fulcrum_backend_active_connections", "Connections open to the backend now (dials in progress included).", bLabels, nil)
+	backendTotal    = prometheus.NewDesc("fulcrum_backend_connections_total", "Connections that took a slot on the backend.", bLabels, nil)
+	backendBytes    = prometheus.NewDesc("fulcrum_backend_bytes_total", "Bytes forwarded: direction=\"in\" from clients to the backend, \"out\" from the backend to clients.", append(bLabels, "direction"), nil)
+	backendFails    = prometheus.NewDesc("fulcrum_backend_connect_failures_total", "Dials to the backend that failed.", bLabels, nil)
+	backendDrained  = prometheus.NewDesc("fulcrum_backend_drain_closed_total", "Connections closed because a drain deadline passed.", bLabels, nil)
+	backendUp       = prometheus.NewDesc("fulcrum_backend_up", "1 if the backend takes new connections (up and not draining), else 0.", bLabels, nil)
+	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in.", append(bLabels, "state"), nil)
+	backendWeight   = prometheus.NewDesc("fulcrum_backend_weight", "The backend's effective weight in the current snapshot.", bLabels, nil)
+	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
+	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
+	reloadsTotal    = prometheus.NewDesc("fulcrum_reloads_total", "Configuration reloads applied (the first configuration not counted).", nil, nil)
+	reloadsFailed   = prometheus.NewDesc("fulcrum_reload_failures_total", "Configuration reloads refused.", nil, nil)
+	generation      = prometheus.NewDesc("fulcrum_config_generation", "Generation of the running configuration: 1 at start, +1 per applied reload.", nil, nil)
+	lastReload      = prometheus.NewDesc("fulcrum_config_last_reload_timestamp_seconds", "When the running configuration was applied.", nil, nil)
+	lastReloadError = prometheus.NewDesc("fulcrum_config_last_reload_successful", "1 if the last reload attempt was applied, 0 if it was refused.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st := Snapshot(c.src)
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	for _, s := range st.Services {
+		for _, b := range s.Backends {
+			l := []string{s.Name, b.Name}
+			gauge(backendActive, float64(b.Active), l...)
+			counter(backendTotal, float64(b.Total), l...)
+			counter(backendBytes, float64(b.BytesIn), s.Name, b.Name, "in")
+			counter(backendBytes, float64(b.BytesOut), s.Name, b.Name, "out")
+			counter(backendFails, float64(b.ConnectFails), l...)
+			counter(backendDrained, float64(b.DrainClosed), l...)
+			gauge(backendUp, boolf(b.State == "up"), l...)
+			for _, state := range []string{"up", "down", "draining"} {
+				gauge(backendState, boolf(b.State == state), s.Name, b.Name, state)
+			}
+			gauge(backendWeight, float64(b.Weight), l...)
+		}
+	}
+	for _, so := range st.Listeners {
+		counter(listenAccepts, float64(so.Accepts), so.Listen)
+		counter(listenErrors, float64(so.AcceptErrors), so.Listen)
+	}
+	counter(reloadsTotal, float64(st.Reload.Reloads))
+	counter(reloadsFailed, float64(st.Reload.Failed))
+	gauge(generation, float64(st.Generation))
+	if !st.Reload.Applied.IsZero() {
+		gauge(lastReload, float64(st.Reload.Applied.UnixNano())/1e9)
+	}
+	gauge(lastReloadError, boolf(st.Reload.LastError == ""))
+}
+
+func boolf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"fulcrum/listener/listenertest"
+)
+
+// TestMetrics scrapes /metrics from the real daemon, parses it with the
+// Prometheus text parser, and checks that the counters equal what the test
+// itself sent.
+func TestMetrics(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // reads a request, answers twice its size
+		buf := make([]byte, 4096)
+		n, _ := c.Read(buf)
+		c.Write(bytes.Repeat(buf[:n], 2))
+	}).Addr
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[admin]
+listen = "127.0.0.1:0"
+[services.web]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weight = 0 }]
+`, be, listenertest.DeadAddr(t)))
+	adm := d.await(t, "admin listening: /metrics /status /healthz")["addr"].(string) // logged first
+	lb := d.await(t, "listening")["addr"].(string)
+
+	const n = 7
+	var in, out int
+	for i := range n {
+		c, err := net.Dial("tcp", lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := strings.Repeat("x", 100+i)
+		c.Write([]byte(req))
+		c.(*net.TCPConn).CloseWrite()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || len(b) != 2*len(req) {
+			t.Fatalf("answer %d bytes, %v", len(b), err)
+		}
+		in, out = in+len(req), out+len(b)
+	}
+	for range n { // the access lines mark each session's end, and its counters
+		d.await(t, "connection")
+	}
+
+	resp, err := http.Get("http://" + adm + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("the Prometheus parser rejects /metrics: %v", err)
+	}
+	value := func(name string, labels map[string]string) float64 {
+		t.Helper()
+		f, ok := families[name]
+		if !ok {
+			t.Fatalf("no metric %s", name)
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+		t.Fatalf("no %s%v", name, labels)
+		return 0
+	}
+	one := map[string]string{"service": "web", "backend": "one"}
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"fulcrum_backend_connections_total", one, n},
+		{"fulcrum_backend_active_connections", one, 0},
+		{"fulcrum_backend_bytes_total", map[string]string{"service": "web", "backend": "one", "direction": "in"}, float64(in)},
+		{"fulcrum_backend_bytes_total", map[string]string{"service": "web", "backend": "one", "direction": "out"}, float64(out)},
+		{"fulcrum_backend_connect_failures_total", one, 0},
+		{"fulcrum_backend_up", one, 1},
+		{"fulcrum_backend_weight", one, 1},
+		{"fulcrum_backend_weight", map[string]string{"backend": "dead"}, 0},
+		{"fulcrum_backend_connections_total", map[string]string{"backend": "dead"}, 0},
+		{"fulcrum_listener_accepts_total", map[string]string{"listen": "127.0.0.1:0"}, n},
+		{"fulcrum_listener_accept_errors_total", nil, 0},
+		{"fulcrum_config_generation", nil, 1},
+		{"fulcrum_reloads_total", nil, 0},
+		{"fulcrum_reload_failures_total", nil, 0},
+		{"fulcrum_config_last_reload_successful", nil, 1},
+	}
+	for _, c := range checks {
+		if got := value(c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v; want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "process_open_fds", "fulcrum_config_last_reload_timestamp_seconds"} {
+		if _, ok := families[name]; !ok {
+			t.Errorf("no %s", name)
+		}
+	}
+
+	// The same numbers in `fulcrum status`.
+	var table, errOut strings.Builder
+	if code := run([]string{"status", "-admin", adm}, &table, &errOut); code != 0 {
+		t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"generation 1", "service web", "wrr", "one", be, fmt.Sprintf("%d B", in), "up", "dead", "127.0.0.1:0"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("status table lacks %q:\n%s", want, table.String())
+		}
+	}
+}
