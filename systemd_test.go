@@ -328,3 +328,32 @@ func TestGracefulStop(t *testing.T) {
 		t.Fatal("no exit after the drain")
 	}
 }
+
+// TestSecondSignal: a second SIGTERM during the drain exits at once.
+func TestSecondSignal(t *testing.T) {
+	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1h\"\nbackends = [{ address = %q }]\n", be))
+	addr := d.await(t, "listening")["addr"].(string)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "hi\n")
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "hi\n" {
+		t.Fatalf("echo: %q, %v", line, err)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.await(t, "stopped accepting; draining connections")
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exit:
+		if el := time.Since(start); el > 2*time.Second {
+			t.Errorf("exited %v after the second signal", el)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second SIGTERM did not end the drain")
+	}
+}
