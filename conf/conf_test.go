@@ -85,7 +85,8 @@ backends = [{address = "127.0.0.1:2"}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute}
+	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
+		Choices: 2, HashKey: "ip", TableSize: 65537}
 	if got := cfg.Services[0].Settings; got != want {
 		t.Errorf("settings = %+v; want %+v", got, want)
 	}

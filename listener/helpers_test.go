@@ -146,7 +146,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 	for i, b := range backends {
 		targets[i] = sched.Target{B: backend.New("svc", b.name), Addr: netip.MustParseAddrPort(b.addr), Weight: b.weight}
 	}
-	picker, err := sched.New(scheduler, targets, nil)
+	picker, err := sched.New(scheduler, targets, nil, sched.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

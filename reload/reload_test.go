@@ -24,7 +24,7 @@ func TestSchedulerNames(t *testing.T) {
 		t.Errorf("conf.Schedulers = %v; sched.Names = %v", conf.Schedulers, sched.Names)
 	}
 	for _, n := range conf.Schedulers {
-		if _, err := sched.New(n, nil, nil); err != nil {
+		if _, err := sched.New(n, nil, nil, sched.Options{}); err != nil {
 			t.Errorf("sched.New(%q): %v", n, err)
 		}
 	}

@@ -100,7 +100,7 @@ func forceWalk(s *WeightedRoundRobin) *WeightedRoundRobin {
 	for i, t := range s.ts {
 		w[i] = t.Weight
 	}
-	s.cycle = nil
+	s.seq.loop = nil
 	if s.mw > 0 {
 		s.tree = newMaxTree(w)
 		s.state.Store(uint64(s.mw))
@@ -225,7 +225,7 @@ func TestNoBackend(t *testing.T) {
 	for _, name := range Names {
 		t.Run(name, func(t *testing.T) {
 			for _, ts := range [][]Target{nil, targets([]vecBackend{{Name: "A"}, {Name: "B"}})} {
-				p, err := New(name, ts, nil)
+				p, err := New(name, ts, nil, Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -235,7 +235,7 @@ func TestNoBackend(t *testing.T) {
 				}
 			}
 			ts := targets([]vecBackend{{Name: "A", Weight: 1}, {Name: "B", Weight: 1}})
-			p, _ := New(name, ts, nil)
+			p, _ := New(name, ts, nil, Options{})
 			var r Request
 			a, _ := p.Pick(&r)
 			r.MarkTried(a)
@@ -249,7 +249,7 @@ func TestNoBackend(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New("nope", nil, nil); err == nil {
+	if _, err := New("nope", nil, nil, Options{}); err == nil {
 		t.Error("New(nope) succeeded")
 	}
 }
@@ -262,7 +262,7 @@ func BenchmarkPick(b *testing.B) {
 			ts[i] = Target{B: backend.New("s", "b"), Weight: 1 + r.IntN(10)}
 		}
 		for _, name := range Names {
-			p, _ := New(name, ts, nil)
+			p, _ := New(name, ts, nil, Options{})
 			b.Run(name+"/n="+itoa(n), func(b *testing.B) {
 				b.ReportAllocs()
 				var req Request

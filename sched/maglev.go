@@ -1,0 +1,187 @@
+package sched
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+)
+
+// Maglev is Maglev consistent hashing (Eisenbud et al., NSDI 2016, §3.4;
+// LVS ip_vs_mh.c): a lookup table of M slots (M prime), filled by letting
+// the backends take turns claiming their next preferred empty slot. Backend
+// i prefers slots offset_i, offset_i + skip_i, … (mod M), with
+// offset_i = h(0, name) mod M and skip_i = h(1, name) mod (M−1) + 1, where
+// h(seed, s) is FNV-1a-64 over the little-endian seed then s. Pick hashes
+// the client and reads one slot: O(1); memory M·4 bytes; build about
+// M·ln M probes.
+//
+// Deterministic by design: no random seed, so every fulcrum instance with
+// the same configuration builds the same table and sends a client to the
+// same backend. The table depends on the backend names (identity) and their
+// order in the file, and on M. Removing one of N backends moves about 1/N of
+// the slots plus a little; each backend owns close to M/N slots.
+//
+// Weights follow LVS mh: per round backend i takes turns_i = (w_i/gcd) >>
+// shift consecutive claims (at least 1), shift = max(0, bits(max w/gcd) − 6),
+// so weights act with 6 bits of precision and the fill stays balanced.
+// Weight 0 backends own no slot.
+//
+// A slot whose backend is not eligible falls back to the following slots
+// (up to mhProbes), then to the first eligible backend after hash mod n:
+// deterministic, and it spreads that backend's clients over the others in
+// proportion to their slots. The client hash is a 64-bit mix of the address
+// (IPv4-mapped IPv6 folded to IPv4) and, with hash_key "ip_port", the port.
+type Maglev struct {
+	ts       []Target
+	m        uint64
+	table    []int32 // slot → target index; nil when no target has weight
+	withPort bool
+}
+
+var _ Picker = (*Maglev)(nil)
+
+const mhProbes = 32
+
+// NewMaglev builds mh over ts with a table of m slots; m must be a prime
+// larger than len(ts) and at most MaxTableSize.
+func NewMaglev(ts []Target, m int, withPort bool) (*Maglev, error) {
+	if m > MaxTableSize || !isPrime(m) || m <= len(ts) {
+		return nil, fmt.Errorf("mh table size %d is not a prime between %d and %d", m, len(ts)+1, MaxTableSize)
+	}
+	s := &Maglev{ts: ts, m: uint64(m), withPort: withPort}
+	var idx []int32
+	var offset, skip []uint64
+	var turns []int
+	g, maxW := 0, 0
+	for _, t := range ts {
+		if t.Weight > 0 {
+			g, maxW = gcd(g, t.Weight), max(maxW, t.Weight)
+		}
+	}
+	shift := 0
+	for b := maxW / max(g, 1); b>>shift >= 1<<6; {
+		shift++
+	}
+	for i, t := range ts {
+		if t.Weight <= 0 {
+			continue
+		}
+		idx = append(idx, int32(i))
+		offset = append(offset, fnvSeed(0, t.B.Name)%s.m)
+		skip = append(skip, fnvSeed(1, t.B.Name)%(s.m-1)+1)
+		turns = append(turns, max((t.Weight/g)>>shift, 1))
+	}
+	if len(idx) == 0 {
+		return s, nil
+	}
+	s.table = populate(m, offset, skip, turns)
+	for j, k := range s.table {
+		s.table[j] = idx[k]
+	}
+	return s, nil
+}
+
+// populate is Maglev's Pseudocode 1 with LVS's turns: it returns, for each
+// of the m slots, the position of the backend that owns it.
+func populate(m int, offset, skip []uint64, turns []int) []int32 {
+	table := make([]int32, m)
+	for j := range table {
+		table[j] = -1
+	}
+	next := make([]uint64, len(offset))
+	copy(next, offset)
+	mm := uint64(m)
+	for filled := 0; ; {
+		for i := range next {
+			for range turns[i] {
+				c := next[i]
+				for table[c] >= 0 {
+					if c += skip[i]; c >= mm {
+						c -= mm
+					}
+				}
+				table[c] = int32(i)
+				if c += skip[i]; c >= mm {
+					c -= mm
+				}
+				next[i] = c
+				if filled++; filled == m {
+					return table
+				}
+			}
+		}
+	}
+}
+
+// Pick implements Picker.
+func (s *Maglev) Pick(r *Request) (int, error) {
+	if s.table == nil {
+		return -1, ErrNoBackend
+	}
+	j := s.slot(clientHash(r.Client, s.withPort))
+	if i := int(s.table[j]); eligible(s.ts, i, r) {
+		return i, nil
+	}
+	for range mhProbes {
+		if j++; j == s.m {
+			j = 0
+		}
+		if i := int(s.table[j]); eligible(s.ts, i, r) {
+			return i, nil
+		}
+	}
+	return eligibleFrom(s.ts, r, int(j%uint64(len(s.ts))))
+}
+
+// slot maps a key hash to its slot, as in the reference vectors.
+func (s *Maglev) slot(h uint64) uint64 { return h % s.m }
+
+// fnvSeed is h(seed, s): FNV-1a-64 over uint64_le(seed) then s.
+func fnvSeed(seed uint64, s string) uint64 {
+	const prime = 0x100000001b3
+	h := uint64(0xcbf29ce484222325)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], seed)
+	for _, c := range b {
+		h = (h ^ uint64(c)) * prime
+	}
+	for k := 0; k < len(s); k++ {
+		h = (h ^ uint64(s[k])) * prime
+	}
+	return h
+}
+
+// clientHash mixes a client address (and port) into 64 bits. Any fixed
+// function keeps instances in agreement; this one is a few multiplies.
+func clientHash(c netip.AddrPort, withPort bool) uint64 {
+	b := c.Addr().Unmap().As16()
+	h := mix64(binary.BigEndian.Uint64(b[:8]) ^ 0x9e3779b97f4a7c15)
+	h = mix64(h ^ binary.BigEndian.Uint64(b[8:]))
+	if withPort {
+		h = mix64(h ^ uint64(c.Port()))
+	}
+	return h
+}
+
+// mix64 is MurmurHash3's 64-bit finaliser.
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
+
+// isPrime reports whether n is prime, by trial division (n ≤ MaxTableSize).
+func isPrime(n int) bool {
+	if n < 2 {
+		return false
+	}
+	for d := 2; d*d <= n; d++ {
+		if n%d == 0 {
+			return false
+		}
+	}
+	return true
+}
