@@ -47,16 +47,8 @@ func (s *P2C) Pick(r *Request) (int, error) {
 	}
 	for range maxRounds {
 		best := -1
-		var bo, bw int64
 		for range s.k {
-			i := s.wr.draw()
-			if !eligible(ts, i, r) {
-				continue
-			}
-			o, w := ts[i].B.Active(), int64(ts[i].Weight)
-			if best < 0 || lighter(o, w, bo, bw) {
-				best, bo, bw = i, o, w
-			}
+			best = better(ts, r, best, s.wr.draw())
 		}
 		if best >= 0 {
 			return best, nil
@@ -64,4 +56,17 @@ func (s *P2C) Pick(r *Request) (int, error) {
 	}
 	lc := leastConn{ts: ts, mode: modeWLC}
 	return lc.Pick(r)
+}
+
+// better is p2c's rule for one draw: of the candidate best (−1 = none yet)
+// and the drawn target i, the one with the least active/weight; an
+// ineligible draw never wins, and a tie keeps the earlier draw.
+func better(ts []Target, r *Request, best, i int) int {
+	if !eligible(ts, i, r) {
+		return best
+	}
+	if best < 0 || lighter(ts[i].B.Active(), int64(ts[i].Weight), ts[best].B.Active(), int64(ts[best].Weight)) {
+		return i
+	}
+	return best
 }
