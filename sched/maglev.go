@@ -49,9 +49,9 @@ func NewMaglev(ts []Target, m int, withPort bool) (*Maglev, error) {
 		return nil, fmt.Errorf("mh table size %d is not a prime between %d and %d", m, len(ts)+1, MaxTableSize)
 	}
 	s := &Maglev{ts: ts, m: uint64(m), withPort: withPort}
-	var idx []int32
-	var offset, skip []uint64
-	var turns []int
+	idx := make([]int32, 0, len(ts))
+	offset, skip := make([]uint64, 0, len(ts)), make([]uint64, 0, len(ts))
+	turns := make([]int, 0, len(ts))
 	g, maxW := 0, 0
 	for _, t := range ts {
 		if t.Weight > 0 {
@@ -85,26 +85,29 @@ func NewMaglev(ts []Target, m int, withPort bool) (*Maglev, error) {
 // of the m slots, the position of the backend that owns it.
 func populate(m int, offset, skip []uint64, turns []int) []int32 {
 	table := make([]int32, m)
-	for j := range table {
-		table[j] = -1
+	taken := make([]uint64, (m+63)/64) // a bitset: the probes stay in L1
+	type perm struct{ next, skip uint64 }
+	ps := make([]perm, len(offset))
+	for i := range ps {
+		ps[i] = perm{offset[i], skip[i]}
 	}
-	next := make([]uint64, len(offset))
-	copy(next, offset)
 	mm := uint64(m)
 	for filled := 0; ; {
-		for i := range next {
+		for i := range ps {
+			p := &ps[i]
 			for range turns[i] {
-				c := next[i]
-				for table[c] >= 0 {
-					if c += skip[i]; c >= mm {
+				c := p.next
+				for taken[c/64]&(1<<(c%64)) != 0 {
+					if c += p.skip; c >= mm {
 						c -= mm
 					}
 				}
+				taken[c/64] |= 1 << (c % 64)
 				table[c] = int32(i)
-				if c += skip[i]; c >= mm {
+				if c += p.skip; c >= mm {
 					c -= mm
 				}
-				next[i] = c
+				p.next = c
 				if filled++; filled == m {
 					return table
 				}

@@ -1,6 +1,9 @@
 package sched
 
-import "math/rand/v2"
+import (
+	"math"
+	"math/rand/v2"
+)
 
 // maxDraws bounds the draws random, wrandom and p2c make before they fall
 // back to a scan. Rejection then an exact fallback keeps the distribution
@@ -24,6 +27,37 @@ func (d dice) below(n uint64) uint64 {
 		return rand.Uint64N(n)
 	}
 	return d.r.Uint64N(n)
+}
+
+func (d dice) uint64() uint64 {
+	if d.r == nil {
+		return rand.Uint64()
+	}
+	return d.r.Uint64()
+}
+
+// pair returns independent uniform numbers in [0, n) and [0, m), exactly,
+// from a single 64-bit draw when both bounds fit in 32 bits (the alias
+// method's column and coin): the halves of a uniform word are independent,
+// and Lemire's method turns each into an exact bounded number, redrawing
+// only that half in the rare rejected case.
+func (d dice) pair(n, m uint64) (uint64, uint64) {
+	if n > math.MaxUint32 || m > math.MaxUint32 {
+		return d.below(n), d.below(m)
+	}
+	x := d.uint64()
+	return d.lemire(uint32(x>>32), uint32(n)), d.lemire(uint32(x), uint32(m))
+}
+
+// lemire maps a uniform x to [0, n) without bias (Lemire 2019).
+func (d dice) lemire(x, n uint32) uint64 {
+	p := uint64(x) * uint64(n)
+	if uint32(p) < n {
+		for thresh := -n % n; uint32(p) < thresh; {
+			p = uint64(uint32(d.uint64())) * uint64(n)
+		}
+	}
+	return p >> 32
 }
 
 // Random picks uniformly among the targets with weight > 0; their weights
@@ -173,8 +207,9 @@ func (s *WeightedRandom) Pick(r *Request) (int, error) {
 }
 
 func (s *WeightedRandom) draw() int {
-	c := &s.col[s.dice.below(uint64(len(s.col)))]
-	if s.dice.below(s.total) < c.prob {
+	j, u := s.dice.pair(uint64(len(s.col)), s.total)
+	c := &s.col[j]
+	if u < c.prob {
 		return int(c.own)
 	}
 	return int(c.alias)

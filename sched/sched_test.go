@@ -355,28 +355,6 @@ func TestNoBackend(t *testing.T) {
 	}
 }
 
-func BenchmarkPick(b *testing.B) {
-	for _, n := range []int{3, 100, 10000} {
-		r := rand.New(rand.NewPCG(3, 4))
-		ts := make([]Target, n)
-		for i := range ts {
-			ts[i] = Target{B: backend.New("s", "b"), Weight: 1 + r.IntN(10)}
-		}
-		for _, name := range Names {
-			p, _ := New(name, ts, nil, Options{})
-			b.Run(name+"/n="+itoa(n), func(b *testing.B) {
-				b.ReportAllocs()
-				var req Request
-				for b.Loop() {
-					if _, err := p.Pick(&req); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
-	}
-}
-
 func itoa(n int) string {
 	s := ""
 	for {

@@ -18,7 +18,7 @@ import "net/netip"
 //
 // Deliberate differences from LVS, which has 256 buckets: weights are first
 // divided by their gcd, and the table grows past 256 buckets (2^8 to 2^20)
-// until it holds at least 16 rounds of weights, so that large weights and
+// until it holds at least 8 rounds of weights, so that large weights and
 // many backends keep their proportions. With small weight sums it is exactly
 // LVS's table. The fallback probes at most 256 buckets, then takes the first
 // eligible target after hash mod n in list order.
@@ -48,20 +48,23 @@ func NewSourceHash(ts []Target, withPort bool) *SourceHash {
 		g = gcd(g, max(t.Weight, 0))
 	}
 	g = max(g, 1)
-	turns := func(i int) int { return max(ts[i].Weight/g, 1) }
+	turns := make([]int, len(ts))
 	round := 0
-	for i := range ts {
-		round += turns(i)
+	for i, t := range ts {
+		turns[i] = max(t.Weight/g, 1)
+		round += turns[i]
 	}
-	for s.bits < shMaxBits && 1<<s.bits < 16*round {
+	for s.bits < shMaxBits && 1<<s.bits < 8*round {
 		s.bits++
 	}
 	s.buckets = make([]int32, 1<<s.bits)
-	i, taken := 0, 0
-	for b := range s.buckets {
-		s.buckets[b] = int32(i)
-		if taken++; taken >= turns(i) {
-			i, taken = (i+1)%len(ts), 0
+	for b := 0; b < len(s.buckets); {
+		for i, n := range turns {
+			n = min(n, len(s.buckets)-b)
+			for k := range n {
+				s.buckets[b+k] = int32(i)
+			}
+			b += n
 		}
 	}
 	return s
