@@ -21,9 +21,19 @@ func benchTargets(n int) []Target {
 	return ts
 }
 
-var benchClient = netip.MustParseAddrPort("10.1.2.3:40000")
+// benchClients are 1024 client addresses, so that sh and mh read the table
+// (and the targets) in many places, as under real traffic.
+var benchClients = func() []netip.AddrPort {
+	r := rand.New(rand.NewPCG(7, 7))
+	cs := make([]netip.AddrPort, 1024)
+	for i := range cs {
+		cs[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))}), uint16(r.IntN(65536)))
+	}
+	return cs
+}()
 
-// BenchmarkPick: one pick, every scheduler, 3 to 10,000 backends.
+// BenchmarkPick: one pick, every scheduler, 3 to 10,000 backends, clients
+// taken in turn from benchClients.
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{3, 100, 10000} {
 		ts := benchTargets(n)
@@ -34,8 +44,11 @@ func BenchmarkPick(b *testing.B) {
 			}
 			b.Run(name+"/n="+itoa(n), func(b *testing.B) {
 				b.ReportAllocs()
-				req := Request{Client: benchClient}
+				var req Request
+				k := 0
 				for b.Loop() {
+					req.Client = benchClients[k&1023]
+					k++
 					if _, err := p.Pick(&req); err != nil {
 						b.Fatal(err)
 					}

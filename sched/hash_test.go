@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -387,5 +389,43 @@ func TestMaglevTableSize(t *testing.T) {
 	}
 	if _, err := New("p2c", weighted(1, 1), nil, Options{Choices: MaxChoices + 1}); err == nil {
 		t.Error("New(p2c, too many choices) succeeded")
+	}
+}
+
+// TestMaglevSlot: the division-free slot is h mod m for every m and h tried.
+func TestMaglevSlot(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, m := range []int{3, 7, 13, 251, 65537, 655373, MaxTableSize} {
+		s, err := NewMaglev(nil, m, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range []uint64{0, 1, uint64(m) - 1, uint64(m), math.MaxUint64, math.MaxUint64 - 1, 1 << 63} {
+			if got := s.slot(h); got != h%uint64(m) {
+				t.Fatalf("slot(%#x) with m %d = %d; want %d", h, m, got, h%uint64(m))
+			}
+		}
+		for range 100000 {
+			if h := r.Uint64(); s.slot(h) != h%uint64(m) {
+				t.Fatalf("slot(%#x) with m %d = %d; want %d", h, m, s.slot(h), h%uint64(m))
+			}
+		}
+	}
+}
+
+// TestClientHash: IPv4-mapped clients hash as IPv4; with ip_port the port
+// matters, without it not.
+func TestClientHash(t *testing.T) {
+	v4 := netip.MustParseAddrPort("10.0.0.1:1")
+	mapped := netip.MustParseAddrPort("[::ffff:10.0.0.1]:2")
+	if clientHash(v4, false) != clientHash(mapped, false) {
+		t.Error("an IPv4-mapped client hashes differently from its IPv4 form")
+	}
+	if clientHash(v4, true) == clientHash(mapped, true) {
+		t.Error("with the port in the key, ports 1 and 2 hash alike")
+	}
+	v6 := netip.MustParseAddrPort("[2001:db8::1]:1")
+	if clientHash(v6, false) == clientHash(v4, false) || clientHash(v6, true) == clientHash(v6, false) {
+		t.Error("IPv6 hashes collide")
 	}
 }

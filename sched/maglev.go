@@ -3,6 +3,8 @@ package sched
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
+	"math/bits"
 	"net/netip"
 )
 
@@ -34,6 +36,7 @@ import (
 type Maglev struct {
 	ts       []Target
 	m        uint64
+	mhi, mlo uint64  // ⌈2^128/m⌉, so slot needs no division
 	table    []int32 // slot → target index; nil when no target has weight
 	withPort bool
 }
@@ -49,6 +52,7 @@ func NewMaglev(ts []Target, m int, withPort bool) (*Maglev, error) {
 		return nil, fmt.Errorf("mh table size %d is not a prime between %d and %d", m, len(ts)+1, MaxTableSize)
 	}
 	s := &Maglev{ts: ts, m: uint64(m), withPort: withPort}
+	s.mhi, s.mlo = reciprocal(s.m)
 	idx := make([]int32, 0, len(ts))
 	offset, skip := make([]uint64, 0, len(ts)), make([]uint64, 0, len(ts))
 	turns := make([]int, 0, len(ts))
@@ -136,8 +140,26 @@ func (s *Maglev) Pick(r *Request) (int, error) {
 	return eligibleFrom(s.ts, r, int(j%uint64(len(s.ts))))
 }
 
-// slot maps a key hash to its slot, as in the reference vectors.
-func (s *Maglev) slot(h uint64) uint64 { return h % s.m }
+// slot maps a key hash to its slot, h mod m as in the reference vectors,
+// computed without a division (Lemire, Kaser and Kurz, "Faster remainder by
+// direct computation", 2019: with c = ⌈2^128/m⌉, h mod m is the top 64 bits
+// of ((c·h) mod 2^128)·m, exact for every 64-bit h since m < 2^64).
+func (s *Maglev) slot(h uint64) uint64 {
+	hi, lo := bits.Mul64(s.mlo, h)
+	hi += s.mhi * h // (c·h) mod 2^128 is hi:lo
+	top, _ := bits.Mul64(hi, s.m)
+	mid, _ := bits.Mul64(lo, s.m)
+	_, carry := bits.Add64(hi*s.m, mid, 0)
+	return top + carry
+}
+
+// reciprocal returns ⌈2^128/m⌉ as hi:lo, for m > 1 not a power of two.
+func reciprocal(m uint64) (hi, lo uint64) {
+	hi = math.MaxUint64 / m
+	lo, _ = bits.Div64(math.MaxUint64%m, math.MaxUint64, m) // ⌊(2^128−1)/m⌋
+	lo, carry := bits.Add64(lo, 1, 0)
+	return hi + carry, lo
+}
 
 // fnvSeed is h(seed, s): FNV-1a-64 over uint64_le(seed) then s.
 func fnvSeed(seed uint64, s string) uint64 {
@@ -155,15 +177,21 @@ func fnvSeed(seed uint64, s string) uint64 {
 }
 
 // clientHash mixes a client address (and port) into 64 bits. Any fixed
-// function keeps instances in agreement; this one is a few multiplies.
+// function keeps instances in agreement; this one is one finaliser for
+// IPv4 (an IPv4-mapped IPv6 address counts as IPv4) and two for IPv6.
 func clientHash(c netip.AddrPort, withPort bool) uint64 {
-	b := c.Addr().Unmap().As16()
-	h := mix64(binary.BigEndian.Uint64(b[:8]) ^ 0x9e3779b97f4a7c15)
-	h = mix64(h ^ binary.BigEndian.Uint64(b[8:]))
+	var port uint64
 	if withPort {
-		h = mix64(h ^ uint64(c.Port()))
+		port = uint64(c.Port()) + 1 // + 1: port 0 differs from "no port"
 	}
-	return h
+	a := c.Addr().Unmap()
+	if a.Is4() {
+		b := a.As4()
+		return mix64(uint64(binary.BigEndian.Uint32(b[:])) | port<<32)
+	}
+	b := a.As16()
+	h := mix64(binary.BigEndian.Uint64(b[:8]) ^ 0x9e3779b97f4a7c15 ^ port)
+	return mix64(h ^ binary.BigEndian.Uint64(b[8:]))
 }
 
 // mix64 is MurmurHash3's 64-bit finaliser.

@@ -1,12 +1,37 @@
 // Package sched holds the immutable snapshot that the connection path reads
 // (Table, Service, Target) and the schedulers that pick a backend for each new
-// connection.
+// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh and
+// mh (see Names and New; each type names the reference it follows).
 //
 // A scheduler is built from an immutable []Target and lives inside the
 // snapshot that reload swaps atomically. Pick is safe for concurrent use,
 // allocates nothing, takes no lock shared with reload and never blocks. Its
-// only mutable state is its own cursor (an atomic), documented per scheduler
-// together with what a rebuild does to it.
+// only mutable state is its own cursor (an atomic; swrr's state-machine form
+// has a mutex of its own), documented per scheduler together with what a
+// rebuild does to it:
+//
+//   - rr continues after the backend it picked last (LVS keeps its position);
+//   - wrr restarts its cycle (LVS init_svc);
+//   - swrr carries the current weights of the backends it keeps, matched by
+//     *backend.Backend (nginx resets them on reload);
+//   - the others have no cursor: lc, wlc, sed, nq and p2c read live counts,
+//     random and wrandom draw, sh and mh are functions of the client and
+//     the configuration.
+//
+// reload reuses a service's picker, cursor included, when its targets and
+// options are unchanged.
+//
+// Shared rules. Weight 0 excludes a target from new picks (drain). No
+// targets, or total weight 0, gives ErrNoBackend. One eligible target is
+// returned without drawing. A backend that is full (Target.MaxConns) or
+// draining (and, once health checks exist, down), or already tried by this
+// connection, is skipped at pick
+// time by the one function eligible(), which reads atomics only, so nothing
+// is rebuilt per connection: sequence schedulers pass over its slot,
+// random ones draw again, the lc family and p2c leave it out, and the
+// hashing ones fall back to other slots deterministically. Every fast path
+// is bounded and ends in an exact scan, so a connection is refused only
+// when no target is eligible.
 //
 // Typical use, per connection:
 //
@@ -15,6 +40,7 @@
 //	i, err := svc.Picker.Pick(&r) // err is ErrNoBackend when nothing is eligible
 //	r.MarkTried(i)                // a retry never picks i again
 //	t := &svc.Targets[i]
+//	if !t.B.Acquire(t.MaxConns) { /* full or draining since the pick: pick again */ }
 //
 // The package does no I/O and no logging.
 package sched
