@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/big"
 	"math/bits"
 	"net/netip"
 )
@@ -204,15 +205,8 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// isPrime reports whether n is prime, by trial division (n ≤ MaxTableSize).
+// isPrime reports whether n is prime. ProbablyPrime(0) is Baillie-PSW,
+// which is exact for every n below 2^64.
 func isPrime(n int) bool {
-	if n < 2 {
-		return false
-	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
+	return n > 1 && big.NewInt(int64(n)).ProbablyPrime(0)
 }

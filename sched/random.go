@@ -68,6 +68,9 @@ type Random struct {
 	ts   []Target
 	idx  []int32 // targets with weight > 0
 	dice dice
+
+	col   []aliasCol // wrandom's alias table; nil for random
+	total uint64     // Σw, wrandom only
 }
 
 var _ Picker = (*Random)(nil)
@@ -83,7 +86,7 @@ func NewRandom(ts []Target, src rand.Source) *Random {
 	return s
 }
 
-// Pick implements Picker.
+// Pick implements Picker; it serves random and wrandom alike.
 func (s *Random) Pick(r *Request) (int, error) {
 	switch len(s.idx) {
 	case 0:
@@ -92,35 +95,56 @@ func (s *Random) Pick(r *Request) (int, error) {
 		return firstEligible(s.ts, r)
 	}
 	for range maxDraws {
-		if i := int(s.idx[s.dice.below(uint64(len(s.idx)))]); eligible(s.ts, i, r) {
+		if i := s.draw(); eligible(s.ts, i, r) {
 			return i, nil
 		}
 	}
-	return s.scan(r, func(int) uint64 { return 1 })
+	return s.scan(r)
 }
 
-// scan draws among the eligible targets of idx, each with weight w(i), by
+// draw is one draw: uniform over idx, or by the alias table.
+func (s *Random) draw() int {
+	if s.col == nil {
+		return int(s.idx[s.dice.below(uint64(len(s.idx)))])
+	}
+	j, u := s.dice.pair(uint64(len(s.col)), s.total)
+	c := &s.col[j]
+	if u < c.prob {
+		return int(c.own)
+	}
+	return int(c.alias)
+}
+
+// weight is target i's weight in the draw.
+func (s *Random) weight(i int) uint64 {
+	if s.col == nil {
+		return 1
+	}
+	return uint64(s.ts[i].Weight)
+}
+
+// scan draws among the eligible targets of idx, each with its weight, by
 // two passes: sum, draw, find. One eligible target is returned without a
 // draw.
-func (s *Random) scan(r *Request, w func(i int) uint64) (int, error) {
+func (s *Random) scan(r *Request) (int, error) {
 	var sum uint64
 	last := -1
 	for _, i := range s.idx {
 		if eligible(s.ts, int(i), r) {
-			sum += w(int(i))
+			sum += s.weight(int(i))
 			last = int(i)
 		}
 	}
 	if last < 0 {
 		return -1, ErrNoBackend
 	}
-	if sum == w(last) {
+	if sum == s.weight(last) {
 		return last, nil
 	}
 	x := s.dice.below(sum)
 	for _, i := range s.idx {
 		if eligible(s.ts, int(i), r) {
-			if wi := w(int(i)); x < wi {
+			if wi := s.weight(int(i)); x < wi {
 				return int(i), nil
 			} else {
 				x -= wi
@@ -140,9 +164,7 @@ func (s *Random) scan(r *Request, w func(i int) uint64) (int, error) {
 // Ineligible targets are handled as in Random: redraw, then an exact
 // weighted draw among the eligible ones by scanning.
 type WeightedRandom struct {
-	Random
-	col   []aliasCol
-	total uint64
+	Random // with its alias table
 }
 
 // aliasCol is one column of the alias table; target indices, not positions.
@@ -188,29 +210,4 @@ func NewWeightedRandom(ts []Target, src rand.Source) *WeightedRandom {
 		}
 	}
 	return s // what is left in either queue keeps prob = total
-}
-
-// Pick implements Picker.
-func (s *WeightedRandom) Pick(r *Request) (int, error) {
-	switch len(s.col) {
-	case 0:
-		return -1, ErrNoBackend
-	case 1:
-		return firstEligible(s.ts, r)
-	}
-	for range maxDraws {
-		if i := s.draw(); eligible(s.ts, i, r) {
-			return i, nil
-		}
-	}
-	return s.scan(r, func(i int) uint64 { return uint64(s.ts[i].Weight) })
-}
-
-func (s *WeightedRandom) draw() int {
-	j, u := s.dice.pair(uint64(len(s.col)), s.total)
-	c := &s.col[j]
-	if u < c.prob {
-		return int(c.own)
-	}
-	return int(c.alias)
 }
