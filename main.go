@@ -298,7 +298,16 @@ func summary(w io.Writer, cfg *conf.Config) {
 		for i, a := range s.Listen {
 			listen[i] = a.String()
 		}
-		fmt.Fprintf(w, "\nservice %s  scheduler %s  listen %s\n", s.Name, s.Scheduler, strings.Join(listen, " "))
+		params := ""
+		switch s.Scheduler { // only the parameters this scheduler reads
+		case "p2c":
+			params = fmt.Sprintf(" (choices %d)", s.Choices)
+		case "sh":
+			params = fmt.Sprintf(" (hash_key %s)", s.HashKey)
+		case "mh":
+			params = fmt.Sprintf(" (hash_key %s, table_size %d)", s.HashKey, s.TableSize)
+		}
+		fmt.Fprintf(w, "\nservice %s  scheduler %s%s  listen %s\n", s.Name, s.Scheduler, params, strings.Join(listen, " "))
 		fmt.Fprintf(w, "  connect_timeout %s  idle_timeout %s  retries %d  drain_timeout %s\n",
 			s.ConnectTimeout, durOrNone(s.IdleTimeout), s.Retries, durOrNone(s.DrainTimeout))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -59,10 +59,10 @@ func TestDrainDeadline(t *testing.T) {
 			t.Fatal("acquire/track failed")
 		}
 	}
+	start := time.Now() // before the deadline is set, so the span covers it
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan int, 1)
-	start := time.Now()
 	go func() { done <- b.Drain(ctx) }() // exits at the deadline
 	n := <-done
 	if b.Acquire(0) {

@@ -36,7 +36,16 @@ const DefaultPath = "/etc/fulcrum/fulcrum.toml"
 
 // Schedulers lists the scheduler names a service may use. The sched package
 // implements each; a test in reload keeps the two in step.
-var Schedulers = []string{"rr", "wrr", "lc"}
+var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
+
+// HashKeys lists the values of hash_key (sh, mh).
+var HashKeys = []string{"ip", "ip_port"}
+
+// Limits of the scheduler parameters; sched enforces the same.
+const (
+	MaxChoices   = 16        // p2c choices
+	MaxTableSize = 1<<24 - 3 // mh table_size, the largest prime below 2^24
+)
 
 // MaxRetries bounds retries: a connection never tries more backends than this plus one.
 const MaxRetries = 15
@@ -82,6 +91,9 @@ type Settings struct {
 	IdleTimeout    time.Duration // no byte either way for this long closes the connection; 0 (default) = never
 	Retries        int           // further backends tried after a failed connect; default 2
 	DrainTimeout   time.Duration // how long a removed backend's connections (or all, at shutdown) may run on; default 5m, 0 = no limit
+	Choices        int           // p2c: backends drawn per pick, 1..MaxChoices; default 2
+	HashKey        string        // sh, mh: "ip" (default) or "ip_port"
+	TableSize      int           // mh: lookup table size, a prime larger than the number of backends; default 65537
 }
 
 // Service is one [services.NAME] table.
@@ -101,7 +113,8 @@ type Backend struct {
 }
 
 func builtinSettings() Settings {
-	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute}
+	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
+		Choices: 2, HashKey: "ip", TableSize: 65537}
 }
 
 // Load reads and validates the file at path.
@@ -231,7 +244,34 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		IdleTimeout:    t.duration("idle_timeout", base.IdleTimeout, 0),
 		Retries:        int(t.integer("retries", int64(base.Retries), 0, MaxRetries)),
 		DrainTimeout:   t.duration("drain_timeout", base.DrainTimeout, 0),
+		Choices:        int(t.integer("choices", int64(base.Choices), 1, MaxChoices)),
+		HashKey:        t.oneOf("hash_key", base.HashKey, HashKeys...),
+		TableSize:      w.tableSize(t, base.TableSize),
 	}
+}
+
+// tableSize reads table_size: a prime, since Maglev's permutations cover
+// every slot only when the size is prime.
+func (w *walker) tableSize(t *table, def int) int {
+	n := int(t.integer("table_size", int64(def), 2, MaxTableSize))
+	if !isPrime(n) {
+		w.errorf(t.key("table_size"), "%d is not a prime (65537 and 655373 are)", n)
+		return def
+	}
+	return n
+}
+
+// isPrime reports whether n is prime, by trial division (n ≤ MaxTableSize).
+func isPrime(n int) bool {
+	if n < 2 {
+		return false
+	}
+	for d := 2; d*d <= n; d++ {
+		if n%d == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
@@ -286,6 +326,10 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			seen[b.Name] = bt.path
 		}
 		s.Backends = append(s.Backends, b)
+	}
+	if s.Scheduler == "mh" && s.TableSize <= len(s.Backends) {
+		w.errorf(t.key("table_size"), "%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced",
+			s.TableSize, len(s.Backends))
 	}
 	return s
 }

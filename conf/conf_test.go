@@ -85,7 +85,8 @@ backends = [{address = "127.0.0.1:2"}]
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute}
+	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
+		Choices: 2, HashKey: "ip", TableSize: 65537}
 	if got := cfg.Services[0].Settings; got != want {
 		t.Errorf("settings = %+v; want %+v", got, want)
 	}
@@ -131,6 +132,13 @@ func TestErrors(t *testing.T) {
 		{"zero connect timeout", "[defaults]\nconnect_timeout = \"0s\"\n" + ok, []string{`f.toml:2: defaults.connect_timeout: must be at least 1ms`}},
 		{"negative idle", ok + "idle_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.idle_timeout: must not be negative`}},
 		{"too many retries", ok + "retries = 99\n", []string{`f.toml:4: services.s.retries: must be between 0 and 15, have 99`}},
+		{"zero choices", ok + "choices = 0\n", []string{`f.toml:4: services.s.choices: must be between 1 and 16, have 0`}},
+		{"bad hash key", "[defaults]\nhash_key = \"port\"\n" + ok, []string{`f.toml:2: defaults.hash_key: "port" is not one of ip, ip_port`}},
+		{"table size not prime", ok + "table_size = 65536\n", []string{`f.toml:4: services.s.table_size: 65536 is not a prime`}},
+		{"table size too small for mh", base + "scheduler = \"mh\"\ntable_size = 3\n" +
+			"backends = [{address = \"127.0.0.1:2\"}, {address = \"127.0.0.1:3\"}, {address = \"127.0.0.1:4\"}]\n",
+			[]string{`f.toml:4: services.s.table_size: 3 must be larger than the number of backends (3)`}},
+		{"table size too large", ok + "table_size = 99999999999\n", []string{`f.toml:4: services.s.table_size: must be between 2 and 16777213`}},
 		{"no backends", base, []string{"f.toml:1: services.s.backends: a service needs at least one backend"}},
 		{"duplicate backend name", base + "[[services.s.backends]]\nname = \"a\"\naddress = \"127.0.0.1:2\"\n[[services.s.backends]]\nname = \"a\"\naddress = \"127.0.0.1:3\"\n",
 			[]string{`f.toml:7: services.s.backends[1].name: backend name "a" is already used by services.s.backends[0]`}},

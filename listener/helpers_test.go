@@ -49,7 +49,7 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	for i, b := range backends {
 		targets[i] = sched.Target{B: backend.New("svc", b.name), Addr: netip.MustParseAddrPort(b.addr), Weight: b.weight}
 	}
-	picker, err := sched.New(scheduler, targets, nil)
+	picker, err := sched.New(scheduler, targets, nil, sched.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

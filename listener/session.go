@@ -76,7 +76,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request) (*net.TCPConn, *s
 			return nil, nil, tries, last
 		}
 		t := &svc.Targets[i]
-		if !t.B.Acquire(0) { // draining since the pick: not a failure
+		if !t.B.Acquire(t.MaxConns) { // draining or full since the pick: not a failure
 			continue
 		}
 		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}

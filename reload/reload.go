@@ -202,6 +202,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 		svc := &sched.Service{
 			Name:           cs.Name,
 			Scheduler:      cs.Scheduler,
+			Options:        sched.Options{Choices: cs.Choices, HashKey: cs.HashKey, TableSize: cs.TableSize},
 			Targets:        targets,
 			ConnectTimeout: cs.ConnectTimeout,
 			IdleTimeout:    cs.IdleTimeout,
@@ -212,7 +213,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 		var prev sched.Picker
 		if old != nil {
 			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler {
-				if slices.Equal(ps.Targets, targets) {
+				if slices.Equal(ps.Targets, targets) && ps.Options == svc.Options {
 					// Unchanged: keep the picker, and so its cursor.
 					svc.Targets, svc.Picker = ps.Targets, ps.Picker
 				}
@@ -220,7 +221,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 			}
 		}
 		if svc.Picker == nil {
-			p, err := sched.New(cs.Scheduler, targets, prev)
+			p, err := sched.New(cs.Scheduler, targets, prev, svc.Options)
 			if err != nil {
 				return nil, fmt.Errorf("service %s: %w", cs.Name, err)
 			}

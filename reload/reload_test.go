@@ -24,8 +24,20 @@ func TestSchedulerNames(t *testing.T) {
 		t.Errorf("conf.Schedulers = %v; sched.Names = %v", conf.Schedulers, sched.Names)
 	}
 	for _, n := range conf.Schedulers {
-		if _, err := sched.New(n, nil, nil); err != nil {
+		if _, err := sched.New(n, nil, nil, sched.Options{}); err != nil {
 			t.Errorf("sched.New(%q): %v", n, err)
+		}
+	}
+	if conf.MaxChoices != sched.MaxChoices || conf.MaxTableSize != sched.MaxTableSize {
+		t.Errorf("conf limits %d, %d; sched limits %d, %d", conf.MaxChoices, conf.MaxTableSize, sched.MaxChoices, sched.MaxTableSize)
+	}
+	cfg := config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")
+	if s := cfg.Services[0]; s.Choices != sched.DefaultChoices || s.TableSize != sched.DefaultTableSize || s.HashKey != "ip" {
+		t.Errorf("conf defaults %+v; sched's are choices %d, table_size %d, hash_key ip", s.Settings, sched.DefaultChoices, sched.DefaultTableSize)
+	}
+	for _, k := range conf.HashKeys {
+		if _, err := sched.New("sh", nil, nil, sched.Options{HashKey: k}); err != nil {
+			t.Errorf("hash_key %q: %v", k, err)
 		}
 	}
 }

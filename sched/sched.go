@@ -1,12 +1,37 @@
 // Package sched holds the immutable snapshot that the connection path reads
 // (Table, Service, Target) and the schedulers that pick a backend for each new
-// connection.
+// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh and
+// mh (see Names and New; each type names the reference it follows).
 //
 // A scheduler is built from an immutable []Target and lives inside the
 // snapshot that reload swaps atomically. Pick is safe for concurrent use,
 // allocates nothing, takes no lock shared with reload and never blocks. Its
-// only mutable state is its own cursor (an atomic), documented per scheduler
-// together with what a rebuild does to it.
+// only mutable state is its own cursor (an atomic; swrr's state-machine form
+// has a mutex of its own), documented per scheduler together with what a
+// rebuild does to it:
+//
+//   - rr continues after the backend it picked last (LVS keeps its position);
+//   - wrr restarts its cycle (LVS init_svc);
+//   - swrr carries the current weights of the backends it keeps, matched by
+//     *backend.Backend (nginx resets them on reload);
+//   - the others have no cursor: lc, wlc, sed, nq and p2c read live counts,
+//     random and wrandom draw, sh and mh are functions of the client and
+//     the configuration.
+//
+// reload reuses a service's picker, cursor included, when its targets and
+// options are unchanged.
+//
+// Shared rules. Weight 0 excludes a target from new picks (drain). No
+// targets, or total weight 0, gives ErrNoBackend. One eligible target is
+// returned without drawing. A backend that is full (Target.MaxConns) or
+// draining (and, once health checks exist, down), or already tried by this
+// connection, is skipped at pick
+// time by the one function eligible(), which reads atomics only, so nothing
+// is rebuilt per connection: sequence schedulers pass over its slot,
+// random ones draw again, the lc family and p2c leave it out, and the
+// hashing ones fall back to other slots deterministically. Every fast path
+// is bounded and ends in an exact scan, so a connection is refused only
+// when no target is eligible.
 //
 // Typical use, per connection:
 //
@@ -15,6 +40,7 @@
 //	i, err := svc.Picker.Pick(&r) // err is ErrNoBackend when nothing is eligible
 //	r.MarkTried(i)                // a retry never picks i again
 //	t := &svc.Targets[i]
+//	if !t.B.Acquire(t.MaxConns) { /* full or draining since the pick: pick again */ }
 //
 // The package does no I/O and no logging.
 package sched
@@ -22,6 +48,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"time"
 
@@ -35,9 +62,10 @@ var ErrNoBackend = errors.New("no backend available")
 // Target is one backend as a snapshot sees it: the live object plus the
 // settings of this generation.
 type Target struct {
-	B      *backend.Backend
-	Addr   netip.AddrPort // where to dial
-	Weight int            // 0 = no new connections
+	B        *backend.Backend
+	Addr     netip.AddrPort // where to dial
+	Weight   int            // 0 = no new connections
+	MaxConns int            // connections at once; 0 = unlimited. A full target is skipped, not removed
 }
 
 // MaxTries bounds how many backends one connection may try.
@@ -81,35 +109,134 @@ type Picker interface {
 	Pick(r *Request) (int, error)
 }
 
-// eligible is the rule every scheduler applies before picking target i.
+// eligible is the one rule every scheduler applies before picking target i:
+// weight > 0, not tried by this request, backend not draining and, with
+// MaxConns, not full. It reads only atomics, so a backend that becomes full
+// or drains is skipped at the next pick without rebuilding anything; health
+// state will join the rule here.
 func eligible(ts []Target, i int, r *Request) bool {
 	t := &ts[i]
-	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining()
+	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining() &&
+		(t.MaxConns <= 0 || t.B.Active() < int64(t.MaxConns))
 }
 
-// New builds the scheduler called name over targets. prev is the picker of
-// the same service in the previous snapshot, or nil; a scheduler of the same
-// kind may carry its cursor over from it (see each type).
-func New(name string, targets []Target, prev Picker) (Picker, error) {
+// firstEligible is the last resort of schedulers whose fast path gave up
+// after a bounded number of ineligible candidates: a scan in list order.
+func firstEligible(ts []Target, r *Request) (int, error) {
+	for i := range ts {
+		if eligible(ts, i, r) {
+			return i, nil
+		}
+	}
+	return -1, ErrNoBackend
+}
+
+// Defaults of the per-service scheduler options.
+const (
+	DefaultChoices   = 2     // p2c draws per pick
+	DefaultTableSize = 65537 // mh lookup table size (prime)
+	MaxTableSize     = 1<<24 - 3
+)
+
+// Options are the per-service scheduler parameters. The zero value means
+// every default. Options is comparable: reload reuses a picker only when its
+// options are unchanged.
+type Options struct {
+	// Choices is how many backends p2c draws per round; 0 = DefaultChoices.
+	Choices int
+	// HashKey is what sh and mh hash: "ip" (the client address; "" means
+	// "ip") or "ip_port" (address and port: spreads one client's
+	// connections, keeps each connection's own mapping).
+	HashKey string
+	// TableSize is mh's lookup table size: a prime larger than the number
+	// of backends, at most MaxTableSize; 0 = DefaultTableSize. Maglev's
+	// balance needs it about 100× the number of backends.
+	TableSize int
+	// Source, when set, replaces the runtime's random generator for random,
+	// wrandom and p2c, so tests can seed them. A picker with a Source is not
+	// safe for concurrent use (rand.Rand has no lock). nil in production.
+	Source rand.Source
+}
+
+func (o Options) choices() int {
+	if o.Choices == 0 {
+		return DefaultChoices
+	}
+	return o.Choices
+}
+
+func (o Options) tableSize() int {
+	if o.TableSize == 0 {
+		return DefaultTableSize
+	}
+	return o.TableSize
+}
+
+// withPort reports whether the hash key includes the client port.
+func (o Options) withPort() (bool, error) {
+	switch o.HashKey {
+	case "", "ip":
+		return false, nil
+	case "ip_port":
+		return true, nil
+	}
+	return false, fmt.Errorf("hash key %q is not ip or ip_port", o.HashKey)
+}
+
+// New builds the scheduler called name over targets with options o. prev is
+// the picker of the same service in the previous snapshot, or nil; a
+// scheduler of the same kind may carry its cursor over from it (see each
+// type). New fails on an unknown name or an invalid option.
+func New(name string, targets []Target, prev Picker, o Options) (Picker, error) {
 	switch name {
 	case "rr":
 		return NewRoundRobin(targets, prev), nil
 	case "wrr":
 		return NewWeightedRoundRobin(targets, prev), nil
+	case "swrr":
+		return NewSmoothWeightedRoundRobin(targets, prev), nil
+	case "random":
+		return NewRandom(targets, o.Source), nil
+	case "wrandom":
+		return NewWeightedRandom(targets, o.Source), nil
 	case "lc":
 		return NewLeastConn(targets), nil
+	case "wlc":
+		return NewWeightedLeastConn(targets), nil
+	case "sed":
+		return NewShortestExpectedDelay(targets), nil
+	case "nq":
+		return NewNeverQueue(targets), nil
+	case "p2c":
+		if c := o.choices(); c < 1 || c > MaxChoices {
+			return nil, fmt.Errorf("p2c choices %d is not between 1 and %d", c, MaxChoices)
+		}
+		return NewP2C(targets, o.choices(), o.Source), nil
+	case "sh":
+		wp, err := o.withPort()
+		if err != nil {
+			return nil, err
+		}
+		return NewSourceHash(targets, wp), nil
+	case "mh":
+		wp, err := o.withPort()
+		if err != nil {
+			return nil, err
+		}
+		return NewMaglev(targets, o.tableSize(), wp)
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
 
-// Names lists the schedulers New knows.
-var Names = []string{"rr", "wrr", "lc"}
+// Names lists the schedulers New knows, in the README's order.
+var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
 
 // Service is one service in a snapshot: its backends, scheduler and settings.
 type Service struct {
 	Name           string
 	Listen         []netip.AddrPort // the addresses it accepts on, as configured
 	Scheduler      string           // the scheduler's config name
+	Options        Options          // the scheduler's parameters
 	Targets        []Target
 	Picker         Picker
 	ConnectTimeout time.Duration // per dial attempt

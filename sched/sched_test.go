@@ -1,10 +1,11 @@
 package sched
 
 import (
-	"context"
 	"encoding/json"
 	"math/rand/v2"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,7 +101,7 @@ func forceWalk(s *WeightedRoundRobin) *WeightedRoundRobin {
 	for i, t := range s.ts {
 		w[i] = t.Weight
 	}
-	s.cycle = nil
+	s.seq.loop = nil
 	if s.mw > 0 {
 		s.tree = newMaxTree(w)
 		s.state.Store(uint64(s.mw))
@@ -185,37 +186,137 @@ func TestRRVectors(t *testing.T) {
 	}
 }
 
-func TestLCVectors(t *testing.T) {
+// lcFamily are the least-connection schedulers, by config name.
+var lcFamily = []string{"lc", "wlc", "sed", "nq"}
+
+func TestLCFamilyVectors(t *testing.T) {
 	var v struct {
 		Cases []struct {
+			ID    string            `json:"id"`
+			Dests []vecBackend      `json:"dests"`
+			Want  map[string]string `json:"-"`
+			LC    *string           `json:"lc"`
+			WLC   *string           `json:"wlc"`
+			SED   *string           `json:"sed"`
+			NQ    *string           `json:"nq"`
+		} `json:"cases"`
+		Sequences []struct {
 			ID    string       `json:"id"`
 			Dests []vecBackend `json:"dests"`
-			LC    *string      `json:"lc"`
-		} `json:"cases"`
+			LC    []string     `json:"lc"`
+			WLC   []string     `json:"wlc"`
+			SED   []string     `json:"sed"`
+			NQ    []string     `json:"nq"`
+		} `json:"sequences"`
 	}
 	load(t, "wlc.json", &v)
+	if len(v.Cases) < 15 || len(v.Sequences) < 4 {
+		t.Fatalf("only %d cases, %d sequences", len(v.Cases), len(v.Sequences))
+	}
 	for _, c := range v.Cases {
-		t.Run(c.ID, func(t *testing.T) {
-			ts := targets(c.Dests)
-			for i, d := range c.Dests {
-				if d.InactConns != 0 {
-					t.Skip("inactive connections do not exist in a proxy")
+		for k, want := range []*string{c.LC, c.WLC, c.SED, c.NQ} {
+			name := lcFamily[k]
+			t.Run(c.ID+"/"+name, func(t *testing.T) {
+				ts := targets(c.Dests)
+				for i, d := range c.Dests {
+					if d.InactConns != 0 {
+						t.Skip("inactive connections do not exist in a proxy")
+					}
+					for range d.ActiveConns {
+						ts[i].B.Acquire(0)
+					}
+					if d.Overloaded { // LVS's overloaded dest: here, a full one
+						ts[i].MaxConns = max(int(d.ActiveConns), 1)
+						ts[i].B.Acquire(0)
+					}
 				}
-				for range d.ActiveConns {
-					ts[i].B.Acquire(0)
+				w := "NULL"
+				if want != nil {
+					w = *want
 				}
-				if d.Overloaded { // LVS's overloaded dest: here, one that is not eligible
-					ctx, cancel := context.WithCancel(t.Context())
-					cancel()
-					ts[i].B.Drain(ctx)
+				p, _ := New(name, ts, nil, Options{})
+				if got := picks(p, ts, 1)[0]; got != w {
+					t.Errorf("Pick = %s; want %s (LVS %s)", got, w, name)
+				}
+			})
+		}
+	}
+	for _, c := range v.Sequences {
+		for k, want := range [][]string{c.LC, c.WLC, c.SED, c.NQ} {
+			name := lcFamily[k]
+			t.Run(c.ID+"/"+name, func(t *testing.T) {
+				ts := targets(c.Dests)
+				for i, d := range c.Dests {
+					for range d.ActiveConns {
+						ts[i].B.Acquire(0)
+					}
+				}
+				p, _ := New(name, ts, nil, Options{})
+				var got []string
+				for range want {
+					var r Request
+					i, err := p.Pick(&r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ts[i].B.Acquire(0) // each pick opens a connection; none closes
+					got = append(got, ts[i].B.Name)
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("picks = %v; want %v", got, want)
+				}
+			})
+		}
+	}
+}
+
+// TestCrossMultiplication: wlc's comparison is a/wa < b/wb as b·wa > a·wb
+// in int64, with ties to the earlier target; no division, no overflow at
+// counts far past 2^32.
+func TestCrossMultiplication(t *testing.T) {
+	for _, c := range []struct {
+		o, w, bo, bw int64
+		want         bool
+	}{
+		{6, 1, 10, 2, false},                     // 6/1 vs 10/2: 5 is lighter, keep it
+		{4, 2, 2, 1, false},                      // exact tie: keep the earlier
+		{7000000, 900, 8000000, 1000, true},      // the needs_64bit vector: 7777.7 < 8000
+		{1 << 40, 65535, 1<<40 + 1, 65535, true}, // products near 2^56
+		{1 << 40, 65534, 1 << 40, 65535, false},  // same count, lighter weight loses
+		{0, 1, 0, 65535, false},                  // both idle: keep the earlier
+		{1, 65535, 1, 1, true},
+	} {
+		if got := lighter(c.o, c.w, c.bo, c.bw); got != c.want {
+			t.Errorf("lighter(%d/%d than %d/%d) = %v; want %v", c.o, c.w, c.bo, c.bw, got, c.want)
+		}
+	}
+}
+
+// TestMaxConns: a target at MaxConns is not eligible for any scheduler;
+// a slot coming free makes it eligible again at the next pick.
+func TestMaxConns(t *testing.T) {
+	for _, name := range Names {
+		t.Run(name, func(t *testing.T) {
+			ts := weighted(1, 1)
+			ts[0].MaxConns, ts[1].MaxConns = 1, 2
+			p, _ := New(name, ts, nil, Options{})
+			ts[0].B.Acquire(1)
+			for k := range 20 {
+				var r Request
+				r.Client = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(k)}), 1000)
+				if i, err := p.Pick(&r); i != 1 || err != nil {
+					t.Fatalf("Pick with A full = %d, %v; want 1 (B)", i, err)
 				}
 			}
-			want := "NULL"
-			if c.LC != nil {
-				want = *c.LC
+			ts[1].B.Acquire(2)
+			ts[1].B.Acquire(2)
+			var r Request
+			if i, err := p.Pick(&r); err != ErrNoBackend {
+				t.Fatalf("Pick with both full = %d, %v; want ErrNoBackend", i, err)
 			}
-			if got := picks(NewLeastConn(ts), ts, 1)[0]; got != want {
-				t.Errorf("lc = %s; want %s", got, want)
+			ts[0].B.Release()
+			if i, err := p.Pick(&r); i != 0 || err != nil {
+				t.Fatalf("Pick after A freed a slot = %d, %v; want 0 (A)", i, err)
 			}
 		})
 	}
@@ -225,7 +326,7 @@ func TestNoBackend(t *testing.T) {
 	for _, name := range Names {
 		t.Run(name, func(t *testing.T) {
 			for _, ts := range [][]Target{nil, targets([]vecBackend{{Name: "A"}, {Name: "B"}})} {
-				p, err := New(name, ts, nil)
+				p, err := New(name, ts, nil, Options{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -235,7 +336,7 @@ func TestNoBackend(t *testing.T) {
 				}
 			}
 			ts := targets([]vecBackend{{Name: "A", Weight: 1}, {Name: "B", Weight: 1}})
-			p, _ := New(name, ts, nil)
+			p, _ := New(name, ts, nil, Options{})
 			var r Request
 			a, _ := p.Pick(&r)
 			r.MarkTried(a)
@@ -249,30 +350,8 @@ func TestNoBackend(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New("nope", nil, nil); err == nil {
+	if _, err := New("nope", nil, nil, Options{}); err == nil {
 		t.Error("New(nope) succeeded")
-	}
-}
-
-func BenchmarkPick(b *testing.B) {
-	for _, n := range []int{3, 100, 10000} {
-		r := rand.New(rand.NewPCG(3, 4))
-		ts := make([]Target, n)
-		for i := range ts {
-			ts[i] = Target{B: backend.New("s", "b"), Weight: 1 + r.IntN(10)}
-		}
-		for _, name := range Names {
-			p, _ := New(name, ts, nil)
-			b.Run(name+"/n="+itoa(n), func(b *testing.B) {
-				b.ReportAllocs()
-				var req Request
-				for b.Loop() {
-					if _, err := p.Pick(&req); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
 	}
 }
 

@@ -26,11 +26,10 @@ import "sync/atomic"
 // targets are unchanged.
 type WeightedRoundRobin struct {
 	ts    []Target
-	di    int // gcd of the positive weights
-	mw    int // max weight − (di − 1); 0 when every weight is 0
-	skips int // how many cycle slots a pick may pass over
-	cycle []int32
-	ctr   atomic.Uint64 // next cycle position
+	di    int      // gcd of the positive weights
+	mw    int      // max weight − (di − 1); 0 when every weight is 0
+	skips int      // how many cycle slots a pick may pass over
+	seq   sequence // the cycle, when it is short enough to keep
 
 	tree  maxTree
 	state atomic.Uint64 // walk state when cycle is nil: (cl+1)<<32 | cw
@@ -65,11 +64,11 @@ func NewWeightedRoundRobin(ts []Target, prev Picker) *WeightedRoundRobin {
 	s.skips = 2*npos + 2
 	period, passes := sum/s.di, maxW/s.di
 	if period <= maxCycle && passes*len(ts) <= maxCycleWork {
-		s.cycle = make([]int32, 0, period)
+		s.seq.loop = make([]int32, 0, period)
 		for cw := s.mw; cw > 0; cw -= s.di {
 			for i, wi := range w {
 				if wi >= cw {
-					s.cycle = append(s.cycle, int32(i))
+					s.seq.loop = append(s.seq.loop, int32(i))
 				}
 			}
 		}
@@ -85,17 +84,10 @@ func (s *WeightedRoundRobin) Pick(r *Request) (int, error) {
 	if s.mw == 0 {
 		return -1, ErrNoBackend
 	}
-	if s.cycle == nil {
+	if s.seq.loop == nil {
 		return s.walk(r)
 	}
-	n := uint64(len(s.cycle))
-	for range s.skips {
-		i := int(s.cycle[(s.ctr.Add(1)-1)%n])
-		if eligible(s.ts, i, r) {
-			return i, nil
-		}
-	}
-	return s.first(r)
+	return s.seq.pick(s.ts, r, s.skips)
 }
 
 // walk is ip_vs_wrr_schedule over the segment tree.
@@ -121,21 +113,11 @@ func (s *WeightedRoundRobin) walk(r *Request) (int, error) {
 		}
 		if s.state.CompareAndSwap(old, uint64(cl+1)<<32|uint64(cw)) {
 			if pick < 0 {
-				return s.first(r)
+				return firstEligible(s.ts, r)
 			}
 			return pick, nil
 		}
 	}
-}
-
-// first is the fallback after too many skips: the first eligible target.
-func (s *WeightedRoundRobin) first(r *Request) (int, error) {
-	for i := range s.ts {
-		if eligible(s.ts, i, r) {
-			return i, nil
-		}
-	}
-	return -1, ErrNoBackend
 }
 
 func gcd(a, b int) int {
