@@ -104,6 +104,11 @@ type ServiceStatus struct {
 	Name      string          `json:"name"`
 	Scheduler string          `json:"scheduler"`
 	Listen    []string        `json:"listen"`
+	Active    int64           `json:"active"`  // connections holding a service slot
+	Waiting   int64           `json:"waiting"` // in the queue now
+	Retries   uint64          `json:"retries"`
+	Queued    uint64          `json:"queued"`
+	Refused   uint64          `json:"refused"`
 	Backends  []BackendStatus `json:"backends"`
 }
 
@@ -112,7 +117,9 @@ type ServiceStatus struct {
 type BackendStatus struct {
 	Name         string `json:"name"`
 	Address      string `json:"address"`
-	Weight       int    `json:"weight"`
+	Weight       int    `json:"weight"` // effective: 0 while down, ramping during slow start
+	Configured   int    `json:"configured_weight"`
+	Backup       bool   `json:"backup,omitempty"`
 	State        string `json:"state"` // up | down | draining
 	Reason       string `json:"reason,omitempty"`
 	Active       int64  `json:"active"`
@@ -139,10 +146,14 @@ func Snapshot(src Source) Status {
 		st.Generation = t.Gen
 		for _, s := range t.Services {
 			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler}
+			if s.Group != nil {
+				g := s.Group.Stats()
+				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+			}
 			for _, a := range s.Listen {
 				ss.Listen = append(ss.Listen, a.String())
 			}
-			for _, tg := range s.Targets {
+			for i, tg := range s.All() {
 				b := tg.B.Stats()
 				up, reason, _ := tg.B.Health()
 				state := "up"
@@ -153,7 +164,8 @@ func Snapshot(src Source) Status {
 					state = "down"
 				}
 				ss.Backends = append(ss.Backends, BackendStatus{
-					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, State: state, Reason: reason,
+					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, Configured: tg.Base, Backup: i >= len(s.Targets),
+					State: state, Reason: reason,
 					Active: b.Active, Total: b.Total, BytesIn: b.BytesIn, BytesOut: b.BytesOut,
 					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed,
 				})

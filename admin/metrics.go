@@ -20,6 +20,12 @@ var (
 	backendUp       = prometheus.NewDesc("fulcrum_backend_up", "1 if the backend takes new connections (up and not draining), else 0.", bLabels, nil)
 	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in.", append(bLabels, "state"), nil)
 	backendWeight   = prometheus.NewDesc("fulcrum_backend_weight", "The backend's effective weight in the current snapshot.", bLabels, nil)
+	sLabels         = []string{"service"}
+	serviceActive   = prometheus.NewDesc("fulcrum_service_active_connections", "Connections holding a slot of the service.", sLabels, nil)
+	serviceWaiting  = prometheus.NewDesc("fulcrum_service_queue_length", "Connections waiting for a free slot now.", sLabels, nil)
+	serviceQueued   = prometheus.NewDesc("fulcrum_service_queued_total", "Connections that had to wait for a slot.", sLabels, nil)
+	serviceRefused  = prometheus.NewDesc("fulcrum_service_refused_total", "Connections closed for want of a slot: max_conns reached, at once or after queue_timeout.", sLabels, nil)
+	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
 	reloadsTotal    = prometheus.NewDesc("fulcrum_reloads_total", "Configuration reloads applied (the first configuration not counted).", nil, nil)
@@ -31,7 +37,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRetries, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
 		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError} {
 		ch <- d
 	}
@@ -47,6 +53,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
 	for _, s := range st.Services {
+		gauge(serviceActive, float64(s.Active), s.Name)
+		gauge(serviceWaiting, float64(s.Waiting), s.Name)
+		counter(serviceQueued, float64(s.Queued), s.Name)
+		counter(serviceRefused, float64(s.Refused), s.Name)
+		counter(serviceRetries, float64(s.Retries), s.Name)
 		for _, b := range s.Backends {
 			l := []string{s.Name, b.Name}
 			gauge(backendActive, float64(b.Active), l...)

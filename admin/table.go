@@ -20,11 +20,15 @@ func WriteTable(w io.Writer, st Status) {
 		fmt.Fprintf(w, "last reload refused: %s\n", st.Reload.LastError)
 	}
 	for _, s := range st.Services {
-		fmt.Fprintf(w, "\nservice %s  %s  listen %s\n", s.Name, s.Scheduler, strings.Join(s.Listen, " "))
+		fmt.Fprintf(w, "\nservice %s  %s  listen %s  active %d  waiting %d  retries %d  refused %d\n", s.Name, s.Scheduler,
+			strings.Join(s.Listen, " "), s.Active, s.Waiting, s.Retries, s.Refused)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tactive\tconns\tbytes in\tbytes out\tconnect fails")
 		for _, b := range s.Backends {
 			state := b.State
+			if b.Backup {
+				state += " (backup)"
+			}
 			if b.Reason != "" && b.State != "up" {
 				state += " (" + b.Reason + ")"
 			}

@@ -44,6 +44,7 @@ type Backend struct {
 	down    atomic.Int32    // health: downActive | downPassive bits; 0 = up
 	health  healthState     // health details, under its own mutex
 	changes chan<- *Backend // where health transitions are reported; nil = nowhere
+	group   *Group          // the service's shared state; nil for a backend made by New
 	pending atomic.Bool     // a report is in changes, not yet Seen
 
 	mu       sync.Mutex             // protects sessions
@@ -79,8 +80,13 @@ func (b *Backend) Acquire(max int) bool {
 	return true
 }
 
-// Release returns a slot taken by Acquire.
-func (b *Backend) Release() { b.active.Add(-1) }
+// Release returns a slot taken by Acquire, waking the service's queue.
+func (b *Backend) Release() {
+	b.active.Add(-1)
+	if b.group != nil {
+		b.group.freed()
+	}
+}
 
 // Active is the number of slots taken now.
 func (b *Backend) Active() int64 { return b.active.Load() }

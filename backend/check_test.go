@@ -206,6 +206,31 @@ func TestRunChecksRiseFall(t *testing.T) {
 	}
 }
 
+// TestPassiveThenChecks: a passive mark resets the check count; rise
+// passing checks then clear it, without waiting for fail_timeout.
+func TestPassiveThenChecks(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	now := time.Now()
+	b.checked(nil, 2, 3, now)
+	b.checked(nil, 2, 3, now)
+	b.PassiveFail(1, time.Hour, now)
+	if !b.Down() {
+		t.Fatal("not down after max_fails")
+	}
+	b.checked(nil, 2, 3, now)
+	if !b.Down() {
+		t.Fatal("one passing check cleared the passive mark; rise is 2")
+	}
+	b.checked(nil, 2, 3, now)
+	if b.Down() {
+		t.Fatal("rise passing checks did not clear the passive mark")
+	}
+	if b.ExpirePassive(now) != (time.Time{}) {
+		t.Error("a passive expiry is still pending")
+	}
+}
+
 func TestPassive(t *testing.T) {
 	var p Pool
 	b := p.Get("s", "a")

@@ -105,6 +105,7 @@ func (b *Backend) PassiveFail(max int, window time.Duration, now time.Time) bool
 	}
 	h.fails = 0
 	h.passiveUntil = now.Add(window)
+	h.checkOK = 0 // with active checks, rise passing checks must confirm it is back (as HAProxy's observe does)
 	wasUp := b.down.Load() == 0
 	b.setBit(downPassive, true, "passive: connect failed "+itoa(max)+" times within "+window.String(), now)
 	return wasUp
@@ -177,8 +178,11 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	if err == nil {
 		h.checkOK++
 		h.checkFail = 0
-		if down && h.checkOK >= rise {
-			b.setBit(downActive, false, "check passed "+itoa(h.checkOK)+" times", now)
+		if h.checkOK >= rise && b.down.Load() != 0 {
+			// Active checks outrank a passive mark: rise passes clear both.
+			for _, bit := range []int32{downPassive, downActive} {
+				b.setBit(bit, false, "check passed "+itoa(h.checkOK)+" times", now)
+			}
 		}
 		return
 	}

@@ -11,8 +11,9 @@ type Pool struct {
 	// channel is full a report is dropped, and the reader should rescan.
 	Changes chan<- *Backend
 
-	mu sync.Mutex // protects m
-	m  map[key]*Backend
+	mu     sync.Mutex // protects m and groups
+	m      map[key]*Backend
+	groups map[string]*Group
 }
 
 type key struct{ service, name string }
@@ -32,9 +33,29 @@ func (p *Pool) Get(service, name string) *Backend {
 	if !ok {
 		b = New(service, name)
 		b.changes = p.Changes
+		b.group = p.group(service)
 		p.m[k] = b
 	}
 	return b
+}
+
+// Group returns the live state shared by the service's backends.
+func (p *Pool) Group(service string) *Group {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.group(service)
+}
+
+func (p *Pool) group(service string) *Group {
+	if p.groups == nil {
+		p.groups = map[string]*Group{}
+	}
+	g, ok := p.groups[service]
+	if !ok {
+		g = newGroup(service)
+		p.groups[service] = g
+	}
+	return g
 }
 
 // Forget removes b once its drain has finished, unless it was re-added

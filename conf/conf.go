@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -94,7 +95,33 @@ type Settings struct {
 	Choices        int           // p2c: backends drawn per pick, 1..MaxChoices; default 2
 	HashKey        string        // sh, mh: "ip" (default) or "ip_port"
 	TableSize      int           // mh: lookup table size, a prime larger than the number of backends; default 65537
+
+	Health       Health        // active checks; a backend may override any field
+	MaxFails     int           // passive: this many connect failures within FailTimeout mark a backend down; default 3, 0 = off
+	FailTimeout  time.Duration // passive: the window, and how long the backend stays down; default 10s
+	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
+	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
+	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
 }
+
+// Health is a [health] table: how to check that a backend is up.
+type Health struct {
+	Check    string        // none (default) | tcp | send-expect | pgsql | redis | mysql | http
+	Interval time.Duration // between checks; default 2s
+	Timeout  time.Duration // for one check; default 1s, at most Interval
+	Rise     int           // consecutive successes to come up; default 2
+	Fall     int           // consecutive failures to go down; default 3
+	Port     int           // check this port on the backend's host; 0 = the backend's port
+	Address  string        // check this host:port instead of the backend ("" = the backend)
+	Send     string        // send-expect: bytes to send first
+	Expect   string        // send-expect: a regular expression the answer must match
+	Path     string        // http: the path to GET; default "/"
+	Status   int           // http: the status that means up; default 200
+	User     string        // pgsql: the user name in the startup packet; default "fulcrum"
+}
+
+// Checks is the list of check kinds.
+var Checks = []string{"none", "tcp", "send-expect", "pgsql", "redis", "mysql", "http"}
 
 // Service is one [services.NAME] table.
 type Service struct {
@@ -110,10 +137,20 @@ type Backend struct {
 	Address string         // host:port as written
 	Addr    netip.AddrPort // Address resolved at load time
 	Weight  int            // 0..MaxWeight; default 1; 0 takes no new connections (drain)
+
+	Backup      bool           // serves only while no primary backend of the service is up
+	MaxConns    int            // connections to this backend at once, dials included; 0 (default) = unlimited
+	SlowStart   time.Duration  // from the service unless set here
+	MaxFails    int            // from the service unless set here
+	FailTimeout time.Duration  // from the service unless set here
+	Health      Health         // the service's [health] with this backend's overrides
+	CheckAddr   netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
+		MaxFails: 3, FailTimeout: 10 * time.Second,
+		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
 		Choices: 2, HashKey: "ip", TableSize: 65537}
 }
 
@@ -247,7 +284,48 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		Choices:        int(t.integer("choices", int64(base.Choices), 1, MaxChoices)),
 		HashKey:        t.oneOf("hash_key", base.HashKey, HashKeys...),
 		TableSize:      w.tableSize(t, base.TableSize),
+
+		Health:       w.health(t.sub("health"), base.Health),
+		MaxFails:     int(t.integer("max_fails", int64(base.MaxFails), 0, 1000)),
+		FailTimeout:  t.duration("fail_timeout", base.FailTimeout, time.Millisecond),
+		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
+		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
+		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
 	}
+}
+
+// health reads a [health] table over base; ht may be empty.
+func (w *walker) health(ht *table, base Health) Health {
+	h := Health{
+		Check:    ht.oneOf("check", base.Check, Checks...),
+		Interval: ht.duration("interval", base.Interval, 100*time.Millisecond),
+		Timeout:  ht.duration("timeout", base.Timeout, time.Millisecond),
+		Rise:     int(ht.integer("rise", int64(base.Rise), 1, 100)),
+		Fall:     int(ht.integer("fall", int64(base.Fall), 1, 100)),
+		Port:     int(ht.integer("port", int64(base.Port), 0, 65535)),
+		Address:  ht.str("address", base.Address),
+		Send:     ht.str("send", base.Send),
+		Expect:   ht.str("expect", base.Expect),
+		Path:     ht.str("path", base.Path),
+		Status:   int(ht.integer("status", int64(base.Status), 100, 599)),
+		User:     ht.str("user", base.User),
+	}
+	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
+		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
+	}
+	if ht.has("expect") {
+		if _, err := regexp.Compile(h.Expect); err != nil {
+			w.errorf(ht.key("expect"), "not a regular expression: %v", err)
+		}
+	}
+	if h.Check == "send-expect" && h.Expect == "" && ht.has("check") {
+		w.errorf(ht.key("expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
+	}
+	if ht.has("path") && !strings.HasPrefix(h.Path, "/") {
+		w.errorf(ht.key("path"), "%q must start with /", h.Path)
+	}
+	ht.done()
+	return h
 }
 
 // tableSize reads table_size: a prime, since Maglev's permutations cover
@@ -306,8 +384,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 	seen := map[string]string{} // backend name → key of its first use
 	for _, bt := range bts {
 		b := Backend{
-			Address: bt.str("address", ""),
-			Weight:  int(bt.integer("weight", 1, 0, MaxWeight)),
+			Address:     bt.str("address", ""),
+			Weight:      int(bt.integer("weight", 1, 0, MaxWeight)),
+			Backup:      bt.boolean("backup", false),
+			MaxConns:    int(bt.integer("max_conns", 0, 0, 1<<30)),
+			SlowStart:   bt.duration("slow_start", s.SlowStart, 0),
+			MaxFails:    int(bt.integer("max_fails", int64(s.MaxFails), 0, 1000)),
+			FailTimeout: bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
+			Health:      w.health(bt.sub("health"), s.Health),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
@@ -317,6 +401,20 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			w.errorf(bt.key("address"), "%v", err)
 		} else {
 			b.Addr = ap
+			b.CheckAddr = ap
+			if b.Health.Port != 0 {
+				b.CheckAddr = netip.AddrPortFrom(ap.Addr(), uint16(b.Health.Port))
+			}
+		}
+		if b.Health.Address != "" && b.Health.Check != "none" {
+			if ap, err := resolve(b.Health.Address); err != nil {
+				w.errorf(bt.key("health.address"), "%v", err)
+			} else {
+				b.CheckAddr = ap
+			}
+		}
+		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
+			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")

@@ -76,6 +76,56 @@ func TestParseSample(t *testing.T) {
 	}
 }
 
+// TestHealthInheritance: [defaults.health] → [services.x.health] → a
+// backend's health, field by field; the check address follows port and
+// address overrides.
+func TestHealthInheritance(t *testing.T) {
+	cfg, err := Parse("f.toml", []byte(`
+[defaults]
+max_fails = 5
+[defaults.health]
+check = "tcp"
+interval = "5s"
+[services.pg]
+listen = ["127.0.0.1:1"]
+slow_start = "30s"
+max_conns = 100
+queue_timeout = "2s"
+[services.pg.health]
+check = "http"
+port = 8008
+path = "/primary"
+  [[services.pg.backends]]
+  name = "a"
+  address = "127.0.0.1:5432"
+  max_conns = 20
+  [[services.pg.backends]]
+  name = "b"
+  address = "127.0.0.2:5432"
+  backup = true
+  slow_start = "0s"
+  fail_timeout = "1s"
+  health = { path = "/replica", port = 8009 }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := cfg.Services[0]
+	if s.MaxFails != 5 || s.SlowStart != 30*time.Second || s.MaxConns != 100 || s.QueueTimeout != 2*time.Second {
+		t.Errorf("service settings = %+v", s.Settings)
+	}
+	a, b := s.Backends[0], s.Backends[1]
+	if a.Health.Check != "http" || a.Health.Interval != 5*time.Second || a.Health.Path != "/primary" || a.CheckAddr != netip.MustParseAddrPort("127.0.0.1:8008") {
+		t.Errorf("backend a health = %+v at %v", a.Health, a.CheckAddr)
+	}
+	if a.MaxConns != 20 || a.Backup || a.SlowStart != 30*time.Second || a.MaxFails != 5 {
+		t.Errorf("backend a = %+v", a)
+	}
+	if b.Health.Path != "/replica" || b.CheckAddr != netip.MustParseAddrPort("127.0.0.2:8009") || !b.Backup || b.SlowStart != 0 || b.FailTimeout != time.Second {
+		t.Errorf("backend b = %+v at %v", b, b.CheckAddr)
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	cfg, err := Parse("", []byte(`
 [services.s]
@@ -86,7 +136,8 @@ backends = [{address = "127.0.0.1:2"}]
 		t.Fatal(err)
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		Choices: 2, HashKey: "ip", TableSize: 65537}
+		Choices: 2, HashKey: "ip", TableSize: 65537, MaxFails: 3, FailTimeout: 10 * time.Second,
+		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"}}
 	if got := cfg.Services[0].Settings; got != want {
 		t.Errorf("settings = %+v; want %+v", got, want)
 	}
@@ -150,6 +201,12 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:5: services.t.listen[0]: :1 is also listened on by services.s.listen[0]`}},
 		{"bad service name", "[services.\"a b\"]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
 			[]string{`f.toml:1: services.a b: service name "a b" may hold only`}},
+		{"unknown check", ok + "[services.s.health]\ncheck = \"ping\"\n", []string{`f.toml:5: services.s.health.check: "ping" is not one of none, tcp, send-expect`}},
+		{"check timeout over interval", ok + "[services.s.health]\ncheck = \"tcp\"\ninterval = \"1s\"\ntimeout = \"2s\"\n", []string{`f.toml:7: services.s.health.timeout: 2s is longer than the interval 1s`}},
+		{"send-expect without expect", ok + "[services.s.health]\ncheck = \"send-expect\"\n", []string{`services.s.health.expect: check = "send-expect" needs expect`}},
+		{"bad expect", ok + "[services.s.health]\ncheck = \"send-expect\"\nexpect = \"(\"\n", []string{`f.toml:6: services.s.health.expect: not a regular expression`}},
+		{"bad backend health", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nhealth = { port = 70000, chek = \"tcp\" }\n",
+			[]string{`f.toml:5: services.s.backends[0].health.port: must be between 0 and 65535`, `f.toml:5: services.s.backends[0].health.chek: unknown key`}},
 		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
 		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
 		{"everything at once", `[log]

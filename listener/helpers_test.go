@@ -45,16 +45,17 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: listenertest.NewLogSink()}
+	var pool backend.Pool
 	targets := make([]sched.Target, len(backends))
 	for i, b := range backends {
-		targets[i] = sched.Target{B: backend.New("svc", b.name), Addr: netip.MustParseAddrPort(b.addr), Weight: b.weight}
+		targets[i] = sched.Target{B: pool.Get("svc", b.name), Addr: netip.MustParseAddrPort(b.addr), Weight: b.weight, Base: b.weight}
 	}
 	picker, err := sched.New(scheduler, targets, nil, sched.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.svc = &sched.Service{Name: "svc", Scheduler: scheduler, Targets: targets, Picker: picker,
-		ConnectTimeout: 2 * time.Second, Retries: 2, AccessLog: true}
+		ConnectTimeout: 2 * time.Second, Retries: 2, AccessLog: true, Group: pool.Group("svc")}
 	if tune != nil {
 		tune(p.svc)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"fulcrum/backend"
 	"fulcrum/sched"
 )
 
@@ -21,7 +22,8 @@ const (
 	endReset     = "reset"          // an error (RST, write failure) on either side
 	endIdle      = "idle timeout"   // no byte either way for idle_timeout
 	endConnect   = "connect failed" // no backend could be dialled
-	endNoBackend = "no backend"     // nothing eligible to dial
+	endNoBackend = "no backend"     // nothing eligible to dial: every backend down, draining or at weight 0
+	endFull      = "full"           // every eligible backend, or the service, at max_conns (past queue_timeout)
 	endDrained   = "drained"        // closed at a drain deadline
 )
 
@@ -38,11 +40,22 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		r.Client = a.AddrPort()
 	}
-	bc, t, tries, err := s.connect(svc, &r)
+	if !admit(svc, start) {
+		c.Close()
+		svc.Group.Refused()
+		s.access(svc, r.Client, nil, start, 0, 0, endFull, errFull)
+		return
+	}
+	defer svc.Group.Release()
+	bc, t, tries, err := s.connect(svc, &r, start)
 	if err != nil {
 		c.Close()
 		end := endConnect
-		if errors.Is(err, sched.ErrNoBackend) && tries == 0 {
+		switch {
+		case errors.Is(err, errFull):
+			end = endFull
+			svc.Group.Refused()
+		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
 			end = endNoBackend
 		}
 		s.access(svc, r.Client, nil, start, 0, 0, end, err)
@@ -62,35 +75,106 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 }
 
 // connect picks and dials backends until one answers, trying at most
-// svc.Retries more after the first failure and never one backend twice.
-// tries counts the dials that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request) (*net.TCPConn, *sched.Target, int, error) {
+// svc.Retries more after the first failure and never one backend twice. It
+// picks from the primaries, or from the backups while no primary is up. When
+// every eligible backend is full it waits up to svc.QueueTimeout for a slot
+// (errFull after that, or at once without a queue). tries counts the dials
+// that failed.
+func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
+	targets, picker := svc.Pool()
+	var w *backend.Waiter
+	defer func() {
+		if w != nil {
+			w.Leave()
+		}
+	}()
 	for tries <= svc.Retries {
-		i, err := svc.Picker.Pick(r)
+		var wake <-chan struct{}
+		if w != nil {
+			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
+		}
+		i, err := picker.Pick(r)
 		if err != nil {
-			return nil, nil, tries, last
+			if tries > 0 || !full(targets, r) {
+				return nil, nil, tries, last // nothing is up: close at once
+			}
+			if svc.QueueTimeout <= 0 {
+				return nil, nil, tries, errFull
+			}
+			if w == nil {
+				w = svc.Group.Enqueue()
+				continue // try once more, now that a freed slot will wake us
+			}
+			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+				return nil, nil, tries, errFull
+			}
+			continue
 		}
 		if !r.MarkTried(i) {
 			return nil, nil, tries, last
 		}
-		t := &svc.Targets[i]
+		t := &targets[i]
 		if !t.B.Acquire(t.MaxConns) { // draining or full since the pick: not a failure
 			continue
+		}
+		if tries > 0 {
+			svc.Group.Retried()
 		}
 		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
 		c, err := d.Dial("tcp", t.Addr.String())
 		if err == nil {
+			t.B.PassiveOK()
 			return c.(*net.TCPConn), t, tries, nil
 		}
 		t.B.Release()
 		t.B.ConnectFailed()
+		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
 		last = err
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
 	}
 	return nil, nil, tries, last
+}
+
+// errFull: every eligible backend, or the service, is at its max_conns.
+var errFull = errors.New("every eligible backend is full")
+
+// full reports whether a backend that could take the connection exists but
+// is at its max_conns: then the connection may queue. O(n), on the refusal
+// path only.
+func full(ts []sched.Target, r *sched.Request) bool {
+	for i := range ts {
+		t := &ts[i]
+		if t.Weight > 0 && t.MaxConns > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+			return true
+		}
+	}
+	return false
+}
+
+// admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
+// for one. It reports false when the connection must be refused.
+func admit(svc *sched.Service, start time.Time) bool {
+	g := svc.Group
+	if g.Acquire(svc.MaxConns) {
+		return true
+	}
+	if svc.QueueTimeout <= 0 {
+		return false
+	}
+	w := g.Enqueue()
+	defer w.Leave()
+	for {
+		wake := g.Wake()
+		if g.Acquire(svc.MaxConns) {
+			return true
+		}
+		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			return false
+		}
+	}
 }
 
 func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {

@@ -37,24 +37,24 @@ func diff(old, next *sched.Table) changes {
 			c.schedulers = append(c.schedulers, fmt.Sprintf("%s %s→%s", ns.Name, prev.Scheduler, ns.Scheduler))
 		}
 		was := make(map[string]sched.Target, len(prev.Targets))
-		for _, t := range prev.Targets {
+		for _, t := range prev.All() {
 			was[t.B.Name] = t
 		}
-		for _, t := range ns.Targets {
+		for _, t := range ns.All() {
 			id := ns.Name + "/" + t.B.Name
 			o, ok := was[t.B.Name]
 			switch {
 			case !ok:
 				c.added = append(c.added, id)
-			case o.Weight != t.Weight:
-				c.reweighted = append(c.reweighted, fmt.Sprintf("%s %d→%d", id, o.Weight, t.Weight))
+			case o.Base != t.Base:
+				c.reweighted = append(c.reweighted, fmt.Sprintf("%s %d→%d", id, o.Base, t.Base))
 			}
 			if ok && o.Addr != t.Addr {
 				c.moved = append(c.moved, fmt.Sprintf("%s %s→%s", id, o.Addr, t.Addr))
 			}
 			delete(was, t.B.Name)
 		}
-		for _, t := range prev.Targets {
+		for _, t := range prev.All() {
 			if _, gone := was[t.B.Name]; gone {
 				c.removed = append(c.removed, fmt.Sprintf("%s/%s (%d open)", ns.Name, t.B.Name, t.B.Active()))
 			}
@@ -63,7 +63,7 @@ func diff(old, next *sched.Table) changes {
 	for _, prev := range old.Services {
 		if next.Service(prev.Name) == nil {
 			c.services = append(c.services, "-"+prev.Name)
-			for _, t := range prev.Targets {
+			for _, t := range prev.All() {
 				c.removed = append(c.removed, fmt.Sprintf("%s/%s (%d open)", prev.Name, t.B.Name, t.B.Active()))
 			}
 		}

@@ -85,7 +85,7 @@ func TestRunDrain(t *testing.T) {
 	const drain = 2 * time.Second
 	extra := fmt.Sprintf("drain_timeout = %q", drain)
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: extra,
-		backends: []be{{"a", a.Addr, 0}, {"b", b.Addr, 1}}}))
+		backends: []be{{"a", a.Addr, 0, ""}, {"b", b.Addr, 1, ""}}}))
 	addr := r.addr("127.0.0.1:0")
 	rng := rand.New(rand.NewPCG(1, 1))
 	var open []*session
@@ -100,7 +100,7 @@ func TestRunDrain(t *testing.T) {
 	removedB := r.ptr.Load().Services[0].Targets[1].B
 
 	writeInPlace(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: extra,
-		backends: []be{{"a", a.Addr, 1}}}))
+		backends: []be{{"a", a.Addr, 1, ""}}}))
 	r.expectGen(2, 3*time.Second)
 	applied := time.Now()
 	if line := r.logs.Wait(t, time.Second, "reload report", listenertest.Message("reload applied")); fmt.Sprint(line["removed"]) != "[s/b (50 open)]" {
@@ -307,7 +307,7 @@ func TestRunUnderLoad(t *testing.T) {
 		w := weights(k)
 		bs := make([]be, len(names))
 		for i := range names {
-			bs[i] = be{names[i], addrs[i], w[i]}
+			bs[i] = be{names[i], addrs[i], w[i], ""}
 		}
 		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: bs})
 	}
@@ -364,7 +364,7 @@ func TestRunSchedulerAndListener(t *testing.T) {
 	listenertest.CheckLeaks(t)
 	var bs []be
 	for _, n := range []string{"a", "b", "c"} {
-		bs = append(bs, be{n, listenertest.NewServer(t, greetEcho(n)).Addr, 1})
+		bs = append(bs, be{n, listenertest.NewServer(t, greetEcho(n)).Addr, 1, ""})
 	}
 	second := listenertest.FreeAddr(t)
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: bs}))
@@ -397,7 +397,7 @@ func TestRunManyReloads(t *testing.T) {
 		if k%10 == 5 {
 			listen = append(listen, extra)
 		}
-		return render(svc{name: "s", listen: listen, backends: []be{{"a", a.Addr, 1 + k%7}, {fmt.Sprint("x", k%3), a.Addr, 1}}})
+		return render(svc{name: "s", listen: listen, backends: []be{{"a", a.Addr, 1 + k%7, ""}, {fmt.Sprint("x", k%3), a.Addr, 1, ""}}})
 	}
 	r := startRun(t, t.TempDir(), text(0))
 	for k := 1; k <= 1000; k++ {

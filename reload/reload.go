@@ -22,6 +22,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,10 +63,13 @@ type Manager struct {
 	log  zerolog.Logger
 	pool backend.Pool
 
-	mu      sync.Mutex // serialises Apply and Shutdown; protects cur
-	cur     *conf.Config
-	drains  sync.WaitGroup
-	stopped bool // Shutdown has run
+	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur and stopChecks
+	cur        *conf.Config
+	drains     sync.WaitGroup
+	checks     sync.WaitGroup     // health check goroutines
+	stopChecks context.CancelFunc // ends the running configuration's checks
+	stopped    bool               // Shutdown has run
+	changes    chan *backend.Backend
 
 	statusMu sync.Mutex // protects status
 	status   Status
@@ -83,7 +87,66 @@ type Status struct {
 
 // New returns a Manager for the file at path.
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
-	return &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
+	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
+		changes: make(chan *backend.Backend, 4096)}
+	m.pool.Changes = m.changes
+	return m
+}
+
+// startChecks ends the running checks and starts jobs, one goroutine each.
+// A backend whose checks are now off is no longer held down by them.
+// Called with m.mu held.
+func (m *Manager) startChecks(jobs []checkJob) {
+	if m.stopChecks != nil {
+		m.stopChecks()
+		m.stopChecks = nil
+	}
+	checked := map[*backend.Backend]bool{}
+	if len(jobs) > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		m.stopChecks = cancel
+		for _, j := range jobs {
+			checked[j.b] = true
+			m.checks.Add(1)
+			go func() { // exits when the next configuration (or Shutdown) cancels ctx
+				defer m.checks.Done()
+				j.b.RunChecks(ctx, j.spec)
+			}()
+		}
+	}
+	if t := m.ptr.Load(); t != nil && !m.stopped {
+		for _, s := range t.Services {
+			for _, tg := range s.All() {
+				if !checked[tg.B] {
+					tg.B.ClearActive()
+				}
+			}
+		}
+	}
+}
+
+// current returns the running configuration.
+func (m *Manager) current() *conf.Config {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cur
+}
+
+// refresh rebuilds the running configuration's table at the same
+// generation: effective weights follow health and slow start.
+func (m *Manager) refresh() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.ptr.Load()
+	if m.stopped || m.cur == nil || old == nil {
+		return
+	}
+	next, _, err := m.build(m.cur, old, old.Gen, time.Now())
+	if err != nil {
+		m.log.Error().Err(err).Msg("cannot rebuild the table after a health change")
+		return
+	}
+	m.ptr.Store(next)
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -97,7 +160,7 @@ func (m *Manager) StatusLine() string {
 	}
 	up, total, open := 0, 0, int64(0)
 	for _, s := range t.Services {
-		for _, tg := range s.Targets {
+		for _, tg := range s.All() {
 			total++
 			if !tg.B.Down() && !tg.B.Draining() {
 				up++
@@ -138,7 +201,11 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	}
 	start := time.Now()
 	old := m.ptr.Load()
-	next, err := m.build(cfg, old)
+	var gen uint64 = 1
+	if old != nil {
+		gen = old.Gen + 1
+	}
+	next, jobs, err := m.build(cfg, old, gen, start)
 	if err != nil {
 		return err
 	}
@@ -154,6 +221,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	m.ptr.Store(next)
 	opened, closed := ch.Commit()
 	m.settle(old, next)
+	m.startChecks(jobs)
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
@@ -185,47 +253,59 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	return nil
 }
 
-// build turns cfg into the next table. Backends are taken from the pool by
-// (service, name), so a kept backend keeps its live state.
-func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error) {
-	var gen uint64 = 1
-	if old != nil {
-		gen = old.Gen + 1
-	}
+// build turns cfg into a table of generation gen. Backends are taken from
+// the pool by (service, name), so a kept backend keeps its live state.
+// Weights are effective weights at now: 0 for a backend that is down (as
+// LVS quiesces one, so that weighted cycles share its slots fairly), and
+// ramped during slow start. It also returns the health checks the table's
+// backends need.
+func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time.Time) (*sched.Table, []checkJob, error) {
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
+	var jobs []checkJob
 	for _, cs := range cfg.Services {
-		targets := make([]sched.Target, len(cs.Backends))
-		for i, b := range cs.Backends {
-			targets[i] = sched.Target{B: m.pool.Get(cs.Name, b.Name), Addr: b.Addr, Weight: b.Weight}
+		var prim, back []sched.Target
+		for _, b := range cs.Backends {
+			bk := m.pool.Get(cs.Name, b.Name)
+			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
+				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout}
+			if b.Backup {
+				back = append(back, t)
+			} else {
+				prim = append(prim, t)
+			}
+			if b.Health.Check != "none" {
+				jobs = append(jobs, checkJob{b: bk, spec: checkSpec(b)})
+			}
 		}
 		svc := &sched.Service{
 			Name:           cs.Name,
 			Scheduler:      cs.Scheduler,
 			Options:        sched.Options{Choices: cs.Choices, HashKey: cs.HashKey, TableSize: cs.TableSize},
-			Targets:        targets,
 			ConnectTimeout: cs.ConnectTimeout,
 			IdleTimeout:    cs.IdleTimeout,
 			Retries:        cs.Retries,
 			DrainTimeout:   cs.DrainTimeout,
+			MaxConns:       cs.MaxConns,
+			QueueTimeout:   cs.QueueTimeout,
+			Group:          m.pool.Group(cs.Name),
 			AccessLog:      cfg.Log.Access,
 		}
-		var prev sched.Picker
+		var prevP, prevB *sched.Service
 		if old != nil {
-			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler {
-				if slices.Equal(ps.Targets, targets) && ps.Options == svc.Options {
-					// Unchanged: keep the picker, and so its cursor.
-					svc.Targets, svc.Picker = ps.Targets, ps.Picker
-				}
-				prev = ps.Picker
+			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler && ps.Options == svc.Options {
+				prevP = ps
+				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
-		if svc.Picker == nil {
-			p, err := sched.New(cs.Scheduler, targets, prev, svc.Options)
-			if err != nil {
-				return nil, fmt.Errorf("service %s: %w", cs.Name, err)
+		var err error
+		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
+			return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
+		}
+		if len(back) > 0 {
+			if svc.Backups, svc.BackupPicker, err = picker(cs.Scheduler, svc.Options, back, prevB); err != nil {
+				return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
 			}
-			svc.Picker = p
 		}
 		services = append(services, svc)
 		svc.Listen = slices.Clone(cs.Listen)
@@ -238,7 +318,96 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 			listen[a] = svc
 		}
 	}
-	return sched.NewTable(gen, services, listen), nil
+	return sched.NewTable(gen, services, listen), jobs, nil
+}
+
+// picker builds the scheduler over targets, or keeps prev's when its
+// targets are the same (and so its cursor). prev may be nil.
+func picker(name string, opt sched.Options, targets []sched.Target, prev *sched.Service) ([]sched.Target, sched.Picker, error) {
+	var last sched.Picker
+	if prev != nil && prev.Picker != nil {
+		if slices.Equal(prev.Targets, targets) {
+			return prev.Targets, prev.Picker, nil
+		}
+		last = prev.Picker
+	}
+	p, err := sched.New(name, targets, last, opt)
+	return targets, p, err
+}
+
+// effectiveWeight is b's weight as the schedulers see it at now: 0 while
+// it is down, and from 10% up to 100% of it during slow start after it came
+// up (never below 1).
+func effectiveWeight(b conf.Backend, bk *backend.Backend, now time.Time) int {
+	if b.Weight == 0 {
+		return 0
+	}
+	up, _, since := bk.Health()
+	if !up {
+		return 0
+	}
+	if b.SlowStart <= 0 || since.IsZero() {
+		return b.Weight
+	}
+	elapsed := now.Sub(since)
+	if elapsed >= b.SlowStart {
+		return b.Weight
+	}
+	frac := 0.1 + 0.9*float64(elapsed)/float64(b.SlowStart)
+	return max(1, int(float64(b.Weight)*frac+0.5))
+}
+
+// ramping reports how soon t's weight should be stepped up again, or 0.
+func ramping(cfg *conf.Config, t *sched.Table, now time.Time) time.Duration {
+	var next time.Duration
+	for _, cs := range cfg.Services {
+		for _, b := range cs.Backends {
+			if b.SlowStart <= 0 || b.Weight == 0 {
+				continue
+			}
+			svc := t.Service(cs.Name)
+			if svc == nil {
+				continue
+			}
+			bk := findBackend(svc, b.Name)
+			if bk == nil {
+				continue
+			}
+			if up, _, since := bk.Health(); up && !since.IsZero() && now.Sub(since) < b.SlowStart {
+				step := max(b.SlowStart/20, 100*time.Millisecond)
+				if next == 0 || step < next {
+					next = step
+				}
+			}
+		}
+	}
+	return next
+}
+
+// findBackend finds a service's backend by name, among primaries and backups.
+func findBackend(s *sched.Service, name string) *backend.Backend {
+	for _, t := range s.All() {
+		if t.B.Name == name {
+			return t.B
+		}
+	}
+	return nil
+}
+
+// checkJob is one backend's active health check.
+type checkJob struct {
+	b    *backend.Backend
+	spec backend.CheckSpec
+}
+
+func checkSpec(b conf.Backend) backend.CheckSpec {
+	h := b.Health
+	p := backend.Probe{Kind: h.Check, Addr: b.CheckAddr.String(), Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
+	if h.Check == "send-expect" {
+		p.Send = []byte(h.Send)
+		p.Expect = regexp.MustCompile(h.Expect) // validated by conf
+	}
+	return backend.CheckSpec{Probe: p, Interval: h.Interval, Rise: h.Rise, Fall: h.Fall}
 }
 
 // settle runs after a swap: backends of the old table that the new one no
@@ -246,7 +415,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 func (m *Manager) settle(old, next *sched.Table) {
 	kept := map[*backend.Backend]bool{}
 	for _, s := range next.Services {
-		for _, t := range s.Targets {
+		for _, t := range s.All() {
 			kept[t.B] = true
 			if t.B.Draining() {
 				t.B.Undrain()
@@ -257,7 +426,7 @@ func (m *Manager) settle(old, next *sched.Table) {
 		return
 	}
 	for _, s := range old.Services {
-		for _, t := range s.Targets {
+		for _, t := range s.All() {
 			if !kept[t.B] {
 				kept[t.B] = true // once, even if listed twice
 				m.drain(t.B, s.DrainTimeout)
@@ -301,14 +470,16 @@ func (m *Manager) Shutdown() {
 		m.notify(systemd.Stopping)
 		m.srv.Close()
 		m.log.Info().Msg("stopped accepting; draining connections")
+		m.startChecks(nil)
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
-				for _, tg := range s.Targets {
+				for _, tg := range s.All() {
 					m.drain(tg.B, s.DrainTimeout)
 				}
 			}
 		}
 	}
+	m.checks.Wait()
 	m.drains.Wait()
 	m.srv.Wait()
 }

@@ -48,6 +48,7 @@ type svc struct {
 type be struct {
 	name, addr string
 	weight     int
+	extra      string // more backend keys, one per line
 }
 
 func render(services ...svc) string {
@@ -64,11 +65,11 @@ func render(services ...svc) string {
 		}
 		extra := s.extra
 		if !strings.Contains(extra, "drain_timeout") { // a failed test must not wait the 5m default
-			extra += "\ndrain_timeout = \"3s\""
+			extra = "drain_timeout = \"3s\"\n" + extra // before any sub-table extra may open
 		}
 		fmt.Fprintf(&b, "]\nscheduler = %q\n%s\n", sched, extra)
 		for _, x := range s.backends {
-			fmt.Fprintf(&b, "[[services.%s.backends]]\nname = %q\naddress = %q\nweight = %d\n", s.name, x.name, x.addr, x.weight)
+			fmt.Fprintf(&b, "[[services.%s.backends]]\nname = %q\naddress = %q\nweight = %d\n%s\n", s.name, x.name, x.addr, x.weight, x.extra)
 		}
 	}
 	return b.String()
@@ -236,7 +237,7 @@ func TestRunEditorStyles(t *testing.T) {
 	a := listenertest.NewServer(t, listenertest.Greeter("a"))
 	b := listenertest.NewServer(t, listenertest.Greeter("b"))
 	text := func(wa, wb int) string {
-		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, wa}, {"b", b.Addr, wb}}})
+		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, wa, ""}, {"b", b.Addr, wb, ""}}})
 	}
 	r := startRun(t, t.TempDir(), text(1, 1))
 	const within = 3 * time.Second
@@ -312,7 +313,7 @@ func TestRunConfigMap(t *testing.T) {
 	listenertest.CheckLeaks(t)
 	a := listenertest.NewServer(t, listenertest.Greeter("a"))
 	text := func(w int) string {
-		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w}}})
+		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}})
 	}
 	cm := newConfigMap(t, text(1))
 	r := startRun(t, cm.dir, "")
@@ -332,7 +333,7 @@ func TestRunBadFiles(t *testing.T) {
 	listenertest.CheckLeaks(t)
 	a := listenertest.NewServer(t, listenertest.Greeter("a"))
 	b := listenertest.NewServer(t, listenertest.Greeter("b"))
-	good := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, 1}, {"b", b.Addr, 1}}})
+	good := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}})
 	r := startRun(t, t.TempDir(), good)
 	addr := r.addr("127.0.0.1:0")
 
@@ -395,7 +396,7 @@ func TestRunHalfWritten(t *testing.T) {
 	listenertest.CheckLeaks(t)
 	var bs []be
 	for _, n := range []string{"a", "b", "c", "d"} {
-		bs = append(bs, be{n, listenertest.NewServer(t, listenertest.Greeter(n)).Addr, 1})
+		bs = append(bs, be{n, listenertest.NewServer(t, listenertest.Greeter(n)).Addr, 1, ""})
 	}
 	listen2 := listenertest.FreeAddr(t)
 	text := func(w int) string {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
+	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/systemd"
 )
@@ -57,6 +58,26 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	recheck := time.NewTicker(time.Hour)
 	defer recheck.Stop()
 	r.resetRecheck(recheck)
+	// Health: transitions rebuild the table; passive marks expire on time;
+	// slow start steps weights up.
+	passive := time.NewTimer(time.Hour)
+	passive.Stop()
+	defer passive.Stop()
+	ramp := time.NewTimer(time.Hour)
+	ramp.Stop()
+	defer ramp.Stop()
+	schedule := func() {
+		now := time.Now()
+		if next := m.expirePassive(now); !next.IsZero() {
+			passive.Reset(next.Sub(now))
+		}
+		if cfg := m.current(); cfg != nil {
+			if d := ramping(cfg, m.ptr.Load(), now); d > 0 {
+				ramp.Reset(d)
+			}
+		}
+	}
+	schedule()
 	var watchdog <-chan time.Time
 	if m.Watchdog > 0 {
 		t := time.NewTicker(m.Watchdog)
@@ -83,15 +104,34 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
 			debounce.Reset(r.cfg.Debounce) // an overflow may have lost the event we need
+		case b := <-m.changes:
+			m.healthChanged(b)
+			for more := true; more; { // the whole burst, then one rebuild
+				select {
+				case b := <-m.changes:
+					m.healthChanged(b)
+				default:
+					more = false
+				}
+			}
+			m.refresh()
+			schedule()
+		case <-passive.C:
+			schedule() // expiries report changes, which rebuild
+		case <-ramp.C:
+			m.refresh()
+			schedule()
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
+			schedule()
 		case <-recheck.C:
 			r.check(false)
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
+			schedule()
 		case <-watchdog:
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
@@ -103,6 +143,33 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 		}
 	}
+}
+
+// healthChanged logs one backend's transition, once.
+func (m *Manager) healthChanged(b *backend.Backend) {
+	b.Seen()
+	up, reason, _ := b.Health()
+	if up {
+		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend up")
+	} else {
+		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
+	}
+}
+
+// expirePassive lifts the passive marks that are due and returns when the
+// next one is, or zero.
+func (m *Manager) expirePassive(now time.Time) time.Time {
+	var next time.Time
+	if t := m.ptr.Load(); t != nil {
+		for _, s := range t.Services {
+			for _, tg := range s.All() {
+				if n := tg.B.ExpirePassive(now); !n.IsZero() && (next.IsZero() || n.Before(next)) {
+					next = n
+				}
+			}
+		}
+	}
+	return next
 }
 
 // runner is the state of Run's loop, touched only by its goroutine.

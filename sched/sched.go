@@ -64,8 +64,12 @@ var ErrNoBackend = errors.New("no backend available")
 type Target struct {
 	B        *backend.Backend
 	Addr     netip.AddrPort // where to dial
-	Weight   int            // 0 = no new connections
+	Weight   int            // effective weight: 0 = no new connections; lower than Base during slow start
 	MaxConns int            // connections at once; 0 = unlimited. A full target is skipped, not removed
+
+	Base        int           // the configured weight
+	MaxFails    int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
+	FailTimeout time.Duration // passive checks: the window, and how long it stays down
 }
 
 // MaxTries bounds how many backends one connection may try.
@@ -105,18 +109,19 @@ func (r *Request) Tried(i int) bool {
 type Picker interface {
 	// Pick returns an index into the Targets the picker was built from, or
 	// ErrNoBackend. It never returns a target with weight 0, one whose
-	// backend is draining, or one r has tried.
+	// backend is draining or down, one at its MaxConns, or one r has tried.
 	Pick(r *Request) (int, error)
 }
 
 // eligible is the one rule every scheduler applies before picking target i:
-// weight > 0, not tried by this request, backend not draining and, with
-// MaxConns, not full. It reads only atomics, so a backend that becomes full
-// or drains is skipped at the next pick without rebuilding anything; health
-// state will join the rule here.
+// weight > 0, not tried by this request, backend neither draining nor down
+// (health checks, passive failures) and, with MaxConns, not full. It reads
+// only atomics, so a backend that becomes full, drains or goes down is
+// skipped at the next pick without rebuilding anything; the table is then
+// rebuilt with a down backend's weight at 0 so that cycles stay fair.
 func eligible(ts []Target, i int, r *Request) bool {
 	t := &ts[i]
-	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining() &&
+	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining() && !t.B.Down() &&
 		(t.MaxConns <= 0 || t.B.Active() < int64(t.MaxConns))
 }
 
@@ -237,13 +242,39 @@ type Service struct {
 	Listen         []netip.AddrPort // the addresses it accepts on, as configured
 	Scheduler      string           // the scheduler's config name
 	Options        Options          // the scheduler's parameters
-	Targets        []Target
-	Picker         Picker
-	ConnectTimeout time.Duration // per dial attempt
-	IdleTimeout    time.Duration // 0 = none
-	Retries        int           // further backends tried after a failed connect
-	DrainTimeout   time.Duration // a removed backend's sessions are closed after this; 0 = never
-	AccessLog      bool          // one log line per finished connection
+	Targets        []Target         // the primary backends
+	Picker         Picker           // over Targets
+	Backups        []Target         // backup = true: used only while no primary is up
+	BackupPicker   Picker           // over Backups; nil when there are none
+	MaxConns       int              // connections to the service at once; 0 = unlimited
+	QueueTimeout   time.Duration    // how long a connection may wait for a slot; 0 = refuse at once
+	Group          *backend.Group   // live state shared across reloads: service slots, queue, counters
+	ConnectTimeout time.Duration    // per dial attempt
+	IdleTimeout    time.Duration    // 0 = none
+	Retries        int              // further backends tried after a failed connect
+	DrainTimeout   time.Duration    // a removed backend's sessions are closed after this; 0 = never
+	AccessLog      bool             // one log line per finished connection
+}
+
+// All returns the primary and backup targets in one new slice (not for the
+// connection path).
+func (s *Service) All() []Target {
+	return append(s.Targets[:len(s.Targets):len(s.Targets)], s.Backups...)
+}
+
+// Pool returns the backends to pick from for a new connection: the primary
+// ones, or the backups while no primary is up (HAProxy's backup servers).
+// Full primaries do not switch to backups: the connection queues instead.
+func (s *Service) Pool() ([]Target, Picker) {
+	if s.BackupPicker == nil {
+		return s.Targets, s.Picker
+	}
+	for i := range s.Targets {
+		if t := &s.Targets[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() {
+			return s.Targets, s.Picker
+		}
+	}
+	return s.Backups, s.BackupPicker
 }
 
 // Table is one immutable snapshot of the whole configuration. The reload
