@@ -113,6 +113,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
+	if os.Geteuid() == 0 {
+		log.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
+	}
+	if why := conf.Exposed(*path); why != "" {
+		log.Warn().Msg(why)
+	}
 	if a := cfg.Admin.Listen; a.IsValid() {
 		ln, err := net.Listen("tcp", a.String())
 		if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"fulcrum/backend"
 	"fulcrum/listener"
 	"fulcrum/reload"
 	"fulcrum/sched"
@@ -101,15 +102,16 @@ type ReloadStatus struct {
 
 // ServiceStatus is one service.
 type ServiceStatus struct {
-	Name      string          `json:"name"`
-	Scheduler string          `json:"scheduler"`
-	Listen    []string        `json:"listen"`
-	Active    int64           `json:"active"`  // connections holding a service slot
-	Waiting   int64           `json:"waiting"` // in the queue now
-	Retries   uint64          `json:"retries"`
-	Queued    uint64          `json:"queued"`
-	Refused   uint64          `json:"refused"`
-	Backends  []BackendStatus `json:"backends"`
+	Name      string            `json:"name"`
+	Scheduler string            `json:"scheduler"`
+	Listen    []string          `json:"listen"`
+	Active    int64             `json:"active"`  // connections holding a service slot
+	Waiting   int64             `json:"waiting"` // in the queue now
+	Retries   uint64            `json:"retries"`
+	Queued    uint64            `json:"queued"`
+	Refused   uint64            `json:"refused"`
+	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
+	Backends  []BackendStatus   `json:"backends"`
 }
 
 // BackendStatus is one backend: its settings in this generation and its live
@@ -149,6 +151,12 @@ func Snapshot(src Source) Status {
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+				for kind, n := range s.Group.Rejected() {
+					if ss.Rejected == nil {
+						ss.Rejected = map[string]uint64{}
+					}
+					ss.Rejected[backend.RejectNames[kind]] = n
+				}
 			}
 			for _, a := range s.Listen {
 				ss.Listen = append(ss.Listen, a.String())

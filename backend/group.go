@@ -1,9 +1,12 @@
 package backend
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Group is the live state the backends of one service share, kept across
@@ -25,10 +28,14 @@ type Group struct {
 
 	mu   sync.Mutex    // protects wake
 	wake chan struct{} // closed, and replaced, when a slot frees while someone waits
+
+	limits limits
 }
 
 func newGroup(service string) *Group {
-	return &Group{Service: service, wake: make(chan struct{})}
+	g := &Group{Service: service, wake: make(chan struct{})}
+	g.limits.logEvery.Interval = time.Second
+	return g
 }
 
 // Acquire takes a service slot; with max > 0 it fails when max are taken.
@@ -129,4 +136,96 @@ type GroupStats struct {
 func (g *Group) Stats() GroupStats {
 	return GroupStats{Active: g.active.Load(), Waiting: g.waiting.Load(), Retries: g.retries.Load(),
 		Queued: g.queued.Load(), Refused: g.refused.Load()}
+}
+
+// Why connections were turned away before any backend was dialled.
+const (
+	RejectDenied    = iota // allow/deny lists
+	RejectRate             // accept_rate
+	RejectPerSource        // max_conns_per_source
+	RejectProxy            // a missing, malformed or untrusted PROXY header
+	rejectKinds
+)
+
+// RejectNames names the Reject kinds, for logs and metrics.
+var RejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy"}
+
+// limits are the per-service admission controls that survive reloads.
+type limits struct {
+	rejected [rejectKinds]atomic.Uint64
+	limiter  atomic.Pointer[rate.Limiter] // nil: no accept_rate
+	logEvery rate.Sometimes               // rejection log lines, at most one a second
+
+	srcMu sync.Mutex // protects sources
+	srcs  map[netip.Addr]int
+}
+
+// SetRate sets the service's accept_rate (connections per second, with a
+// bucket of burst); 0 removes it. An unchanged rate keeps its bucket.
+func (g *Group) SetRate(perSecond float64, burst int) {
+	if perSecond <= 0 {
+		g.limits.limiter.Store(nil)
+		return
+	}
+	if burst <= 0 {
+		burst = max(1, int(perSecond))
+	}
+	if l := g.limits.limiter.Load(); l != nil && l.Limit() == rate.Limit(perSecond) && l.Burst() == burst {
+		return
+	}
+	g.limits.limiter.Store(rate.NewLimiter(rate.Limit(perSecond), burst))
+}
+
+// AllowAccept takes a token from the accept_rate bucket.
+func (g *Group) AllowAccept() bool {
+	l := g.limits.limiter.Load()
+	return l == nil || l.Allow()
+}
+
+// AcquireSource takes one of max slots for client address a; max <= 0 is
+// unlimited (and takes nothing).
+func (g *Group) AcquireSource(a netip.Addr, max int) bool {
+	if max <= 0 {
+		return true
+	}
+	g.limits.srcMu.Lock()
+	defer g.limits.srcMu.Unlock()
+	if g.limits.srcs == nil {
+		g.limits.srcs = map[netip.Addr]int{}
+	}
+	if g.limits.srcs[a] >= max {
+		return false
+	}
+	g.limits.srcs[a]++
+	return true
+}
+
+// ReleaseSource returns a slot taken by AcquireSource with the same max.
+func (g *Group) ReleaseSource(a netip.Addr, max int) {
+	if max <= 0 {
+		return
+	}
+	g.limits.srcMu.Lock()
+	defer g.limits.srcMu.Unlock()
+	if n := g.limits.srcs[a] - 1; n > 0 {
+		g.limits.srcs[a] = n
+	} else {
+		delete(g.limits.srcs, a)
+	}
+}
+
+// Reject counts a connection turned away for reason kind, and runs log at
+// most once a second per service (so a flood does not flood the log).
+func (g *Group) Reject(kind int, log func(total uint64)) {
+	n := g.limits.rejected[kind].Add(1)
+	g.limits.logEvery.Do(func() { log(n) })
+}
+
+// Rejected returns the counts of connections turned away, by kind.
+func (g *Group) Rejected() [rejectKinds]uint64 {
+	var out [rejectKinds]uint64
+	for i := range out {
+		out[i] = g.limits.rejected[i].Load()
+	}
+	return out
 }

@@ -16,6 +16,7 @@
 package conf
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -102,6 +103,15 @@ type Settings struct {
 	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
 	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
+
+	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
+	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
+	ProxyTimeout      time.Duration  // for that header to arrive; default 3s
+	Allow             []netip.Prefix // if set, only these client addresses may connect
+	Deny              []netip.Prefix // these may not; deny wins over allow
+	MaxConnsPerSource int            // connections at once from one client address; 0 (default) = unlimited
+	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
+	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -138,20 +148,34 @@ type Backend struct {
 	Addr    netip.AddrPort // Address resolved at load time
 	Weight  int            // 0..MaxWeight; default 1; 0 takes no new connections (drain)
 
-	Backup      bool           // serves only while no primary backend of the service is up
-	MaxConns    int            // connections to this backend at once, dials included; 0 (default) = unlimited
-	SlowStart   time.Duration  // from the service unless set here
-	MaxFails    int            // from the service unless set here
-	FailTimeout time.Duration  // from the service unless set here
-	Health      Health         // the service's [health] with this backend's overrides
-	CheckAddr   netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port
+	Backup        bool           // serves only while no primary backend of the service is up
+	MaxConns      int            // connections to this backend at once, dials included; 0 (default) = unlimited
+	SlowStart     time.Duration  // from the service unless set here
+	MaxFails      int            // from the service unless set here
+	FailTimeout   time.Duration  // from the service unless set here
+	Health        Health         // the service's [health] with this backend's overrides
+	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port
+	ProxyProtocol string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		MaxFails: 3, FailTimeout: 10 * time.Second,
+		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
 		Choices: 2, HashKey: "ip", TableSize: 65537}
+}
+
+// Exposed says why the file at path is unsafe to trust, or "": a file that
+// group or others may write lets them route traffic anywhere.
+func Exposed(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return ""
+	}
+	if m := fi.Mode().Perm(); m&0o022 != 0 {
+		return fmt.Sprintf("%s is writable by %s (mode %#o): anyone who can write it controls where traffic goes; chmod go-w it", path, map[bool]string{true: "others", false: "its group"}[m&0o002 != 0], m)
+	}
+	return ""
 }
 
 // Load reads and validates the file at path.
@@ -170,9 +194,16 @@ func Parse(name string, data []byte) (*Config, error) {
 	if err != nil {
 		var pe toml.ParseError
 		if errors.As(err, &pe) {
-			return nil, &Error{File: name, Line: pe.Position.Line, Msg: pe.Message}
+			line := pe.Position.Line
+			if line == 0 { // the decoder gives no line for an error at the very end
+				line = 1 + bytes.Count(data[:min(max(pe.Position.Start, 0), len(data))], []byte("\n"))
+				if pe.Position.Start == 0 {
+					line = 1 + bytes.Count(data, []byte("\n"))
+				}
+			}
+			return nil, &Error{File: name, Line: line, Msg: pe.Message}
 		}
-		return nil, &Error{File: name, Msg: err.Error()}
+		return nil, &Error{File: name, Line: 1 + bytes.Count(data, []byte("\n")), Msg: err.Error()}
 	}
 	w := &walker{file: name, order: map[string]int{}}
 	for i, k := range md.Keys() {
@@ -291,7 +322,48 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
 		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
+
+		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
+		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
+		ProxyTimeout:      t.duration("proxy_timeout", base.ProxyTimeout, time.Millisecond),
+		Allow:             w.prefixes(t, "allow", base.Allow),
+		Deny:              w.prefixes(t, "deny", base.Deny),
+		MaxConnsPerSource: int(t.integer("max_conns_per_source", int64(base.MaxConnsPerSource), 0, 1<<30)),
+		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
+		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
 	}
+}
+
+// ProxyVersions are the values of proxy_protocol.
+var ProxyVersions = []string{"none", "v1", "v2"}
+
+// prefixes reads a list of CIDR prefixes; a bare address is a /32 or /128.
+func (w *walker) prefixes(t *table, k string, base []netip.Prefix) []netip.Prefix {
+	ss, ok := t.strs(k)
+	if !ok {
+		return base
+	}
+	out := []netip.Prefix{}
+	for i, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				w.errorf(fmt.Sprintf("%s[%d]", t.key(k), i), "%q is not an address or a CIDR prefix such as \"10.0.0.0/8\"", s)
+				continue
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		if p != p.Masked() {
+			w.errorf(fmt.Sprintf("%s[%d]", t.key(k), i), "%s has bits set beyond its /%d; did you mean %s?", s, p.Bits(), p.Masked())
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // health reads a [health] table over base; ht may be empty.
@@ -384,14 +456,15 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 	seen := map[string]string{} // backend name → key of its first use
 	for _, bt := range bts {
 		b := Backend{
-			Address:     bt.str("address", ""),
-			Weight:      int(bt.integer("weight", 1, 0, MaxWeight)),
-			Backup:      bt.boolean("backup", false),
-			MaxConns:    int(bt.integer("max_conns", 0, 0, 1<<30)),
-			SlowStart:   bt.duration("slow_start", s.SlowStart, 0),
-			MaxFails:    int(bt.integer("max_fails", int64(s.MaxFails), 0, 1000)),
-			FailTimeout: bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
-			Health:      w.health(bt.sub("health"), s.Health),
+			Address:       bt.str("address", ""),
+			Weight:        int(bt.integer("weight", 1, 0, MaxWeight)),
+			Backup:        bt.boolean("backup", false),
+			MaxConns:      int(bt.integer("max_conns", 0, 0, 1<<30)),
+			SlowStart:     bt.duration("slow_start", s.SlowStart, 0),
+			MaxFails:      int(bt.integer("max_fails", int64(s.MaxFails), 0, 1000)),
+			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
+			Health:        w.health(bt.sub("health"), s.Health),
+			ProxyProtocol: bt.oneOf("proxy_protocol", s.ProxyProtocol, ProxyVersions...),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()

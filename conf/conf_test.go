@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -137,8 +138,9 @@ backends = [{address = "127.0.0.1:2"}]
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		Choices: 2, HashKey: "ip", TableSize: 65537, MaxFails: 3, FailTimeout: 10 * time.Second,
+		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"}}
-	if got := cfg.Services[0].Settings; got != want {
+	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
 		t.Errorf("settings = %+v; want %+v", got, want)
 	}
 	if cfg.Log != (Log{Level: "info", Format: "auto", Access: true}) {
@@ -207,6 +209,9 @@ func TestErrors(t *testing.T) {
 		{"bad expect", ok + "[services.s.health]\ncheck = \"send-expect\"\nexpect = \"(\"\n", []string{`f.toml:6: services.s.health.expect: not a regular expression`}},
 		{"bad backend health", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\nhealth = { port = 70000, chek = \"tcp\" }\n",
 			[]string{`f.toml:5: services.s.backends[0].health.port: must be between 0 and 65535`, `f.toml:5: services.s.backends[0].health.chek: unknown key`}},
+		{"bad cidr", ok + "allow = [\"10.0.0.0/8\", \"10.1.2.3/8\", \"nope\"]\n", []string{`f.toml:4: services.s.allow[1]: 10.1.2.3/8 has bits set beyond its /8; did you mean 10.0.0.0/8?`, `services.s.allow[2]: "nope" is not an address or a CIDR prefix`}},
+		{"bad proxy protocol", ok + "proxy_protocol = \"v3\"\n", []string{`f.toml:4: services.s.proxy_protocol: "v3" is not one of none, v1, v2`}},
+		{"negative rate", ok + "accept_rate = -1\n", []string{`f.toml:4: services.s.accept_rate: must be between 0 and 1e+09, have -1`}},
 		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
 		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
 		{"everything at once", `[log]

@@ -260,7 +260,12 @@ func (l *locator) multiline(delim string) {
 	}
 }
 
+// join appends key to a dotted path. An empty key (`"" = 1` is valid TOML)
+// is spelled "" so that it still names something.
 func join(prefix, key string) string {
+	if key == "" {
+		key = `""`
+	}
 	if prefix == "" {
 		return key
 	}

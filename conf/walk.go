@@ -187,6 +187,29 @@ func (t *table) integer(k string, def, lo, hi int64) int64 {
 	return n
 }
 
+// number reads a number (integer or float) within [lo, hi].
+func (t *table) number(k string, def, lo, hi float64) float64 {
+	v, ok := t.get(k)
+	if !ok {
+		return def
+	}
+	var f float64
+	switch v := v.(type) {
+	case int64:
+		f = float64(v)
+	case float64:
+		f = v
+	default:
+		t.w.errorf(t.key(k), "want a number, have %s", typeName(v))
+		return def
+	}
+	if f < lo || f > hi || f != f {
+		t.w.errorf(t.key(k), "must be between %g and %g, have %g", lo, hi, f)
+		return def
+	}
+	return f
+}
+
 // duration reads a Go duration string ("3s", "1m30s") that is ≥ min.
 func (t *table) duration(k string, def, min time.Duration) time.Duration {
 	v, ok := t.get(k)

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -38,18 +39,40 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	}
 	var r sched.Request
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		r.Client = a.AddrPort()
+		r.Client = unmap(a.AddrPort())
 	}
-	if !admit(svc, start) {
+	orig := netip.AddrPort{} // the address the client asked for
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		orig = unmap(a.AddrPort())
+	}
+	// Rejections are counted before the close, so a client that sees the
+	// close also sees the count.
+	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+		svc.Group.Reject(kind, func(total uint64) {
+			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
+				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
+		})
 		c.Close()
+		return
+	}
+	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
+		svc.Group.Reject(backend.RejectPerSource, func(total uint64) {
+			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Int("max_conns_per_source", svc.MaxConnsPerSource).
+				Str("reason", "per_source").Uint64("rejected_so_far", total).Msg("connection rejected")
+		})
+		c.Close()
+		return
+	}
+	defer svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
+	if !admit(svc, start) {
 		svc.Group.Refused()
+		c.Close()
 		s.access(svc, r.Client, nil, start, 0, 0, endFull, errFull)
 		return
 	}
 	defer svc.Group.Release()
 	bc, t, tries, err := s.connect(svc, &r, start)
 	if err != nil {
-		c.Close()
 		end := endConnect
 		switch {
 		case errors.Is(err, errFull):
@@ -58,8 +81,18 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
 			end = endNoBackend
 		}
+		c.Close()
 		s.access(svc, r.Client, nil, start, 0, 0, end, err)
 		return
+	}
+	if t.ProxyProtocol > 0 {
+		if err := writeHeader(bc, t.ProxyProtocol, r.Client, orig); err != nil {
+			c.Close()
+			bc.Close()
+			t.B.Release()
+			s.access(svc, r.Client, t, start, 0, 0, endReset, fmt.Errorf("send PROXY header: %w", err))
+			return
+		}
 	}
 	ss := &session{client: c, backend: bc, idle: svc.IdleTimeout}
 	if t.B.Track(ss) {
@@ -72,6 +105,36 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	t.B.Release()
 	t.B.AddBytes(ss.up.n, ss.down.n)
 	s.access(svc, r.Client, t, start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+}
+
+// screen applies what is decided before any backend is dialled: the PROXY
+// header (read from a trusted balancer, which may change client and orig;
+// refused from anyone else), the access lists and the accept rate. It
+// returns the backend.Reject kind and why when the connection must go.
+func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.AddrPort) (int, error) {
+	if len(svc.AcceptProxy) > 0 {
+		if svc.TrustsProxy(client.Addr()) {
+			h, err := readHeader(c, svc.ProxyTimeout)
+			if err != nil {
+				return backend.RejectProxy, err
+			}
+			if src, dst, ok := addrs(h); ok {
+				*client, *orig = src, dst
+			}
+		} else if bad, err := spoofed(c, svc.ProxyTimeout); bad || err != nil {
+			if err == nil {
+				err = errSpoofed
+			}
+			return backend.RejectProxy, err
+		}
+	}
+	if !svc.Allowed(client.Addr()) {
+		return backend.RejectDenied, errors.New("denied by allow/deny")
+	}
+	if !svc.Group.AllowAccept() {
+		return backend.RejectRate, errors.New("over accept_rate")
+	}
+	return 0, nil
 }
 
 // connect picks and dials backends until one answers, trying at most

@@ -268,7 +268,8 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 		for _, b := range cs.Backends {
 			bk := m.pool.Get(cs.Name, b.Name)
 			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
-				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout}
+				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
+				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
 			if b.Backup {
 				back = append(back, t)
 			} else {
@@ -290,7 +291,14 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			QueueTimeout:   cs.QueueTimeout,
 			Group:          m.pool.Group(cs.Name),
 			AccessLog:      cfg.Log.Access,
+
+			AcceptProxy:       cs.AcceptProxy,
+			ProxyTimeout:      cs.ProxyTimeout,
+			Allow:             cs.Allow,
+			Deny:              cs.Deny,
+			MaxConnsPerSource: cs.MaxConnsPerSource,
 		}
+		svc.Group.SetRate(cs.AcceptRate, cs.AcceptBurst)
 		var prevP, prevB *sched.Service
 		if old != nil {
 			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler && ps.Options == svc.Options {

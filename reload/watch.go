@@ -215,6 +215,9 @@ func (r *runner) check(force bool) {
 		return
 	}
 	r.tried = digest
+	if why := conf.Exposed(m.path); why != "" {
+		m.log.Warn().Msg(why)
+	}
 	m.notify(systemd.Reloading())
 	cfg, err := conf.Parse(m.path, data)
 	if err == nil {

@@ -67,9 +67,10 @@ type Target struct {
 	Weight   int            // effective weight: 0 = no new connections; lower than Base during slow start
 	MaxConns int            // connections at once; 0 = unlimited. A full target is skipped, not removed
 
-	Base        int           // the configured weight
-	MaxFails    int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
-	FailTimeout time.Duration // passive checks: the window, and how long it stays down
+	Base          int           // the configured weight
+	ProxyProtocol int           // PROXY header sent to this backend before any client byte: 0 none, 1 or 2
+	MaxFails      int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
+	FailTimeout   time.Duration // passive checks: the window, and how long it stays down
 }
 
 // MaxTries bounds how many backends one connection may try.
@@ -238,22 +239,58 @@ var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed
 
 // Service is one service in a snapshot: its backends, scheduler and settings.
 type Service struct {
-	Name           string
-	Listen         []netip.AddrPort // the addresses it accepts on, as configured
-	Scheduler      string           // the scheduler's config name
-	Options        Options          // the scheduler's parameters
-	Targets        []Target         // the primary backends
-	Picker         Picker           // over Targets
-	Backups        []Target         // backup = true: used only while no primary is up
-	BackupPicker   Picker           // over Backups; nil when there are none
-	MaxConns       int              // connections to the service at once; 0 = unlimited
-	QueueTimeout   time.Duration    // how long a connection may wait for a slot; 0 = refuse at once
-	Group          *backend.Group   // live state shared across reloads: service slots, queue, counters
-	ConnectTimeout time.Duration    // per dial attempt
-	IdleTimeout    time.Duration    // 0 = none
-	Retries        int              // further backends tried after a failed connect
-	DrainTimeout   time.Duration    // a removed backend's sessions are closed after this; 0 = never
-	AccessLog      bool             // one log line per finished connection
+	Name         string
+	Listen       []netip.AddrPort // the addresses it accepts on, as configured
+	Scheduler    string           // the scheduler's config name
+	Options      Options          // the scheduler's parameters
+	Targets      []Target         // the primary backends
+	Picker       Picker           // over Targets
+	Backups      []Target         // backup = true: used only while no primary is up
+	BackupPicker Picker           // over Backups; nil when there are none
+	MaxConns     int              // connections to the service at once; 0 = unlimited
+	QueueTimeout time.Duration    // how long a connection may wait for a slot; 0 = refuse at once
+	Group        *backend.Group   // live state shared across reloads: service slots, queue, counters, rate bucket
+
+	AcceptProxy       []netip.Prefix // sources whose PROXY header is read (and required); others may not send one
+	ProxyTimeout      time.Duration  // for that header to arrive
+	Allow, Deny       []netip.Prefix // client access lists: deny wins; an empty allow list allows all
+	MaxConnsPerSource int            // connections at once from one client address; 0 = unlimited
+	ConnectTimeout    time.Duration  // per dial attempt
+	IdleTimeout       time.Duration  // 0 = none
+	Retries           int            // further backends tried after a failed connect
+	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
+	AccessLog         bool           // one log line per finished connection
+}
+
+// Allowed applies the access lists to a client address: deny wins, then an
+// allow list (if any) must hold it.
+func (s *Service) Allowed(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.Deny {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	if len(s.Allow) == 0 {
+		return true
+	}
+	for _, p := range s.Allow {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// TrustsProxy reports whether a's PROXY header is to be read.
+func (s *Service) TrustsProxy(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.AcceptProxy {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // All returns the primary and backup targets in one new slice (not for the

@@ -1,0 +1,5 @@
+//go:build race
+
+package reload
+
+const raceEnabled = true
