@@ -294,7 +294,7 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
-	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 {
+	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
 				w.errorf("admin.listen", "%s is also listened on by %s", a, owner)
@@ -438,12 +438,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			w.errorf(key, "%v", err)
 			continue
 		}
-		if ap.Port() != 0 { // port 0 picks a fresh port each time: never a clash
-			for other, owner := range listeners {
-				if overlaps(other, ap) {
-					w.errorf(key, "%s is also listened on by %s", a, owner)
-				}
+		// Port 0 binds a fresh port, so it overlaps nothing; but a listener
+		// is known by its address as written, so the same one twice clashes.
+		for other, owner := range listeners {
+			if overlaps(other, ap) && (ap.Port() != 0 || other == ap) {
+				w.errorf(key, "%s is also listened on by %s", a, owner)
 			}
+		}
+		if _, dup := listeners[ap]; !dup {
 			listeners[ap] = key
 		}
 		s.Listen = append(s.Listen, ap)

@@ -199,6 +199,8 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:3: services.s.backends[1].name: backend name "127.0.0.1:2" is already used`}},
 		{"duplicate listen across services", ok + "[services.t]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
 			[]string{`f.toml:5: services.t.listen[0]: 127.0.0.1:1 is also listened on by services.s.listen[0]`}},
+		{"the same port-0 address twice", "[services.s]\nlisten = [\"[::1]:0\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n[services.t]\nlisten = [\"[::1]:0\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:5: services.t.listen[0]: [::1]:0 is also listened on by services.s.listen[0]`}},
 		{"wildcard overlaps", ok + "[services.t]\nlisten = [\":1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",
 			[]string{`f.toml:5: services.t.listen[0]: :1 is also listened on by services.s.listen[0]`}},
 		{"bad service name", "[services.\"a b\"]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n",

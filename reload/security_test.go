@@ -17,6 +17,16 @@ import (
 	"fulcrum/listener/listenertest"
 )
 
+// free6 returns an IPv6 loopback address that was free a moment ago.
+func free6(t *testing.T) string {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 // dialFrom connects to addr from a chosen loopback source address.
 func dialFrom(src, addr string) (*net.TCPConn, error) {
 	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
@@ -51,16 +61,18 @@ func TestProxyProtocolSend(t *testing.T) {
 	r := startRun(t, t.TempDir(), render(
 		svc{name: "one", listen: []string{"127.0.0.1:0", "[::1]:0"}, scheduler: "rr", extra: `proxy_protocol = "v1"`,
 			backends: []be{{"a", v1.Addr, 1, ""}}},
-		svc{name: "two", listen: []string{listenertest.FreeAddr(t)}, scheduler: "rr", extra: `proxy_protocol = "none"`,
+		svc{name: "two", listen: []string{listenertest.FreeAddr(t), free6(t)}, scheduler: "rr", extra: `proxy_protocol = "none"`,
 			backends: []be{{"b", v2.Addr, 1, `proxy_protocol = "v2"`}}}, // a backend overrides its service
 	))
 	two := r.ptr.Load().Services[1].Listen[0].String()
+	two6 := r.ptr.Load().Services[1].Listen[1].String()
 	cases := []struct {
 		from, to, version string
 	}{
 		{"127.0.0.5", r.addr("127.0.0.1:0"), "v1"},
 		{"::1", r.addr("[::1]:0"), "v1"},
 		{"127.0.0.6", two, "v2"},
+		{"::1", two6, "v2"},
 	}
 	for _, c := range cases {
 		conn, err := dialFrom(c.from, c.to)
