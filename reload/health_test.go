@@ -401,9 +401,11 @@ func TestPassive(t *testing.T) {
 	if el := time.Since(marked); el < 800*time.Millisecond || el > 2*time.Second {
 		t.Errorf("passive mark lifted after %v; want fail_timeout 1s", el)
 	}
-	greeting(addr)
-	if n := b.Stats().ConnectFails; n != 3 {
-		t.Errorf("after fail_timeout dead was dialled %d times in all; want 3 (tried again)", n)
+	for range 2 { // rr's position after the rebuild decides which one comes first
+		greeting(addr)
+	}
+	if n := b.Stats().ConnectFails; n < 3 {
+		t.Errorf("after fail_timeout dead was dialled %d times in all; want it tried again", n)
 	}
 }
 

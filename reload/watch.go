@@ -105,16 +105,21 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
 			debounce.Reset(r.cfg.Debounce) // an overflow may have lost the event we need
 		case b := <-m.changes:
-			m.healthChanged(b)
+			b.Seen() // before the rebuild reads its state: a later change reports again
+			changed := []*backend.Backend{b}
 			for more := true; more; { // the whole burst, then one rebuild
 				select {
 				case b := <-m.changes:
-					m.healthChanged(b)
+					b.Seen()
+					changed = append(changed, b)
 				default:
 					more = false
 				}
 			}
 			m.refresh()
+			for _, b := range changed { // logged once the table reflects it
+				m.healthChanged(b)
+			}
 			schedule()
 		case <-passive.C:
 			schedule() // expiries report changes, which rebuild
@@ -147,7 +152,6 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 
 // healthChanged logs one backend's transition, once.
 func (m *Manager) healthChanged(b *backend.Backend) {
-	b.Seen()
 	up, reason, _ := b.Health()
 	if up {
 		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend up")
