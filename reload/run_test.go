@@ -124,7 +124,7 @@ func (r *run) attempt(within time.Duration) {
 				return
 			}
 		case <-timeout.C:
-			r.t.Fatalf("no reload attempt finished within %v (generation %d)", within, r.gen())
+			r.t.Fatalf("no reload attempt finished within %v (generation %d; last error %q)", within, r.gen(), r.m.Status().LastError)
 		}
 	}
 }
