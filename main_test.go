@@ -218,6 +218,19 @@ func startDaemonArgs(t *testing.T, args, env []string, files []*os.File) *daemon
 	return d
 }
 
+// expectExit waits for the daemon to exit, with status 0.
+func (d *daemon) expectExit(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-d.exit:
+		if d.err != nil {
+			t.Errorf("daemon exit: %v; want status 0", d.err)
+		}
+	case <-time.After(within):
+		t.Fatalf("daemon did not exit within %v", within)
+	}
+}
+
 // await returns the first log line with the given message.
 func (d *daemon) await(t *testing.T, msg string) map[string]any {
 	t.Helper()
@@ -318,14 +331,7 @@ backends = [{ name = "sink", address = %q }]
 	}
 
 	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exit:
-		if d.err != nil {
-			t.Errorf("daemon exit: %v; want status 0", d.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("daemon did not exit on SIGTERM")
-	}
+	d.expectExit(t, 10*time.Second)
 }
 
 // lowestFreeFD is the descriptor number process pid would get next. With

@@ -128,14 +128,7 @@ func TestSystemdNotify(t *testing.T) {
 
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	want("STOPPING=1", "")
-	select {
-	case <-d.exit:
-		if d.err != nil {
-			t.Errorf("exit: %v; want 0", d.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no exit after SIGTERM")
-	}
+	d.expectExit(t, 10*time.Second)
 }
 
 // TestSocketActivation: under the real systemd-socket-activate, fulcrum
@@ -319,14 +312,7 @@ func TestGracefulStop(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	select {
-	case <-d.exit:
-		if d.err != nil {
-			t.Errorf("exit: %v; want 0", d.err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no exit after the drain")
-	}
+	d.expectExit(t, 10*time.Second)
 }
 
 // TestSecondSignal: a second SIGTERM during the drain exits at once.
