@@ -46,6 +46,7 @@ type Backend struct {
 	changes chan<- *Backend // where health transitions are reported; nil = nowhere
 	group   *Group          // the service's shared state; nil for a backend made by New
 	pending atomic.Bool     // a report is in changes, not yet Seen
+	failing atomic.Bool     // passive: a failure count is pending (PassiveOK's fast path)
 
 	mu       sync.Mutex             // protects sessions
 	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline

@@ -100,6 +100,7 @@ func (b *Backend) PassiveFail(max int, window time.Duration, now time.Time) bool
 		h.fails, h.windowStart = 0, now
 	}
 	h.fails++
+	b.failing.Store(true)
 	if h.fails < max || b.down.Load()&downPassive != 0 {
 		return false
 	}
@@ -112,13 +113,15 @@ func (b *Backend) PassiveFail(max int, window time.Duration, now time.Time) bool
 }
 
 // PassiveOK records a successful connect: the failure count starts again.
+// Without failures to forget it is one atomic load (it runs on every dial).
 func (b *Backend) PassiveOK() {
-	h := &b.health
-	if b.down.Load()&downPassive != 0 {
-		return // a connect that raced the mark; the window decides
+	if !b.failing.Load() || b.down.Load()&downPassive != 0 {
+		return // nothing to forget, or a connect that raced the mark: the window decides
 	}
+	h := &b.health
 	h.mu.Lock()
 	h.fails = 0
+	b.failing.Store(false)
 	h.mu.Unlock()
 }
 
