@@ -74,6 +74,13 @@ func TestParseSample(t *testing.T) {
 	if !cfg.Log.Access || cfg.Log.Level != "info" {
 		t.Errorf("log = %+v", cfg.Log)
 	}
+	if cfg.Cluster.Freebind {
+		t.Errorf("cluster.freebind = true; want false by default")
+	}
+	on, err := Parse("f.toml", []byte("[cluster]\nfreebind = true\n"+sample))
+	if err != nil || !on.Cluster.Freebind {
+		t.Errorf("[cluster] freebind = true: %+v, %v", on, err)
+	}
 }
 
 // TestHealthInheritance: [defaults.health] → [services.x.health] → a
@@ -209,6 +216,8 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:5: services.s.backends[0].health.port: must be between 0 and 65535`, `f.toml:5: services.s.backends[0].health.chek: unknown key`}},
 		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
 		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
+		{"cluster typo", "[cluster]\nfreebnd = true\n" + ok, []string{`f.toml:2: cluster.freebnd: unknown key`}},
+		{"cluster freebind type", "[cluster]\nfreebind = \"yes\"\n" + ok, []string{`f.toml:2: cluster.freebind: want true or false`}},
 		{"everything at once", `[log]
 level = "loud"
 [defaults]
