@@ -4,6 +4,8 @@
 //	fulcrum [-config /etc/fulcrum/fulcrum.toml]   run
 //	fulcrum -check [-config PATH]                  validate, print a summary, exit 0 or 1
 //	fulcrum -version
+//	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
+//	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
 //	fulcrum demo                                    three echo backends behind a balancer
 //
 // main.go holds flags and wiring only.
@@ -31,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/admin"
+	"fulcrum/cluster"
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/reload"
@@ -49,6 +52,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "status" {
 		return status(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "drain" {
+		return drain(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "demo" {
 		ctx, stop := signalContext()
 		defer stop()
@@ -60,7 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "validate the configuration, print a summary and exit (0 valid, 1 not)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n       fulcrum demo [-listen ADDR]\n\n")
+		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n"+
+			"       fulcrum drain [-undo] [-config FILE | -admin ADDR]\n       fulcrum demo [-listen ADDR]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -84,10 +91,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		summary(stdout, cfg)
 		return 0
 	}
+	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
+	usr := make(chan os.Signal, 2)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(usr)
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signalContext()
 	defer stop()
 	var ptr atomic.Pointer[sched.Table]
+	inst := cluster.New(ptr.Load, log)
+	ictx, stopInst := context.WithCancel(ctx)
+	instDone := make(chan struct{})
+	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when run returns
+	defer func() { stopInst(); <-instDone }()
 	srv := listener.New(&ptr, log)
 	m := reload.New(*path, &ptr, srv, log)
 	m.OnLog = setLevel
@@ -119,8 +135,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			log.Error().Err(err).Msg("cannot start the admin listener")
 			return 1
 		}
-		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Version: versionString()}
+		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString()}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
@@ -139,30 +155,44 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// adminFlags adds -config and -admin to fs; the func it returns, called
+// after Parse, gives the admin address to ask.
+func adminFlags(fs *flag.FlagSet) func() (string, error) {
+	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
+	addr := fs.String("admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	return func() (string, error) {
+		if *addr != "" {
+			return *addr, nil
+		}
+		cfg, err := conf.Load(*path)
+		if err != nil {
+			return "", err
+		}
+		if !cfg.Admin.Listen.IsValid() {
+			return "", fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
+		}
+		return cfg.Admin.Listen.String(), nil
+	}
+}
+
+// adminClient bounds every request to the admin listener.
+var adminClient = http.Client{Timeout: 5 * time.Second}
+
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fulcrum status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
-	addr := fs.String("admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	admAddr := adminFlags(fs)
 	raw := fs.Bool("json", false, "print the JSON as served")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *addr == "" {
-		cfg, err := conf.Load(*path)
-		if err != nil {
-			fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
-			return 1
-		}
-		if !cfg.Admin.Listen.IsValid() {
-			fmt.Fprintf(stderr, "fulcrum status: %s has no [admin] listen; set one, or pass -admin ADDR\n", *path)
-			return 1
-		}
-		*addr = cfg.Admin.Listen.String()
+	addr, err := admAddr()
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+		return 1
 	}
-	client := http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get("http://" + *addr + "/status")
+	resp, err := adminClient.Get("http://" + addr + "/status")
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
 		return 1
@@ -174,10 +204,47 @@ func status(args []string, stdout, stderr io.Writer) int {
 	}
 	var st admin.Status
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", *addr, err)
+		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
 		return 1
 	}
 	admin.WriteTable(stdout, st)
+	return 0
+}
+
+// drain asks the running daemon to drain (POST /drain) or undrain, and
+// prints its one-line answer.
+func drain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fulcrum drain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	admAddr := adminFlags(fs)
+	undo := fs.Bool("undo", false, "undrain: put the instance back in rotation")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	addr, err := admAddr()
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		return 1
+	}
+	path := "/drain"
+	if *undo {
+		path = "/undrain"
+	}
+	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %v\n", addr, path, err)
+		return 1
+	}
+	stdout.Write(body)
 	return 0
 }
 
