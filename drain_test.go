@@ -31,11 +31,18 @@ func get(t *testing.T, addr, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// wantHealthz checks what /healthz answers.
+// wantHealthz checks what /healthz answers, and that fulcrum healthz says
+// the same.
 func wantHealthz(t *testing.T, adm string, code int, prefix string) {
 	t.Helper()
-	if got, body := get(t, adm, "/healthz"); got != code || !strings.HasPrefix(body, prefix) || strings.Count(body, "\n") != 1 {
+	got, body := get(t, adm, "/healthz")
+	if got != code || !strings.HasPrefix(body, prefix) || strings.Count(body, "\n") != 1 {
 		t.Errorf("/healthz = %d %q; want %d and one line starting %q", got, body, code, prefix)
+	}
+	var out strings.Builder
+	exit := run([]string{"healthz", "-admin", adm}, &out, io.Discard)
+	if want := map[bool]int{true: 0, false: 1}[code == 200]; exit != want || out.String() != body {
+		t.Errorf("fulcrum healthz = %d, %q; want %d, %q", exit, out.String(), want, body)
 	}
 }
 

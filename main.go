@@ -6,6 +6,7 @@
 //	fulcrum -version
 //	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
+//	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
 //	fulcrum demo                                    three echo backends behind a balancer
 //
 // main.go holds flags and wiring only.
@@ -55,6 +56,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "drain" {
 		return drain(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "healthz" {
+		return healthz(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "demo" {
 		ctx, stop := signalContext()
 		defer stop()
@@ -67,7 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n"+
-			"       fulcrum drain [-undo] [-config FILE | -admin ADDR]\n       fulcrum demo [-listen ADDR]\n\n")
+			"       fulcrum drain [-undo] [-config FILE | -admin ADDR]\n       fulcrum healthz [-config FILE | -admin ADDR]\n"+
+			"       fulcrum demo [-listen ADDR]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -245,6 +250,35 @@ func drain(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	stdout.Write(body)
+	return 0
+}
+
+// healthz prints the running daemon's /healthz line and exits 0 if it is
+// 200: a health check for engines that run a command (Kubernetes exec
+// probes, keepalived without curl) while the admin listener stays on
+// loopback.
+func healthz(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fulcrum healthz", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	admAddr := adminFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	addr, err := admAddr()
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		return 1
+	}
+	resp, err := adminClient.Get("http://" + addr + "/healthz")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	io.Copy(stdout, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return 1
+	}
 	return 0
 }
 
