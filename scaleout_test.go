@@ -2,14 +2,24 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"text/template"
 	"time"
 
+	"fulcrum/conf"
 	"fulcrum/listener/listenertest"
 )
 
@@ -161,4 +171,192 @@ func TestMaglevAgreement(t *testing.T) {
 		t.Errorf("stale instance: %d clients of pg-e moved, %d others; want some and at most 5%%", ofE, others)
 	}
 	t.Logf("an instance without pg-e: its %d clients (of %d) moved, and %d others", ofE, len(sample), others)
+}
+
+// healthService is the part of consul-template's HealthService (a passing
+// instance of a service in Consul's catalog) that the template reads.
+type healthService struct {
+	Node, ID, Address string
+	Port              int
+}
+
+// renderConsul renders docs/consul-template/fulcrum.toml.ctmpl as
+// consul-template would: Go's text/template with consul-template's
+// `service` (passing instances, sorted by node, then ID) and `env` over
+// the given catalog and environment.
+func renderConsul(t *testing.T, catalog map[string][]healthService, env map[string]string) []byte {
+	t.Helper()
+	funcs := template.FuncMap{
+		"service": func(name string) []healthService {
+			list := slices.Clone(catalog[name])
+			slices.SortStableFunc(list, func(a, b healthService) int {
+				return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.ID, b.ID))
+			})
+			return list
+		},
+		"env": func(k string) string { return env[k] },
+	}
+	tmpl, err := template.New("fulcrum.toml.ctmpl").Funcs(funcs).ParseFiles("docs/consul-template/fulcrum.toml.ctmpl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := tmpl.Execute(&b, nil); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// replaceFile writes data next to path and renames it over path, as
+// consul-template's atomic write does.
+func replaceFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".fulcrum.toml.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// awaitPrefix returns the first log line whose message starts with prefix.
+func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m, ok := <-d.lines:
+			if !ok {
+				t.Fatalf("daemon exited before logging %q…", prefix)
+			}
+			if msg, _ := m["message"].(string); strings.HasPrefix(msg, prefix) {
+				return m
+			}
+		case <-timeout:
+			t.Fatalf("daemon did not log %q… within 10s", prefix)
+		}
+	}
+}
+
+// TestConsulTemplate renders the repository's consul-template template for
+// a catalog that changes, renames each rendering over a running fulcrum's
+// file as consul-template does, and sees fulcrum follow: a new instance is
+// added and takes its share of clients; an empty catalog is refused while
+// the last good file keeps serving.
+func TestConsulTemplate(t *testing.T) {
+	a := listenertest.NewServer(t, nameThenClose("node-a"))
+	b := listenertest.NewServer(t, nameThenClose("node-b"))
+	inst := func(node, addr string) healthService {
+		host, port, _ := net.SplitHostPort(addr)
+		p, _ := strconv.Atoi(port)
+		return healthService{Node: node, ID: "pg-" + node, Address: host, Port: p}
+	}
+	env := map[string]string{"FULCRUM_ADMIN": "127.0.0.1:0", "FULCRUM_PG_LISTEN": "127.0.0.1:0"}
+	path := filepath.Join(t.TempDir(), "fulcrum.toml")
+	first := renderConsul(t, map[string][]healthService{"pg": {inst("node-a", a.Addr)}}, env)
+	if err := os.WriteFile(path, first, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conf.Parse(path, first); err != nil {
+		t.Fatalf("the rendered template is not a valid configuration: %v\n%s", err, first)
+	}
+	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
+	lb := d.await(t, "listening")["addr"].(string)
+	clients := loopbackClients(200)
+	for _, c := range clients[:10] {
+		if got, err := greetFrom(c, lb); err != nil || got != "node-a" {
+			t.Fatalf("with node-a alone, %s reached %q, %v", c, got, err)
+		}
+	}
+
+	// node-b passes its checks: listed first (sorted by node) in one
+	// rendering, last in another, the file is the same.
+	both := renderConsul(t, map[string][]healthService{"pg": {inst("node-b", b.Addr), inst("node-a", a.Addr)}}, env)
+	if again := renderConsul(t, map[string][]healthService{"pg": {inst("node-a", a.Addr), inst("node-b", b.Addr)}}, env); !bytes.Equal(both, again) {
+		t.Errorf("the rendering depends on the catalog's order:\n%s\n%s", both, again)
+	}
+	replaceFile(t, path, both)
+	if added := fmt.Sprint(d.await(t, "reload applied")["added"]); added != "[pg/node-b]" {
+		t.Errorf("reload added %s; want [pg/node-b]", added)
+	}
+	share := map[string]int{}
+	for _, c := range clients {
+		got, err := greetFrom(c, lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		share[got]++
+	}
+	if share["node-a"] < 50 || share["node-b"] < 50 {
+		t.Errorf("after node-b joined, 200 clients spread %v; want both well used", share)
+	}
+
+	// Every instance fails its checks: the rendering has no backends and
+	// is refused; the running configuration keeps serving.
+	replaceFile(t, path, renderConsul(t, map[string][]healthService{}, env))
+	if msg := d.awaitPrefix(t, "reload refused")["message"].(string); !strings.Contains(msg, "services.pg.backends: a service needs at least one backend") {
+		t.Errorf("refusal: %s", msg)
+	}
+	if got, err := greetFrom(clients[0], lb); err != nil || got == "" {
+		t.Errorf("after the empty rendering was refused: %q, %v; want a backend", got, err)
+	}
+}
+
+// TestKubernetesManifest checks that the fulcrum.toml inside the ConfigMap
+// of docs/kubernetes/fulcrum.yaml is a valid configuration (host names
+// aside: they resolve only inside the cluster).
+func TestKubernetesManifest(t *testing.T) {
+	data, err := os.ReadFile("docs/kubernetes/fulcrum.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The block scalar under "fulcrum.toml: |", dedented.
+	var toml []string
+	indent := ""
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		switch {
+		case strings.TrimSpace(line) == "fulcrum.toml: |":
+			in = true
+		case in && indent == "" && strings.TrimSpace(line) != "":
+			indent = line[:len(line)-len(strings.TrimLeft(line, " "))]
+			fallthrough
+		case in && (strings.HasPrefix(line, indent) || strings.TrimSpace(line) == ""):
+			toml = append(toml, strings.TrimPrefix(line, indent))
+		case in:
+			in = false
+		}
+	}
+	if len(toml) == 0 {
+		t.Fatal("no fulcrum.toml block in the ConfigMap")
+	}
+	text := strings.Join(toml, "\n")
+	text = regexp.MustCompile(`pg-(\d)\.pg\.default\.svc\.cluster\.local`).ReplaceAllString(text, "127.0.0.$1")
+	if _, err := conf.Parse("fulcrum.yaml", []byte(text)); err != nil {
+		t.Errorf("the ConfigMap's fulcrum.toml is invalid: %v\n%s", err, text)
+	}
+}
+
+// TestBirdConfig parses docs/bird/bird.conf with BIRD's own parser (bird
+// -p), where bird2 is installed (.ci/run installs it).
+func TestBirdConfig(t *testing.T) {
+	bird, err := exec.LookPath("bird")
+	if err != nil {
+		t.Skip("bird (Debian's bird2) is not installed")
+	}
+	if out, err := exec.Command(bird, "-p", "-c", "docs/bird/bird.conf").CombinedOutput(); err != nil {
+		t.Errorf("bird -p -c docs/bird/bird.conf: %v\n%s", err, out)
+	}
+	// The parser must be able to say no, or the check above proves nothing.
+	bad := writeFile(t, "bird.conf", "protocol static fulcrum_vip { ipv4; route 192.0.2.10/33 unreachable; }\n")
+	if out, err := exec.Command(bird, "-p", "-c", bad).CombinedOutput(); err == nil {
+		t.Errorf("bird -p accepted a /33 route: %s", out)
+	}
 }
