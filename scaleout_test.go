@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -341,22 +340,5 @@ func TestKubernetesManifest(t *testing.T) {
 	text = regexp.MustCompile(`pg-(\d)\.pg\.default\.svc\.cluster\.local`).ReplaceAllString(text, "127.0.0.$1")
 	if _, err := conf.Parse("fulcrum.yaml", []byte(text)); err != nil {
 		t.Errorf("the ConfigMap's fulcrum.toml is invalid: %v\n%s", err, text)
-	}
-}
-
-// TestBirdConfig parses docs/bird/bird.conf with BIRD's own parser (bird
-// -p), where bird2 is installed (.ci/run installs it).
-func TestBirdConfig(t *testing.T) {
-	bird, err := exec.LookPath("bird")
-	if err != nil {
-		t.Skip("bird (Debian's bird2) is not installed")
-	}
-	if out, err := exec.Command(bird, "-p", "-c", "docs/bird/bird.conf").CombinedOutput(); err != nil {
-		t.Errorf("bird -p -c docs/bird/bird.conf: %v\n%s", err, out)
-	}
-	// The parser must be able to say no, or the check above proves nothing.
-	bad := writeFile(t, "bird.conf", "protocol static fulcrum_vip { ipv4; route 192.0.2.10/33 unreachable; }\n")
-	if out, err := exec.Command(bird, "-p", "-c", bad).CombinedOutput(); err == nil {
-		t.Errorf("bird -p accepted a /33 route: %s", out)
 	}
 }
