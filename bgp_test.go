@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-	"text/template"
 	"time"
 )
 
@@ -15,23 +14,6 @@ import (
 type birdNode struct {
 	RouterID, Local, Neighbor, Anycast, Log string
 	LocalAS, NeighborAS                     int
-}
-
-// renderBird renders the repository's BIRD template for node into path.
-func renderBird(t *testing.T, path string, node birdNode) {
-	t.Helper()
-	tmpl, err := template.ParseFiles("docs/bird/bird.conf.tmpl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := tmpl.Execute(f, node); err != nil {
-		t.Fatalf("render %s: %v", path, err)
-	}
 }
 
 // birdProduction is the rendering docs/scale-out.md shows.
@@ -47,14 +29,14 @@ func TestBirdConfig(t *testing.T) {
 		t.Skip("bird (Debian's bird2) is not installed")
 	}
 	path := filepath.Join(t.TempDir(), "bird.conf")
-	renderBird(t, path, birdProduction)
+	renderFile(t, "docs/bird/bird.conf.tmpl", path, birdProduction)
 	if out, err := exec.Command(bird, "-p", "-c", path).CombinedOutput(); err != nil {
 		t.Errorf("bird -p -c %s: %v\n%s", path, err, out)
 	}
 	// The parser must be able to say no, or the check above proves nothing.
 	bad := birdProduction
 	bad.Anycast = "198.51.100.10/33"
-	renderBird(t, path, bad)
+	renderFile(t, "docs/bird/bird.conf.tmpl", path, bad)
 	if out, err := exec.Command(bird, "-p", "-c", path).CombinedOutput(); err == nil {
 		t.Errorf("bird -p accepted a /33 route: %s", out)
 	}
@@ -107,21 +89,7 @@ func TestBGPAnycast(t *testing.T) {
 		l.ip(t, "-n", ns, "addr", "add", anycast+"/32", "dev", "lo")
 		l.ip(t, "-n", ns, "route", "add", "10.78.1.0/24", "via", "10.78.0.1")
 	}
-	listenIn(t, be, "10.78.0.21:7000", "be1")
-	listenIn(t, be, "10.78.0.22:7000", "be2")
-
-	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
-[log]
-format = "json"
-access = false
-[admin]
-listen = %q
-[services.app]
-listen = ["%s:80"]
-scheduler = "mh"
-drain_timeout = "2s" # a connection left on lb1 when its route goes never hears from its client again
-backends = [{ name = "be1", address = "10.78.0.21:7000" }, { name = "be2", address = "10.78.0.22:7000" }]
-`, admin, anycast))
+	config := labConfig(t, be, "10.78.0", admin, anycast+":80", "")
 	f1, _ := fulcrumIn(t, lb1, config), fulcrumIn(t, lb2, config)
 
 	dir := t.TempDir()
@@ -156,7 +124,7 @@ protocol bgp lb2 {
 	}
 	for _, n := range []struct{ name, ns, ip string }{{"lb1", lb1, lb1IP}, {"lb2", lb2, lb2IP}} {
 		conf, ctl := filepath.Join(dir, n.name+".conf"), filepath.Join(dir, n.name+".ctl")
-		renderBird(t, conf, birdNode{RouterID: n.ip, Local: n.ip, LocalAS: 65010, Neighbor: "10.78.0.1", NeighborAS: 65000,
+		renderFile(t, "docs/bird/bird.conf.tmpl", conf, birdNode{RouterID: n.ip, Local: n.ip, LocalAS: 65010, Neighbor: "10.78.0.1", NeighborAS: 65000,
 			Anycast: anycast + "/32", Log: "stderr"})
 		start(t, n.ns, "bird", "-f", "-c", conf, "-s", ctl, "-P", filepath.Join(dir, n.name+".pid"))
 		start(t, n.ns, "env", "HEALTHZ=http://"+admin+"/healthz", "BIRDC=birdc -s "+ctl, "sh", script)

@@ -66,25 +66,7 @@ func greet(t *testing.T, lb string) string {
 // the messages in never comes before it.
 func (d *daemon) awaitOnly(t *testing.T, msg string, never ...string) map[string]any {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case m, ok := <-d.lines:
-			if !ok {
-				t.Fatalf("daemon exited before logging %q", msg)
-			}
-			for _, n := range never {
-				if m["message"] == n {
-					t.Errorf("logged %q before %q: %v", n, msg, m)
-				}
-			}
-			if m["message"] == msg {
-				return m
-			}
-		case <-timeout:
-			t.Fatalf("daemon did not log %q within 10s", msg)
-		}
-	}
+	return d.awaitMatch(t, fmt.Sprintf("%q", msg), func(m map[string]any) bool { return m["message"] == msg }, never...)
 }
 
 const (

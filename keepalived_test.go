@@ -1,14 +1,12 @@
 package main
 
 import (
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
-	"text/template"
 	"time"
 )
 
@@ -16,25 +14,6 @@ import (
 type keepalivedNode struct {
 	Name, Interface, State, VIP, Healthz string
 	Priority, VirtualRouterID            int
-}
-
-// renderKeepalived renders the repository's template for node into dir.
-func renderKeepalived(t *testing.T, dir string, node keepalivedNode) string {
-	t.Helper()
-	tmpl, err := template.ParseFiles("docs/keepalived/keepalived.conf.tmpl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, node.Name+".conf")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := tmpl.Execute(f, node); err != nil {
-		t.Fatalf("render %s: %v", path, err)
-	}
-	return path
 }
 
 // TestKeepalivedFailover is the keepalived recipe of docs/scale-out.md, run
@@ -70,27 +49,9 @@ func TestKeepalivedFailover(t *testing.T) {
 	clients, cidrs := subnetHosts(10, 77, 0, 2, 8)
 	cl := l.host(t, "cl", cidrs...)
 
-	// Backends greet with their name and the address the connection came
-	// from: the fulcrum instance that proxied it.
-	listenIn(t, be, "10.77.0.21:7000", "be1")
-	listenIn(t, be, "10.77.0.22:7000", "be2")
-
 	// The same fulcrum file for both: the virtual address is bound before
 	// it is here ([cluster] freebind), so the backup starts like the active.
-	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
-[log]
-format = "json"
-access = false
-[admin]
-listen = %q
-[cluster]
-freebind = true
-[services.app]
-listen = ["%s:80"]
-scheduler = "mh"
-drain_timeout = "2s" # a connection left on lb1 when the address moves never hears from its client again
-backends = [{ name = "be1", address = "10.77.0.21:7000" }, { name = "be2", address = "10.77.0.22:7000" }]
-`, admin, vip))
+	config := labConfig(t, be, "10.77.0", admin, vip+":80", "[cluster]\nfreebind = true")
 	f1, _ := fulcrumIn(t, lb1, config), fulcrumIn(t, lb2, config)
 
 	dir := t.TempDir()
@@ -100,7 +61,8 @@ backends = [{ name = "be1", address = "10.77.0.21:7000" }, { name = "be2", addre
 		{Name: "lb2", State: "BACKUP", Priority: 100},
 	} {
 		node.Interface, node.VIP, node.VirtualRouterID, node.Healthz = "eth0", vip+"/24", 51, "http://"+admin+"/healthz"
-		conf := renderKeepalived(t, dir, node)
+		conf := filepath.Join(dir, node.Name+".conf")
+		renderFile(t, "docs/keepalived/keepalived.conf.tmpl", conf, node)
 		ns := []string{lb1, lb2}[i]
 		start(t, ns, "keepalived", "--dont-fork", "--log-console", "--log-detail", "--no-syslog", "--vrrp",
 			"-f", conf, "-p", filepath.Join(dir, node.Name+".pid"), "-r", filepath.Join(dir, node.Name+"-vrrp.pid"))

@@ -160,24 +160,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// adminFlags adds -config and -admin to fs; the func it returns, called
-// after Parse, gives the admin address to ask.
-func adminFlags(fs *flag.FlagSet) func() (string, error) {
+// adminCommand parses the flags of a subcommand that asks the admin
+// listener: -config and -admin, plus those more adds. It returns the admin
+// address, or "" and the exit status to return.
+func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
-	addr := fs.String("admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
-	return func() (string, error) {
-		if *addr != "" {
-			return *addr, nil
-		}
-		cfg, err := conf.Load(*path)
-		if err != nil {
-			return "", err
-		}
-		if !cfg.Admin.Listen.IsValid() {
-			return "", fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
-		}
-		return cfg.Admin.Listen.String(), nil
+	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	if more != nil {
+		more(fs)
 	}
+	if err := fs.Parse(args); err != nil {
+		return "", 2
+	}
+	if addr != "" {
+		return addr, 0
+	}
+	cfg, err := conf.Load(*path)
+	if err == nil && !cfg.Admin.Listen.IsValid() {
+		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
+		return "", 1
+	}
+	return cfg.Admin.Listen.String(), 0
 }
 
 // adminClient bounds every request to the admin listener.
@@ -185,17 +193,12 @@ var adminClient = http.Client{Timeout: 5 * time.Second}
 
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fulcrum status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	admAddr := adminFlags(fs)
-	raw := fs.Bool("json", false, "print the JSON as served")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	addr, err := admAddr()
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
-		return 1
+	var raw *bool
+	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
+		raw = fs.Bool("json", false, "print the JSON as served")
+	})
+	if addr == "" {
+		return code
 	}
 	resp, err := adminClient.Get("http://" + addr + "/status")
 	if err != nil {
@@ -219,17 +222,12 @@ func status(args []string, stdout, stderr io.Writer) int {
 // drain asks the running daemon to drain (POST /drain) or undrain, and
 // prints its one-line answer.
 func drain(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fulcrum drain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	admAddr := adminFlags(fs)
-	undo := fs.Bool("undo", false, "undrain: put the instance back in rotation")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	addr, err := admAddr()
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
-		return 1
+	var undo *bool
+	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
+		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
+	})
+	if addr == "" {
+		return code
 	}
 	path := "/drain"
 	if *undo {
@@ -258,16 +256,9 @@ func drain(args []string, stdout, stderr io.Writer) int {
 // probes, keepalived without curl) while the admin listener stays on
 // loopback.
 func healthz(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fulcrum healthz", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	admAddr := adminFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	addr, err := admAddr()
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
-		return 1
+	addr, code := adminCommand("healthz", args, stderr, nil)
+	if addr == "" {
+		return code
 	}
 	resp, err := adminClient.Get("http://" + addr + "/healthz")
 	if err != nil {

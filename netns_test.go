@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"text/template"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -221,6 +222,49 @@ func greetVia(name string) func(*net.TCPConn) {
 	return func(c *net.TCPConn) {
 		fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr().(*net.TCPAddr).IP)
 	}
+}
+
+// renderFile renders the Go template at tmpl (a file of the repository)
+// with data into path.
+func renderFile(t *testing.T, tmpl, path string, data any) {
+	t.Helper()
+	tp, err := template.ParseFiles(tmpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := tp.Execute(f, data); err != nil {
+		t.Fatalf("render %s: %v", tmpl, err)
+	}
+}
+
+// labConfig starts backends be1 and be2 on subnet.21:7000 and
+// subnet.22:7000 in namespace ns and writes the one fulcrum file every
+// instance of a lab uses: mh over them on listen, the admin listener on
+// admin, plus extra TOML. drain_timeout is short because a connection left
+// on an instance when the address moves away never hears from its client
+// again.
+func labConfig(t *testing.T, ns, subnet, admin, listen, extra string) string {
+	t.Helper()
+	listenIn(t, ns, subnet+".21:7000", "be1")
+	listenIn(t, ns, subnet+".22:7000", "be2")
+	return writeFile(t, "fulcrum.toml", fmt.Sprintf(`
+[log]
+format = "json"
+access = false
+[admin]
+listen = %q
+%s
+[services.app]
+listen = [%q]
+scheduler = "mh"
+drain_timeout = "2s"
+backends = [{ name = "be1", address = "%[4]s.21:7000" }, { name = "be2", address = "%[4]s.22:7000" }]
+`, admin, extra, listen, subnet))
 }
 
 // listenIn starts a greetVia backend on addr inside namespace ns.

@@ -228,20 +228,10 @@ func replaceFile(t *testing.T, path string, data []byte) {
 // awaitPrefix returns the first log line whose message starts with prefix.
 func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case m, ok := <-d.lines:
-			if !ok {
-				t.Fatalf("daemon exited before logging %q…", prefix)
-			}
-			if msg, _ := m["message"].(string); strings.HasPrefix(msg, prefix) {
-				return m
-			}
-		case <-timeout:
-			t.Fatalf("daemon did not log %q… within 10s", prefix)
-		}
-	}
+	return d.awaitMatch(t, fmt.Sprintf("%q…", prefix), func(m map[string]any) bool {
+		msg, _ := m["message"].(string)
+		return strings.HasPrefix(msg, prefix)
+	})
 }
 
 // TestConsulTemplate renders the repository's consul-template template for
