@@ -41,6 +41,25 @@ func writeFile(t *testing.T, name, text string) string {
 	return p
 }
 
+// replaceFile writes data next to path and renames it over path, as
+// consul-template's atomic write does.
+func replaceFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".fulcrum.toml.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	good := writeFile(t, "good.toml", `
 [services.pg]

@@ -206,25 +206,6 @@ func renderConsul(t *testing.T, catalog map[string][]healthService, env map[stri
 	return b.Bytes()
 }
 
-// replaceFile writes data next to path and renames it over path, as
-// consul-template's atomic write does.
-func replaceFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".fulcrum.toml.*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	if err := tmp.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // awaitPrefix returns the first log line whose message starts with prefix.
 func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
 	t.Helper()
