@@ -34,7 +34,7 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weight = 0 }]
 `, be, listenertest.DeadAddr(t)))
-	adm := d.await(t, "admin listening: /metrics /status /healthz")["addr"].(string) // logged first
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
 	lb := d.await(t, "listening")["addr"].(string)
 
 	const n = 7

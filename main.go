@@ -4,6 +4,9 @@
 //	fulcrum [-config /etc/fulcrum/fulcrum.toml]   run
 //	fulcrum -check [-config PATH]                  validate, print a summary, exit 0 or 1
 //	fulcrum -version
+//	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
+//	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
+//	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
 //	fulcrum demo                                    three echo backends behind a balancer
 //
 // main.go holds flags and wiring only.
@@ -31,6 +34,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/admin"
+	"fulcrum/cluster"
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/reload"
@@ -49,6 +53,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "status" {
 		return status(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "drain" {
+		return drain(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "healthz" {
+		return healthz(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "demo" {
 		ctx, stop := signalContext()
 		defer stop()
@@ -60,7 +70,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "validate the configuration, print a summary and exit (0 valid, 1 not)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n       fulcrum demo [-listen ADDR]\n\n")
+		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n"+
+			"       fulcrum drain [-undo] [-config FILE | -admin ADDR]\n       fulcrum healthz [-config FILE | -admin ADDR]\n"+
+			"       fulcrum demo [-listen ADDR]\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -84,10 +96,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		summary(stdout, cfg)
 		return 0
 	}
+	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
+	usr := make(chan os.Signal, 2)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(usr)
 	log := newLogger(cfg.Log, stderr)
 	ctx, stop := signalContext()
 	defer stop()
 	var ptr atomic.Pointer[sched.Table]
+	inst := cluster.New(ptr.Load, log)
+	ictx, stopInst := context.WithCancel(ctx)
+	instDone := make(chan struct{})
+	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when run returns
+	defer func() { stopInst(); <-instDone }()
 	srv := listener.New(&ptr, log)
 	m := reload.New(*path, &ptr, srv, log)
 	m.OnLog = setLevel
@@ -125,8 +146,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			log.Error().Err(err).Msg("cannot start the admin listener")
 			return 1
 		}
-		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Version: versionString()}
+		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString()}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
@@ -145,30 +166,47 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// status prints the running daemon's /status as a table.
-func status(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("fulcrum status", flag.ContinueOnError)
+// adminCommand parses the flags of a subcommand that asks the admin
+// listener: -config and -admin, plus those more adds. It returns the admin
+// address, or "" and the exit status to return.
+func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
-	addr := fs.String("admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
-	raw := fs.Bool("json", false, "print the JSON as served")
+	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	if more != nil {
+		more(fs)
+	}
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return "", 2
 	}
-	if *addr == "" {
-		cfg, err := conf.Load(*path)
-		if err != nil {
-			fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
-			return 1
-		}
-		if !cfg.Admin.Listen.IsValid() {
-			fmt.Fprintf(stderr, "fulcrum status: %s has no [admin] listen; set one, or pass -admin ADDR\n", *path)
-			return 1
-		}
-		*addr = cfg.Admin.Listen.String()
+	if addr != "" {
+		return addr, 0
 	}
-	client := http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get("http://" + *addr + "/status")
+	cfg, err := conf.Load(*path)
+	if err == nil && !cfg.Admin.Listen.IsValid() {
+		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
+		return "", 1
+	}
+	return cfg.Admin.Listen.String(), 0
+}
+
+// adminClient bounds every request to the admin listener.
+var adminClient = http.Client{Timeout: 5 * time.Second}
+
+// status prints the running daemon's /status as a table.
+func status(args []string, stdout, stderr io.Writer) int {
+	var raw *bool
+	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
+		raw = fs.Bool("json", false, "print the JSON as served")
+	})
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/status")
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
 		return 1
@@ -180,10 +218,64 @@ func status(args []string, stdout, stderr io.Writer) int {
 	}
 	var st admin.Status
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", *addr, err)
+		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
 		return 1
 	}
 	admin.WriteTable(stdout, st)
+	return 0
+}
+
+// drain asks the running daemon to drain (POST /drain) or undrain, and
+// prints its one-line answer.
+func drain(args []string, stdout, stderr io.Writer) int {
+	var undo *bool
+	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
+		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
+	})
+	if addr == "" {
+		return code
+	}
+	path := "/drain"
+	if *undo {
+		path = "/undrain"
+	}
+	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %v\n", addr, path, err)
+		return 1
+	}
+	stdout.Write(body)
+	return 0
+}
+
+// healthz prints the running daemon's /healthz line and exits 0 if it is
+// 200: a health check for engines that run a command (Kubernetes exec
+// probes, keepalived without curl) while the admin listener stays on
+// loopback.
+func healthz(args []string, stdout, stderr io.Writer) int {
+	addr, code := adminCommand("healthz", args, stderr, nil)
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/healthz")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	io.Copy(stdout, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return 1
+	}
 	return 0
 }
 

@@ -41,6 +41,25 @@ func writeFile(t *testing.T, name, text string) string {
 	return p
 }
 
+// replaceFile writes data next to path and renames it over path, as
+// consul-template's atomic write does.
+func replaceFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".fulcrum.toml.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	good := writeFile(t, "good.toml", `
 [services.pg]
@@ -234,18 +253,31 @@ func (d *daemon) expectExit(t *testing.T, within time.Duration) {
 // await returns the first log line with the given message.
 func (d *daemon) await(t *testing.T, msg string) map[string]any {
 	t.Helper()
+	return d.awaitMatch(t, fmt.Sprintf("%q", msg), func(m map[string]any) bool { return m["message"] == msg })
+}
+
+// awaitMatch returns the first log line for which match is true (what
+// describes it in a failure). A line whose message is one of never fails
+// the test.
+func (d *daemon) awaitMatch(t *testing.T, what string, match func(map[string]any) bool, never ...string) map[string]any {
+	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
 		case m, ok := <-d.lines:
 			if !ok {
-				t.Fatalf("daemon exited before logging %q", msg)
+				t.Fatalf("daemon exited before logging %s", what)
 			}
-			if m["message"] == msg {
+			for _, n := range never {
+				if m["message"] == n {
+					t.Errorf("logged %q before %s: %v", n, what, m)
+				}
+			}
+			if match(m) {
 				return m
 			}
 		case <-timeout:
-			t.Fatalf("daemon did not log %q within 10s", msg)
+			t.Fatalf("daemon did not log %s within 10s", what)
 		}
 	}
 }

@@ -100,11 +100,13 @@ func TestSystemdNotify(t *testing.T) {
 	}
 	want("READY=1\nSTATUS=generation 1; 1 services; backends 1/1 up; 0 connections", "")
 
-	os.WriteFile(path, []byte(config(2)), 0o644)
+	// Renamed over, not written in place: a truncation seen on its own
+	// would be one more (refused) reload in the exact sequence this checks.
+	replaceFile(t, path, []byte(config(2)))
 	want("RELOADING=1\nMONOTONIC_USEC=", "")
 	want("READY=1\nSTATUS=generation 2;", "")
 
-	os.WriteFile(path, []byte(config(3)+"\nbogus = 1\n"), 0o644)
+	replaceFile(t, path, []byte(config(3)+"\nbogus = 1\n"))
 	want("RELOADING=1\nMONOTONIC_USEC=", "")
 	want("READY=1\nSTATUS=generation 2;", "last reload failed: "+path+":9: services.s.bogus: unknown key")
 

@@ -1,15 +1,18 @@
 // Package admin serves fulcrum's admin HTTP listener: /metrics in the
-// Prometheus exposition format and /status as JSON, and prints that status
+// Prometheus exposition format, /status as JSON, /healthz for the engines
+// that put instances in and out of rotation (keepalived, BGP health
+// checkers, Kubernetes), and POST /drain and /undrain; it prints the status
 // as a table for `fulcrum status`.
 //
-// It only reads: the current snapshot (one atomic load per request), the
+// Apart from the drain requests, which it hands to the cluster.Instance, it
+// only reads: the current snapshot (one atomic load per request), the
 // reload history and the listener counters. Metrics are gathered at scrape
 // time from the counters the data path keeps anyway, so serving them costs
 // the connection path nothing.
 //
 // Typical use (main does this):
 //
-//	src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets}
+//	src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst}
 //	go admin.Serve(ctx, ln, admin.Handler(src)) // returns when ctx ends
 package admin
 
@@ -17,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -26,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"fulcrum/backend"
+	"fulcrum/cluster"
 	"fulcrum/listener"
 	"fulcrum/reload"
 	"fulcrum/sched"
@@ -36,8 +41,10 @@ type Source struct {
 	Table   func() *sched.Table           // the current snapshot
 	Reloads func() reload.Status          // the reload history
 	Sockets func() []listener.SocketStats // per-listener counters
-	Healthy func() (ok bool, why string)  // for /healthz; nil: always ok
-	Version string
+	// Instance answers /healthz and takes POST /drain and /undrain; nil:
+	// /healthz is always 200 and there is nothing to drain.
+	Instance *cluster.Instance
+	Version  string
 }
 
 // Handler serves /metrics and /status (and /healthz) for src.
@@ -55,15 +62,53 @@ func Handler(src Source) http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		ok, why := true, "ok"
-		if src.Healthy != nil {
-			ok, why = src.Healthy()
+		if src.Instance != nil {
+			ok, why = src.Instance.Healthy()
 		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
 		if !ok {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		w.Write([]byte(why + "\n"))
 	})
+	// POST only, and refused when a browser sends it from another origin:
+	// a page the operator has open must not be able to drain the instance.
+	drain := func(on bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if src.Instance == nil {
+				http.Error(w, "no instance to drain", http.StatusNotFound)
+				return
+			}
+			by := r.Method + " " + r.URL.Path + " from " + r.RemoteAddr
+			changed := false
+			if on {
+				changed = src.Instance.Drain(by)
+			} else {
+				changed = src.Instance.Undrain(by)
+			}
+			st := src.Instance.Status()
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprintf(w, "%s; /healthz: %s\n", drainWord(st.Draining, changed), st.Reason)
+		}
+	}
+	mux.Handle("POST /drain", http.NewCrossOriginProtection().Handler(drain(true)))
+	mux.Handle("POST /undrain", http.NewCrossOriginProtection().Handler(drain(false)))
 	return mux
+}
+
+// drainWord says what a drain request did, in the words `fulcrum drain` prints.
+func drainWord(draining, changed bool) string {
+	switch {
+	case draining && changed:
+		return "draining"
+	case draining:
+		return "already draining"
+	case changed:
+		return "undrained"
+	default:
+		return "not draining"
+	}
 }
 
 // Serve serves h on ln until ctx ends, then shuts down (in-flight requests
@@ -85,6 +130,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 // Status is what /status returns: the live snapshot.
 type Status struct {
 	Version    string          `json:"version,omitempty"`
+	Instance   *cluster.Status `json:"instance,omitempty"` // drain state and /healthz's verdict
 	Generation uint64          `json:"generation"`
 	Reload     ReloadStatus    `json:"reload"`
 	Services   []ServiceStatus `json:"services"`
@@ -144,6 +190,10 @@ type ListenStatus struct {
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
 	st := Status{Version: src.Version}
+	if src.Instance != nil {
+		is := src.Instance.Status()
+		st.Instance = &is
+	}
 	if t := src.Table(); t != nil {
 		st.Generation = t.Gen
 		for _, s := range t.Services {

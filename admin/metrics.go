@@ -34,12 +34,15 @@ var (
 	generation      = prometheus.NewDesc("fulcrum_config_generation", "Generation of the running configuration: 1 at start, +1 per applied reload.", nil, nil)
 	lastReload      = prometheus.NewDesc("fulcrum_config_last_reload_timestamp_seconds", "When the running configuration was applied.", nil, nil)
 	lastReloadError = prometheus.NewDesc("fulcrum_config_last_reload_successful", "1 if the last reload attempt was applied, 0 if it was refused.", nil, nil)
+	instDraining    = prometheus.NewDesc("fulcrum_instance_draining", "1 while the instance is drained (fulcrum drain, SIGUSR1) or stopping: /healthz fails, connections are still served.", nil, nil)
+	instHealthy     = prometheus.NewDesc("fulcrum_instance_healthy", "1 while /healthz answers 200: not draining, and some service has a backend up.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
-		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError} {
+		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
+		instDraining, instHealthy} {
 		ch <- d
 	}
 }
@@ -88,6 +91,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(lastReload, float64(st.Reload.Applied.UnixNano())/1e9)
 	}
 	gauge(lastReloadError, boolf(st.Reload.LastError == ""))
+	if is := st.Instance; is != nil {
+		gauge(instDraining, boolf(is.Draining))
+		gauge(instHealthy, boolf(is.Healthy))
+	}
 }
 
 func boolf(b bool) float64 {

@@ -19,6 +19,13 @@ func WriteTable(w io.Writer, st Status) {
 	if st.Reload.LastError != "" {
 		fmt.Fprintf(w, "last reload refused: %s\n", st.Reload.LastError)
 	}
+	if is := st.Instance; is != nil {
+		health := "healthy"
+		if !is.Healthy {
+			health = "unhealthy"
+		}
+		fmt.Fprintf(w, "instance %s: %s\n", health, is.Reason)
+	}
 	for _, s := range st.Services {
 		fmt.Fprintf(w, "\nservice %s  %s  listen %s  active %d  waiting %d  retries %d  refused %d\n", s.Name, s.Scheduler,
 			strings.Join(s.Listen, " "), s.Active, s.Waiting, s.Retries, s.Refused)

@@ -62,6 +62,7 @@ type Config struct {
 	Log      Log       // the [log] table
 	Reload   Reload    // the [reload] table
 	Admin    Admin     // the [admin] table
+	Cluster  Cluster   // the [cluster] table
 	Services []Service // in file order
 }
 
@@ -77,6 +78,15 @@ type Log struct {
 type Admin struct {
 	Listen      netip.AddrPort // zero: no admin listener (the default)
 	AllowRemote bool           // a non-loopback Listen is refused unless set
+}
+
+// Cluster is the [cluster] table: what an instance that shares a floating
+// (keepalived) or anycast (BGP) address with others needs.
+type Cluster struct {
+	// Freebind binds listen addresses that this host does not hold yet
+	// (IP_FREEBIND), so that a keepalived backup can listen on the virtual
+	// address before it moves here. Default false: such a bind fails.
+	Freebind bool
 }
 
 // Reload is the [reload] table: how the running daemon notices edits.
@@ -265,6 +275,10 @@ func (w *walker) config(root *table) *Config {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
 	at.done()
+
+	ct := root.sub("cluster")
+	cfg.Cluster.Freebind = ct.boolean("freebind", false)
+	ct.done()
 
 	dt := root.sub("defaults")
 	defaults := w.settings(dt, builtinSettings())

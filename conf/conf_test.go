@@ -75,6 +75,13 @@ func TestParseSample(t *testing.T) {
 	if !cfg.Log.Access || cfg.Log.Level != "info" {
 		t.Errorf("log = %+v", cfg.Log)
 	}
+	if cfg.Cluster.Freebind {
+		t.Errorf("cluster.freebind = true; want false by default")
+	}
+	on, err := Parse("f.toml", []byte("[cluster]\nfreebind = true\n"+sample))
+	if err != nil || !on.Cluster.Freebind {
+		t.Errorf("[cluster] freebind = true: %+v, %v", on, err)
+	}
 }
 
 // TestHealthInheritance: [defaults.health] → [services.x.health] → a
@@ -216,6 +223,8 @@ func TestErrors(t *testing.T) {
 		{"negative rate", ok + "accept_rate = -1\n", []string{`f.toml:4: services.s.accept_rate: must be between 0 and 1e+09, have -1`}},
 		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
 		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
+		{"cluster typo", "[cluster]\nfreebnd = true\n" + ok, []string{`f.toml:2: cluster.freebnd: unknown key`}},
+		{"cluster freebind type", "[cluster]\nfreebind = \"yes\"\n" + ok, []string{`f.toml:2: cluster.freebind: want true or false`}},
 		{"everything at once", `[log]
 level = "loud"
 [defaults]

@@ -28,9 +28,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/sched"
 )
@@ -48,9 +50,10 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
-	mu    sync.Mutex // protects lns and spare
-	lns   map[netip.AddrPort]*socket
-	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
+	mu       sync.Mutex // protects lns, spare and freebind
+	lns      map[netip.AddrPort]*socket
+	spare    map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
+	freebind bool                                // bind addresses this host does not hold (yet)
 }
 
 // socket is one listening socket and its accept loop.
@@ -114,6 +117,32 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 	return true
 }
 
+// SetFreebind makes later binds succeed for addresses that are not on any
+// interface yet (IP_FREEBIND): a keepalived backup then listens on the
+// virtual address before the address moves to it. Sockets already bound are
+// unaffected.
+func (s *Server) SetFreebind(on bool) {
+	s.mu.Lock()
+	s.freebind = on
+	s.mu.Unlock()
+}
+
+// freebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
+func freebind(network, _ string, c syscall.RawConn) error {
+	level, opt := unix.IPPROTO_IP, unix.IP_FREEBIND
+	if network == "tcp6" {
+		level, opt = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
+	}
+	var serr error
+	if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("set freebind: %w", serr)
+	}
+	return nil
+}
+
 // SocketStats are one listener's counters.
 type SocketStats struct {
 	Listen       netip.AddrPort // as configured
@@ -151,6 +180,9 @@ func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
+	if s.freebind {
+		lc.Control = freebind
+	}
 	for _, a := range want {
 		c.want[a] = true
 		if _, ok := s.lns[a]; ok {

@@ -213,6 +213,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	for _, s := range next.Services {
 		want = append(want, s.Listen...)
 	}
+	m.srv.SetFreebind(cfg.Cluster.Freebind) // before the binds: a reload may add a virtual address
 	ch, err := m.srv.Prepare(want)
 	if err != nil {
 		return err

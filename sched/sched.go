@@ -73,6 +73,11 @@ type Target struct {
 	FailTimeout   time.Duration // passive checks: the window, and how long it stays down
 }
 
+// Up reports whether t takes new connections as far as configuration,
+// health and drain go: weight above 0, backend neither down nor draining.
+// Fullness (MaxConns) is not considered: it passes as connections end.
+func (t *Target) Up() bool { return t.Weight > 0 && !t.B.Down() && !t.B.Draining() }
+
 // MaxTries bounds how many backends one connection may try.
 const MaxTries = 16
 
@@ -307,7 +312,7 @@ func (s *Service) Pool() ([]Target, Picker) {
 		return s.Targets, s.Picker
 	}
 	for i := range s.Targets {
-		if t := &s.Targets[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() {
+		if s.Targets[i].Up() {
 			return s.Targets, s.Picker
 		}
 	}

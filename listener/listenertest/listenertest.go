@@ -171,6 +171,12 @@ func NewServerAt(t testing.TB, addr string, handle func(*net.TCPConn)) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return Serve(t, ln, handle)
+}
+
+// Serve is NewServer on a listener the test made itself (in a network
+// namespace, say); the test's cleanup closes it.
+func Serve(t testing.TB, ln *net.TCPListener, handle func(*net.TCPConn)) *Server {
 	s := &Server{ln: ln, Addr: ln.Addr().String(), conns: map[*net.TCPConn]bool{}}
 	s.wg.Add(1)
 	go func() { // exits when Close closes ln
