@@ -14,7 +14,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -24,10 +23,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strings"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -93,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *check {
-		summary(stdout, cfg)
+		cfg.WriteSummary(stdout)
 		return 0
 	}
 	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
@@ -166,118 +163,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// adminCommand parses the flags of a subcommand that asks the admin
-// listener: -config and -admin, plus those more adds. It returns the admin
-// address, or "" and the exit status to return.
-func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
-	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
-	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
-	if more != nil {
-		more(fs)
-	}
-	if err := fs.Parse(args); err != nil {
-		return "", 2
-	}
-	if addr != "" {
-		return addr, 0
-	}
-	cfg, err := conf.Load(*path)
-	if err == nil && !cfg.Admin.Listen.IsValid() {
-		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
-		return "", 1
-	}
-	return cfg.Admin.Listen.String(), 0
-}
-
 // adminClient bounds every request to the admin listener.
 var adminClient = http.Client{Timeout: 5 * time.Second}
-
-// status prints the running daemon's /status as a table.
-func status(args []string, stdout, stderr io.Writer) int {
-	var raw *bool
-	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
-		raw = fs.Bool("json", false, "print the JSON as served")
-	})
-	if addr == "" {
-		return code
-	}
-	resp, err := adminClient.Get("http://" + addr + "/status")
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	if *raw {
-		io.Copy(stdout, resp.Body)
-		return 0
-	}
-	var st admin.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
-		return 1
-	}
-	admin.WriteTable(stdout, st)
-	return 0
-}
-
-// drain asks the running daemon to drain (POST /drain) or undrain, and
-// prints its one-line answer.
-func drain(args []string, stdout, stderr io.Writer) int {
-	var undo *bool
-	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
-		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
-	})
-	if addr == "" {
-		return code
-	}
-	path := "/drain"
-	if *undo {
-		path = "/undrain"
-	}
-	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %v\n", addr, path, err)
-		return 1
-	}
-	stdout.Write(body)
-	return 0
-}
-
-// healthz prints the running daemon's /healthz line and exits 0 if it is
-// 200: a health check for engines that run a command (Kubernetes exec
-// probes, keepalived without curl) while the admin listener stays on
-// loopback.
-func healthz(args []string, stdout, stderr io.Writer) int {
-	addr, code := adminCommand("healthz", args, stderr, nil)
-	if addr == "" {
-		return code
-	}
-	resp, err := adminClient.Get("http://" + addr + "/healthz")
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
-		return 1
-	}
-	defer resp.Body.Close()
-	io.Copy(stdout, io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return 1
-	}
-	return 0
-}
 
 // signalContext ends on the first SIGINT or SIGTERM, which starts a graceful
 // shutdown; a second one exits at once.
@@ -385,56 +272,4 @@ func versionString() string {
 		}
 	}
 	return "dev"
-}
-
-// summary prints what -check validated, on one screen.
-func summary(w io.Writer, cfg *conf.Config) {
-	fmt.Fprintf(w, "%s: configuration is valid\n", cfg.File)
-	fmt.Fprintf(w, "log: level %s, format %s, access log %v\n", cfg.Log.Level, cfg.Log.Format, onOff(cfg.Log.Access))
-	for _, s := range cfg.Services {
-		listen := make([]string, len(s.Listen))
-		for i, a := range s.Listen {
-			listen[i] = a.String()
-		}
-		params := ""
-		switch s.Scheduler { // only the parameters this scheduler reads
-		case "p2c":
-			params = fmt.Sprintf(" (choices %d)", s.Choices)
-		case "sh":
-			params = fmt.Sprintf(" (hash_key %s)", s.HashKey)
-		case "mh":
-			params = fmt.Sprintf(" (hash_key %s, table_size %d)", s.HashKey, s.TableSize)
-		}
-		fmt.Fprintf(w, "\nservice %s  scheduler %s%s  listen %s\n", s.Name, s.Scheduler, params, strings.Join(listen, " "))
-		fmt.Fprintf(w, "  connect_timeout %s  idle_timeout %s  retries %d  drain_timeout %s\n",
-			s.ConnectTimeout, durOrNone(s.IdleTimeout), s.Retries, durOrNone(s.DrainTimeout))
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  backend\taddress\tweight\t")
-		for _, b := range s.Backends {
-			addr := b.Addr.String()
-			if addr != b.Address {
-				addr = b.Address + " (" + addr + ")"
-			}
-			weight := fmt.Sprint(b.Weight)
-			if b.Weight == 0 {
-				weight += " (drain)"
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t\n", b.Name, addr, weight)
-		}
-		tw.Flush()
-	}
-}
-
-func onOff(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
-}
-
-func durOrNone(d interface{ String() string }) string {
-	if s := d.String(); s != "0s" {
-		return s
-	}
-	return "none"
 }

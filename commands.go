@@ -1,0 +1,125 @@
+package main
+
+// The subcommands that ask a running daemon through its admin listener.
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"fulcrum/admin"
+	"fulcrum/conf"
+)
+
+// adminCommand parses the flags of a subcommand that asks the admin
+// listener: -config and -admin, plus those more adds. It returns the admin
+// address, or "" and the exit status to return.
+func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
+	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
+	if more != nil {
+		more(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return "", 2
+	}
+	if addr != "" {
+		return addr, 0
+	}
+	cfg, err := conf.Load(*path)
+	if err == nil && !cfg.Admin.Listen.IsValid() {
+		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
+		return "", 1
+	}
+	return cfg.Admin.Listen.String(), 0
+}
+
+// status prints the running daemon's /status as a table.
+func status(args []string, stdout, stderr io.Writer) int {
+	var raw *bool
+	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
+		raw = fs.Bool("json", false, "print the JSON as served")
+	})
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/status")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	if *raw {
+		io.Copy(stdout, resp.Body)
+		return 0
+	}
+	var st admin.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
+		return 1
+	}
+	admin.WriteTable(stdout, st)
+	return 0
+}
+
+// drain asks the running daemon to drain (POST /drain) or undrain, and
+// prints its one-line answer.
+func drain(args []string, stdout, stderr io.Writer) int {
+	var undo *bool
+	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
+		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
+	})
+	if addr == "" {
+		return code
+	}
+	path := "/drain"
+	if *undo {
+		path = "/undrain"
+	}
+	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %v\n", addr, path, err)
+		return 1
+	}
+	stdout.Write(body)
+	return 0
+}
+
+// healthz prints the running daemon's /healthz line and exits 0 if it is
+// 200: a health check for engines that run a command (Kubernetes exec
+// probes, keepalived without curl) while the admin listener stays on
+// loopback.
+func healthz(args []string, stdout, stderr io.Writer) int {
+	addr, code := adminCommand("healthz", args, stderr, nil)
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/healthz")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	io.Copy(stdout, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return 1
+	}
+	return 0
+}
