@@ -42,7 +42,9 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 // startProxy is newProxy with the log level given: a benchmark runs at info
 // level with the access log off, as fulcrum.toml's access = false does, so
 // that no log line is built per connection.
-func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level) *testProxy {
+//
+// Each opt is applied to the Server before it accepts.
+func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: listenertest.NewLogSink()}
 	targets := make([]sched.Target, len(backends))
@@ -61,6 +63,9 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	for _, o := range opts {
+		o(p.srv)
+	}
 	ch, err := p.srv.Prepare([]netip.AddrPort{key})
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +83,9 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	})
 	return p
 }
+
+// withMode makes every session of the Server copy in mode m.
+func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }
 
 func (p *testProxy) dial(t testing.TB) *net.TCPConn {
 	t.Helper()

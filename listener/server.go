@@ -46,6 +46,9 @@ type Server struct {
 
 	mu  sync.Mutex // protects lns
 	lns map[netip.AddrPort]*socket
+
+	pipes pipePool // splice pipes lent to sessions while they move data
+	mode  copyMode // how sessions copy; copyAuto but in tests
 }
 
 // socket is one listening socket and its accept loop.
@@ -57,7 +60,8 @@ type socket struct {
 
 // New returns a Server with no listeners.
 func New(tbl Loader, log zerolog.Logger) *Server {
-	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(), lns: map[netip.AddrPort]*socket{}}
+	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(), lns: map[netip.AddrPort]*socket{},
+		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
 
 // keepAlive is applied to both legs of every connection.
@@ -157,8 +161,12 @@ func (s *Server) Close() {
 	}
 }
 
-// Wait blocks until every accept loop and session has ended.
-func (s *Server) Wait() { s.wg.Wait() }
+// Wait blocks until every accept loop and session has ended, then closes
+// the splice pipes kept for reuse.
+func (s *Server) Wait() {
+	s.wg.Wait()
+	s.pipes.closeIdle()
+}
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
 // ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and never end

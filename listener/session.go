@@ -2,14 +2,13 @@ package listener
 
 import (
 	"errors"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/sched"
 )
@@ -25,13 +24,17 @@ const (
 	endDrained   = "drained"        // closed at a drain deadline
 )
 
-// handle serves one accepted connection from start to end.
+// handle serves one accepted connection from start to end. It holds one
+// count of s.wg, which a successful dial hands on to the session: the
+// goroutine that accepted and dialled then exits, and the session's two
+// directions run in fresh goroutines (whose stacks have not grown with the
+// dial's) until the last of them finishes the session.
 func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
-	defer s.wg.Done()
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		c.Close()
+		s.wg.Done()
 		return
 	}
 	var r sched.Request
@@ -46,19 +49,16 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 			end = endNoBackend
 		}
 		s.access(svc, r.Client, nil, start, 0, 0, end, err)
+		s.wg.Done()
 		return
 	}
-	ss := &session{client: c, backend: bc, idle: svc.IdleTimeout}
-	if t.B.Track(ss) {
-		ss.run()
-		t.B.Untrack(ss)
-	} else { // the backend's drain deadline has passed
+	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
-		ss.closeBoth()
+		ss.finish()
+		return
 	}
-	t.B.Release()
-	t.B.AddBytes(ss.up.n, ss.down.n)
-	s.access(svc, r.Client, t, start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.run()
 }
 
 // connect picks and dials backends until one answers, trying at most
@@ -114,132 +114,117 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Targ
 	e.Msg("connection")
 }
 
-// session is one proxied connection after a successful dial.
+// session is one proxied connection after a successful dial. It owns both
+// sockets and the count of Server.wg that handle took for the connection.
+// Its two halves run in goroutines of their own; the last one to end closes
+// both sockets, releases the backend, logs and calls wg.Done (finish).
 type session struct {
-	client, backend *net.TCPConn
-	idle            time.Duration // 0 = none
+	srv     *Server
+	svc     *sched.Service
+	t       *sched.Target
+	client  *net.TCPConn
+	backend *net.TCPConn
+	addr    netip.AddrPort // the client's
+	start   time.Time
+	idle    time.Duration // 0 = none
 
 	up   half // client → backend
 	down half // backend → client
 
-	first   atomic.Int32 // which half reached EOF first: 1 up, 2 down
-	err     atomic.Pointer[error]
-	drained atomic.Bool
-}
-
-// half is one direction of a session.
-type half struct {
-	src, dst *net.TCPConn
-	n        int64        // bytes copied; written by the half's own goroutine, read after it ends
-	last     atomic.Int64 // unix nanoseconds of the last progress seen (idle timeout only)
-	poked    atomic.Bool  // the other half asks this one to report its progress
-	done     atomic.Bool  // the half has returned
+	live     atomic.Int32 // halves still running
+	last     atomic.Int64 // mono() of the last byte written either way (idle timeout only)
+	first    atomic.Int32 // which half reached EOF first: 1 up, 2 down
+	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
+	stopping atomic.Bool  // both sockets are being shut down: errors and EOFs from now on are its echo
+	drained  atomic.Bool
 }
 
 var errIdle = errors.New("idle timeout")
 
-// Close closes both sockets; the session then ends as drained. It lets a
-// backend's drain deadline close a session it tracks.
+func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend *net.TCPConn, addr netip.AddrPort, start time.Time) *session {
+	ss := &session{srv: s, svc: svc, t: t, client: client, backend: backend, addr: addr, start: start, idle: svc.IdleTimeout}
+	ss.up = half{ss: ss, id: 1, src: client, dst: backend, x: newXfer(&s.pipes, s.mode)}
+	ss.down = half{ss: ss, id: 2, src: backend, dst: client, x: newXfer(&s.pipes, s.mode)}
+	return ss
+}
+
+// run starts both halves and returns; the session finishes itself.
+func (ss *session) run() {
+	ss.live.Store(2)
+	if ss.idle > 0 {
+		ss.last.Store(mono())
+		d := time.Now().Add(ss.idle)
+		ss.client.SetDeadline(d)
+		ss.backend.SetDeadline(d)
+	}
+	go ss.up.run()   // exits when the client → backend direction ends
+	go ss.down.run() // exits when the backend → client direction ends
+}
+
+// Close makes both directions end now; the session then ends as drained.
+// It lets a backend's drain deadline close a session it tracks.
 func (ss *session) Close() error {
 	ss.drained.Store(true)
-	ss.closeBoth()
+	ss.stop()
 	return nil
 }
 
-func (ss *session) closeBoth() {
+// stop shuts down both sockets both ways. That wakes a half waiting on
+// either (reads then see EOF, writes EPIPE) without closing a descriptor
+// that the other half may be using: only finish closes.
+func (ss *session) stop() {
+	if ss.stopping.Swap(true) {
+		return
+	}
+	shutdown(ss.client)
+	shutdown(ss.backend)
+}
+
+func shutdown(c *net.TCPConn) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) }) // ENOTCONN after a reset: nothing to do
+}
+
+// halfDone is called by each half as it ends. A clean EOF is passed on as a
+// FIN and the other direction keeps flowing; an error stops both.
+func (ss *session) halfDone(h *half, err error) {
+	h.x.release()
+	h.err = err
+	switch {
+	case err != nil:
+		ss.failed.CompareAndSwap(0, h.id)
+		ss.stop()
+	case !ss.stopping.Load():
+		ss.first.CompareAndSwap(0, h.id)
+		h.dst.CloseWrite()
+	}
+	if ss.live.Add(-1) == 0 {
+		ss.finish()
+	}
+}
+
+// finish closes both sockets, gives the backend its slot back, logs the
+// session and ends its count in the Server's WaitGroup.
+func (ss *session) finish() {
 	ss.client.Close()
 	ss.backend.Close()
-}
-
-// run copies both ways until both directions have ended, then closes both
-// sockets. One direction runs in a new goroutine, which run waits for.
-func (ss *session) run() {
-	ss.up.src, ss.up.dst = ss.client, ss.backend
-	ss.down.src, ss.down.dst = ss.backend, ss.client
-	if ss.idle > 0 {
-		now := time.Now().UnixNano()
-		ss.up.last.Store(now)
-		ss.down.last.Store(now)
-	}
-	done := make(chan struct{})
-	go ss.pipe(&ss.down, &ss.up, 2, done) // exits when the backend→client direction ends
-	ss.pipe(&ss.up, &ss.down, 1, nil)
-	<-done
-	ss.closeBoth()
-}
-
-// pipe runs one direction. A clean EOF is passed on as a FIN (CloseWrite)
-// and the other direction keeps flowing; an error closes both sockets so
-// that the other direction ends too.
-func (ss *session) pipe(h, o *half, id int32, done chan<- struct{}) {
-	err := ss.copy(h, o)
-	h.done.Store(true)
-	if err == nil {
-		ss.first.CompareAndSwap(0, id)
-		h.dst.CloseWrite()
-	} else {
-		ss.err.CompareAndSwap(nil, &err)
-		ss.closeBoth()
-	}
-	if done != nil {
-		close(done)
-	}
-}
-
-// copy moves bytes from h.src to h.dst. Both are *net.TCPConn on purpose:
-// io.Copy then reaches TCPConn.ReadFrom, which splices in the kernel.
-// Wrapping either conn (a counting reader, a bufio) would silently fall back
-// to a userspace copy.
-//
-// With an idle timeout, each direction waits with a read deadline. When it
-// expires with no progress anywhere known, the half asks the other to report
-// (an immediate deadline, "poke"), since bytes moving inside the other's
-// io.Copy are not visible until it returns; the poked half, knowing both
-// sides, gives the verdict.
-func (ss *session) copy(h, o *half) error {
-	if ss.idle <= 0 {
-		n, err := io.Copy(h.dst, h.src)
-		h.n += n
-		return err
-	}
-	deadline := time.Now().Add(ss.idle)
-	for {
-		h.src.SetReadDeadline(deadline)
-		var n int64
-		var err error
-		poked := h.poked.Swap(false)
-		if poked {
-			err = os.ErrDeadlineExceeded // a poke that our own SetReadDeadline overwrote
-		} else {
-			n, err = io.Copy(h.dst, h.src)
-			poked = h.poked.Swap(false)
-		}
-		h.n += n
-		now := time.Now()
-		if n > 0 {
-			h.last.Store(now.UnixNano())
-		}
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			return err
-		}
-		last := time.Unix(0, max(h.last.Load(), o.last.Load()))
-		switch {
-		case now.Sub(last) < ss.idle:
-			deadline = last.Add(ss.idle)
-		case poked || o.done.Load():
-			return errIdle
-		default:
-			o.poked.Store(true)
-			o.src.SetReadDeadline(time.Unix(1, 0))
-			deadline = now.Add(ss.idle)
-		}
-	}
+	b := ss.t.B
+	b.Untrack(ss)
+	b.Release()
+	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.srv.wg.Done()
 }
 
 // firstErr is the error that ended the session, or nil.
 func (ss *session) firstErr() error {
-	if p := ss.err.Load(); p != nil {
-		return *p
+	switch ss.failed.Load() {
+	case 1:
+		return ss.up.err
+	case 2:
+		return ss.down.err
 	}
 	return nil
 }
@@ -249,8 +234,8 @@ func (ss *session) end() string {
 	if ss.drained.Load() {
 		return endDrained
 	}
-	if p := ss.err.Load(); p != nil {
-		if errors.Is(*p, errIdle) {
+	if err := ss.firstErr(); err != nil {
+		if errors.Is(err, errIdle) {
 			return endIdle
 		}
 		return endReset
