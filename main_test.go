@@ -270,18 +270,27 @@ func fdKinds(t *testing.T, pid int) (sockets, pipeFDs int) {
 // TestDaemonIdleDescriptors: in the real daemon an idle proxied connection
 // costs exactly its two sockets, and a connection that spliced megabytes
 // and then went quiet keeps no pipe: the pipes are pooled and reused, so
-// twenty such connections in turn leave only the few pipes of the pool.
+// twenty such connections in turn leave only the few pipes of the pool;
+// in both copy designs.
 func TestDaemonIdleDescriptors(t *testing.T) {
+	for _, copy := range []string{"pooled", "parked"} {
+		t.Run(copy, func(t *testing.T) { testDaemonIdleDescriptors(t, copy) })
+	}
+}
+
+func testDaemonIdleDescriptors(t *testing.T, copy string) {
 	const idle, bulk = 200, 20
 	be := listenertest.NewServer(t, listenertest.Echo).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
 access = false
+[defaults]
+copy = %q
 [services.echo]
 listen = ["127.0.0.1:0"]
 backends = [{ name = "echo", address = %q }]
-`, be))
+`, copy, be))
 	addr := d.await(t, "listening")["addr"].(string)
 	pid := d.cmd.Process.Pid
 	sockets0, pipes0 := fdKinds(t, pid)

@@ -74,6 +74,7 @@ type Settings struct {
 	IdleTimeout    time.Duration // no byte either way for this long closes the connection; 0 (default) = never
 	Retries        int           // further backends tried after a failed connect; default 2
 	DrainTimeout   time.Duration // how long a removed backend's connections (or all, at shutdown) may run on; default 5m, 0 = no limit
+	Copy           string        // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
 }
 
 // Service is one [services.NAME] table.
@@ -93,7 +94,7 @@ type Backend struct {
 }
 
 func builtinSettings() Settings {
-	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute}
+	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute, Copy: "pooled"}
 }
 
 // Load reads and validates the file at path.
@@ -201,6 +202,7 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		IdleTimeout:    t.duration("idle_timeout", base.IdleTimeout, 0),
 		Retries:        int(t.integer("retries", int64(base.Retries), 0, MaxRetries)),
 		DrainTimeout:   t.duration("drain_timeout", base.DrainTimeout, 0),
+		Copy:           t.oneOf("copy", base.Copy, "pooled", "parked"),
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -160,6 +161,14 @@ func (x *xfer) flush(dst int) (int, error) {
 	return written, nil
 }
 
+// pending reports whether the last fill brought in bytes not yet flushed.
+func (x *xfer) pending() bool {
+	if x.p != nil {
+		return x.p.n > 0
+	}
+	return x.off < x.end
+}
+
 // release gives back what x holds when its direction ends: a pipe that may
 // still hold bytes is closed, not pooled.
 func (x *xfer) release() {
@@ -215,6 +224,13 @@ type half struct {
 	x        xfer
 	n        int64 // bytes written to dst; the half's own, read by the session after both end
 	err      error // what ended the half, nil for a clean EOF; set before the half ends
+
+	// The parked design only (parked.go).
+	sfd, dfd int          // src's and dst's descriptors
+	state    atomic.Int32 // stIdle, stRunning, stKicked or stDone
+	hup      atomic.Bool  // an event for src carried RDHUP, HUP or ERR
+	wantOut  atomic.Bool  // waiting for dst to take more: EPOLLOUT concerns this half
+	drained  bool         // the last fill was a short read: src was empty then
 }
 
 // run copies until EOF, an error or the session's stop, then reports to the

@@ -355,6 +355,12 @@ func FuzzCopy(f *testing.F) {
 	f.Add(uint8(1), uint64(6), uint32(2_500_000))
 	f.Add(uint8(0), uint64(7), uint32(700_001))
 	f.Add(uint8(2), uint64(8), uint32(0))
+	f.Add(uint8(3), uint64(9), uint32(1))
+	f.Add(uint8(4), uint64(10), uint32(100))
+	f.Add(uint8(5), uint64(11), uint32(bufSize))
+	f.Add(uint8(5), uint64(12), uint32(3_000_000))
+	f.Add(uint8(4), uint64(13), uint32(1_500_001))
+	f.Add(uint8(3), uint64(14), uint32(999_999))
 	f.Fuzz(func(t *testing.T, mode uint8, seed uint64, size uint32) {
 		n := int(size % (4 << 20))
 		r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
@@ -376,7 +382,11 @@ func FuzzCopy(f *testing.F) {
 				}
 			}
 		})
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copyMode(mode%3)))
+		opts := []func(*Server){withMode(copyMode(mode % 3))}
+		if mode%6 >= 3 {
+			opts = append(opts, withParked)
+		}
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, opts...)
 		echoThrough(t, p, n, randomSizes(r), randomSizes(rand.New(rand.NewPCG(seed+2, seed))))
 		line := p.logs.Wait(t, 10*time.Second, "access", isAccess)
 		if line["bytes_in"] != float64(n) || line["bytes_out"] != float64(n) {
@@ -453,5 +463,32 @@ func TestPipePool(t *testing.T) {
 	pp.put(&pipe{r: -1, w: -1}) // over the cap: closed (closing -1 is harmless)
 	if pp.idleCount() != 2 || pp.lent.Load() != 4 {
 		t.Errorf("%d pooled, %d lent; want 2 and 4", pp.idleCount(), pp.lent.Load())
+	}
+}
+
+// TestParked runs the proxy tests again with every session in the parked
+// design.
+func TestParked(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"BulkBothWays", TestBulkBothWays},
+		{"HalfClose", TestHalfClose},
+		{"BackendClosesFirst", TestBackendClosesFirst},
+		{"ResetMidStream", TestResetMidStream},
+		{"Concurrent", TestConcurrent},
+		{"IdleTimeout", TestIdleTimeout},
+		{"Payloads", TestPayloads},
+		{"PipeNotHeldWhileIdle", TestPipeNotHeldWhileIdle},
+		{"ResetMidSplice", TestResetMidSplice},
+		{"PipeFallbacks", TestPipeFallbacks},
+		{"DrainClosesSession", TestDrainClosesSession},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			testParked = true
+			defer func() { testParked = false }()
+			tt.f(t)
+		})
 	}
 }

@@ -63,6 +63,7 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv.parked = testParked
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -83,6 +84,13 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	})
 	return p
 }
+
+// testParked makes startProxy's Servers use the parked design; the
+// parked variants of the tests set it (tests here do not run in parallel).
+var testParked bool
+
+// withParked makes every session of the Server use the parked design.
+func withParked(s *Server) { s.parked = true }
 
 // withMode makes every session of the Server copy in mode m.
 func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }

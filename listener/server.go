@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -47,8 +48,12 @@ type Server struct {
 	mu  sync.Mutex // protects lns
 	lns map[netip.AddrPort]*socket
 
-	pipes pipePool // splice pipes lent to sessions while they move data
-	mode  copyMode // how sessions copy; copyAuto but in tests
+	pipes  pipePool // splice pipes lent to sessions while they move data
+	mode   copyMode // how sessions copy; copyAuto but in tests
+	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
+
+	plMu sync.Mutex             // serialises starting and stopping the poller
+	pl   atomic.Pointer[poller] // the parked sessions' epoll, started with the first
 }
 
 // socket is one listening socket and its accept loop.
@@ -166,6 +171,31 @@ func (s *Server) Close() {
 func (s *Server) Wait() {
 	s.wg.Wait()
 	s.pipes.closeIdle()
+	s.plMu.Lock()
+	if pl := s.pl.Swap(nil); pl != nil {
+		pl.close()
+	}
+	s.plMu.Unlock()
+}
+
+// poller returns the Server's epoll for parked sessions, starting it if
+// need be, or nil if it cannot be started.
+func (s *Server) poller() *poller {
+	if pl := s.pl.Load(); pl != nil {
+		return pl
+	}
+	s.plMu.Lock()
+	defer s.plMu.Unlock()
+	if pl := s.pl.Load(); pl != nil {
+		return pl
+	}
+	pl, err := newPoller()
+	if err != nil {
+		s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
+		return nil
+	}
+	s.pl.Store(pl)
+	return pl
 }
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,

@@ -58,6 +58,11 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		ss.finish()
 		return
 	}
+	if s.parked || svc.Parked {
+		if pl := s.poller(); pl != nil && ss.park(pl) {
+			return
+		}
+	}
 	ss.run()
 }
 
@@ -130,6 +135,12 @@ type session struct {
 
 	up   half // client → backend
 	down half // backend → client
+
+	// The parked design only (parked.go).
+	pl                  *poller     // the epoll both sockets are registered in; nil in the pooled design
+	clientFD, backendFD int         // the sockets' descriptors
+	timer               *time.Timer // the idle timer
+	idleFired           atomic.Bool // the idle timer stopped the session
 
 	live     atomic.Int32 // halves still running
 	last     atomic.Int64 // mono() of the last byte written either way (idle timeout only)
@@ -209,6 +220,12 @@ func (ss *session) halfDone(h *half, err error) {
 // finish closes both sockets, gives the backend its slot back, logs the
 // session and ends its count in the Server's WaitGroup.
 func (ss *session) finish() {
+	if ss.pl != nil {
+		ss.pl.forget(ss)
+		if ss.timer != nil {
+			ss.timer.Stop()
+		}
+	}
 	ss.client.Close()
 	ss.backend.Close()
 	b := ss.t.B
@@ -220,6 +237,9 @@ func (ss *session) finish() {
 
 // firstErr is the error that ended the session, or nil.
 func (ss *session) firstErr() error {
+	if ss.idleFired.Load() {
+		return errIdle
+	}
 	switch ss.failed.Load() {
 	case 1:
 		return ss.up.err

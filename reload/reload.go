@@ -170,6 +170,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table) (*sched.Table, error
 			Retries:        cs.Retries,
 			DrainTimeout:   cs.DrainTimeout,
 			AccessLog:      cfg.Log.Access,
+			Parked:         cs.Copy == "parked",
 		}
 		var prev sched.Picker
 		if old != nil {
