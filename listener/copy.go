@@ -231,6 +231,7 @@ type half struct {
 	hup      atomic.Bool  // an event for src carried RDHUP, HUP or ERR
 	wantOut  atomic.Bool  // waiting for dst to take more: EPOLLOUT concerns this half
 	drained  bool         // the last fill was a short read: src was empty then
+	outArmed bool         // dst's registration has EPOLLOUT (only this half writes dst)
 }
 
 // run copies until EOF, an error or the session's stop, then reports to the

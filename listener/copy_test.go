@@ -467,8 +467,14 @@ func TestPipePool(t *testing.T) {
 }
 
 // TestParked runs the proxy tests again with every session in the parked
-// design.
+// design, with one poller and with three.
 func TestParked(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprintf("pollers=%d", n), func(t *testing.T) { testParkedSuite(t, n) })
+	}
+}
+
+func testParkedSuite(t *testing.T, pollers int) {
 	for _, tt := range []struct {
 		name string
 		f    func(*testing.T)
@@ -486,8 +492,8 @@ func TestParked(t *testing.T) {
 		{"DrainClosesSession", TestDrainClosesSession},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			testParked = true
-			defer func() { testParked = false }()
+			testParked, testPollers = true, pollers
+			defer func() { testParked, testPollers = false, 0 }()
 			tt.f(t)
 		})
 	}

@@ -63,7 +63,7 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
-	p.srv.parked = testParked
+	p.srv.parked, p.srv.npl = testParked, testPollers
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -89,8 +89,14 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 // parked variants of the tests set it (tests here do not run in parallel).
 var testParked bool
 
+// testPollers, if not 0, is the number of pollers startProxy's Servers get.
+var testPollers int
+
 // withParked makes every session of the Server use the parked design.
 func withParked(s *Server) { s.parked = true }
+
+// withPollers gives the Server n pollers for its parked sessions.
+func withPollers(n int) func(*Server) { return func(s *Server) { s.npl = n } }
 
 // withMode makes every session of the Server copy in mode m.
 func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }

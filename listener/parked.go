@@ -13,13 +13,16 @@ import (
 // The parked copy design: an idle connection holds no goroutine.
 //
 // Both sockets of a parked session are also registered, edge-triggered
-// (IN|OUT|RDHUP|ET), in the Server's own epoll instance, whose descriptor
-// is itself watched by Go's poller (a nested epoll): one poller goroutine
-// waits on it and runs whatever directions its events wake, inline, each
-// until it would block or has used its budget, after which it goes on in a
-// goroutine of its own until it would block. Directions never wait through
-// Go's poller, where the sockets stay registered: their readiness there
-// goes unused, and closing a socket removes it from both epolls.
+// (IN|RDHUP|ET, and OUT once a write to it would block), in an epoll
+// instance of the Server's, whose descriptor is itself watched by Go's
+// poller (a nested epoll): a poller goroutine waits on it and runs whatever
+// directions its events wake, inline, each until it would block or has
+// used its budget, after which it goes on in a goroutine of its own until
+// it would block. A Server has one poller per two Ps, sessions spread round
+// robin, so that small-message work is not bound to one core on a large
+// machine. Directions never wait through Go's poller, where the sockets
+// stay registered: their readiness there goes unused, and closing a socket
+// removes it from both epolls.
 //
 // Lost wakeups are what can go wrong (pitfall 3 of the spike), so:
 //   - a direction's state is idle, running, kicked (an event came while
@@ -141,6 +144,18 @@ func (pl *poller) dispatch(ev unix.EpollEvent) {
 	}
 }
 
+// epollIn is what a socket is registered for; armOut adds EPOLLOUT.
+const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET
+
+// armOut adds EPOLLOUT to fd's registration, the first time a write to it
+// would block: until then its output edges would only wake the poller for
+// nothing. EPOLL_CTL_MOD reports readiness at once, so space freed between
+// the EAGAIN and the MOD is not lost.
+func (pl *poller) armOut(fd int) error {
+	ev := unix.EpollEvent{Events: epollIn | unix.EPOLLOUT, Fd: int32(fd)}
+	return unix.EpollCtl(pl.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+}
+
 // add registers both sockets of ss. On failure nothing stays registered and
 // the session must copy in the pooled design.
 func (pl *poller) add(ss *session) bool {
@@ -150,7 +165,7 @@ func (pl *poller) add(ss *session) bool {
 	}
 	pl.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
 	pl.tab[b].Store(ss)
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET}
+	ev := unix.EpollEvent{Events: epollIn}
 	ev.Fd = int32(c)
 	if err := unix.EpollCtl(pl.epfd, unix.EPOLL_CTL_ADD, c, &ev); err != nil {
 		pl.forget(ss)
@@ -287,6 +302,12 @@ func (h *half) step(budget int) (stepResult, error) {
 			n, err := x.flush(h.dfd)
 			h.count(n)
 			if err == unix.EAGAIN {
+				if !h.outArmed {
+					if err := h.ss.pl.armOut(h.dfd); err != nil {
+						return stepDone, err
+					}
+					h.outArmed = true
+				}
 				return stepBlocked, nil
 			}
 			h.wantOut.Store(false)

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,9 +53,15 @@ type Server struct {
 	mode   copyMode // how sessions copy; copyAuto but in tests
 	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
 
-	plMu sync.Mutex             // serialises starting and stopping the poller
-	pl   atomic.Pointer[poller] // the parked sessions' epoll, started with the first
+	npl  int                     // pollers for parked sessions; 0 = one per two Ps (GOMAXPROCS), at least one
+	plMu sync.Mutex              // serialises starting and stopping the pollers
+	pls  atomic.Pointer[pollers] // the parked sessions' epolls, started with the first
+	next atomic.Uint32           // round robin over pls
 }
+
+// pollers are the epolls of a Server's parked sessions: a session stays
+// with the one it was given.
+type pollers []*poller
 
 // socket is one listening socket and its accept loop.
 type socket struct {
@@ -172,30 +179,50 @@ func (s *Server) Wait() {
 	s.wg.Wait()
 	s.pipes.closeIdle()
 	s.plMu.Lock()
-	if pl := s.pl.Swap(nil); pl != nil {
-		pl.close()
+	if pls := s.pls.Swap(nil); pls != nil {
+		for _, pl := range *pls {
+			pl.close()
+		}
 	}
 	s.plMu.Unlock()
 }
 
-// poller returns the Server's epoll for parked sessions, starting it if
-// need be, or nil if it cannot be started.
+// poller returns an epoll for a parked session, round robin over the
+// Server's, starting them if need be, or nil if they cannot be started.
 func (s *Server) poller() *poller {
-	if pl := s.pl.Load(); pl != nil {
-		return pl
+	pls := s.pls.Load()
+	if pls == nil {
+		if pls = s.startPollers(); pls == nil {
+			return nil
+		}
 	}
+	return (*pls)[s.next.Add(1)%uint32(len(*pls))]
+}
+
+func (s *Server) startPollers() *pollers {
 	s.plMu.Lock()
 	defer s.plMu.Unlock()
-	if pl := s.pl.Load(); pl != nil {
-		return pl
+	if pls := s.pls.Load(); pls != nil {
+		return pls
 	}
-	pl, err := newPoller()
-	if err != nil {
-		s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
-		return nil
+	n := s.npl
+	if n <= 0 {
+		n = max(1, runtime.GOMAXPROCS(0)/2)
 	}
-	s.pl.Store(pl)
-	return pl
+	pls := make(pollers, 0, n)
+	for range n {
+		pl, err := newPoller()
+		if err != nil {
+			for _, pl := range pls {
+				pl.close()
+			}
+			s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
+			return nil
+		}
+		pls = append(pls, pl)
+	}
+	s.pls.Store(&pls)
+	return &pls
 }
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,

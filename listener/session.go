@@ -98,6 +98,15 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request) (*net.TCPConn, *s
 	return nil, nil, tries, last
 }
 
+// logsAccess reports whether access would write a line for svc now.
+func (s *Server) logsAccess(svc *sched.Service) bool {
+	level := zerolog.DebugLevel
+	if svc.AccessLog {
+		level = zerolog.InfoLevel
+	}
+	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
+}
+
 func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
@@ -213,6 +222,12 @@ func (ss *session) halfDone(h *half, err error) {
 		h.dst.CloseWrite()
 	}
 	if ss.live.Add(-1) == 0 {
+		if ss.pl != nil && ss.srv.logsAccess(ss.svc) {
+			// Not in the poller, which runs parked directions: the access
+			// log may block on a slow sink and would stall them all.
+			go ss.finish() // exits when the session is logged and released
+			return
+		}
 		ss.finish()
 	}
 }
