@@ -301,6 +301,119 @@ func pipes(t *testing.T, pid int) int {
 	return n
 }
 
+// fdKinds counts process pid's descriptors by kind: sockets and pipes (fds
+// above 2, as for pipes).
+func fdKinds(t *testing.T, pid int) (sockets, pipeFDs int) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() == "0" || e.Name() == "1" || e.Name() == "2" {
+			continue
+		}
+		l, _ := os.Readlink(dir + "/" + e.Name())
+		switch {
+		case strings.HasPrefix(l, "socket:"):
+			sockets++
+		case strings.HasPrefix(l, "pipe:"):
+			pipeFDs++
+		}
+	}
+	return sockets, pipeFDs
+}
+
+// TestDaemonIdleDescriptors: in the real daemon an idle proxied connection
+// costs exactly its two sockets, and a connection that spliced megabytes
+// and then went quiet keeps no pipe: the pipes are pooled and reused, so
+// twenty such connections in turn leave only the few pipes of the pool;
+// in both copy designs.
+func TestDaemonIdleDescriptors(t *testing.T) {
+	for _, copy := range []string{"pooled", "parked"} {
+		t.Run(copy, func(t *testing.T) { testDaemonIdleDescriptors(t, copy) })
+	}
+}
+
+func testDaemonIdleDescriptors(t *testing.T, copy string) {
+	const idle, bulk = 200, 20
+	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+access = false
+[defaults]
+copy = %q
+[services.echo]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "echo", address = %q }]
+`, copy, be))
+	addr := d.await(t, "listening")["addr"].(string)
+	pid := d.cmd.Process.Pid
+	sockets0, pipes0 := fdKinds(t, pid)
+
+	conns := make([]net.Conn, 0, idle)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	ping := make([]byte, 64)
+	out, echo := make([]byte, 1<<20), make([]byte, 1<<20)
+	for i := range idle {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(ping); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, echo[:len(ping)]); err != nil {
+			t.Fatalf("connection %d: echo: %v", i, err)
+		}
+	}
+	// Descriptors settle once the daemon has accepted and dialled for every
+	// connection, which the echoes prove; count until they do.
+	settled := func(wantSockets int, maxPipes int) (int, int) {
+		var s, p int
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) { // no event to wait on
+			if s, p = fdKinds(t, pid); s == wantSockets && p <= maxPipes {
+				break
+			}
+		}
+		return s, p
+	}
+	s, p := settled(sockets0+2*idle, pipes0)
+	if s-sockets0 != 2*idle || p != pipes0 {
+		t.Errorf("%d idle connections: %d more sockets, %d more pipe fds; want %d and 0", idle, s-sockets0, p-pipes0, 2*idle)
+	}
+
+	for i, c := range conns[:bulk] { // in turn: splice 1 MiB each way, then stay open and quiet
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		werr := make(chan error, 1)
+		go func() { _, err := c.Write(out); werr <- err }() // exits when written
+		if _, err := io.ReadFull(c, echo); err != nil {
+			t.Fatalf("bulk %d: %v", i, err)
+		}
+		if err := <-werr; err != nil {
+			t.Fatalf("bulk %d: %v", i, err)
+		}
+	}
+	// Each bulk connection needed up to 2 pipes (4 fds) while it moved data.
+	// Pipes kept by quiet connections would add up to 4 fds each.
+	const poolFDs = 4 * 2
+	s, p = settled(sockets0+2*idle, pipes0+poolFDs)
+	if s-sockets0 != 2*idle || p-pipes0 > poolFDs {
+		t.Errorf("after %d connections spliced and went quiet: %d more sockets, %d more pipe fds; want %d and at most %d (the pool)",
+			bulk, s-sockets0, p-pipes0, 2*idle, poolFDs)
+	}
+	if p == pipes0 {
+		t.Errorf("no pipe appeared: 1 MiB echoes did not splice")
+	}
+}
+
 // TestDaemonSplices runs the real daemon: it serves a config, moves bytes
 // with splice(2) (seen as the pipes it holds while data moves — nothing
 // else in fulcrum makes pipes), and exits 0 on SIGTERM.

@@ -9,7 +9,8 @@
 # Environment (all optional):
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
 #   TARGETS="direct haproxy nginx naive fulcrum"   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle"
-#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+401)   RECORD=0 (do not append to RESULTS.md)
+#     (also "parked": fulcrum with copy = "parked", its other copy design)
+#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+502)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
 #
 # Everything it starts runs in its own process group and is stopped on exit,
@@ -237,8 +238,8 @@ LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)
 P_ECHO=($((PORT_BASE + 1)) $((PORT_BASE + 2)) $((PORT_BASE + 3)))
 P_IPERF=$((PORT_BASE + 10))
 declare -A FRONT=() IFRONT=() # a proxy's ports for the echo backends and for iperf3
-for t in haproxy nginx naive fulcrum; do
-	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; esac
+for t in haproxy nginx naive fulcrum parked; do
+	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; parked) p=$((PORT_BASE + 501)) ;; esac
 	FRONT[$t]=$p
 	IFRONT[$t]=$((p + 1))
 done
@@ -248,7 +249,7 @@ echo_addr() { if [[ $1 == direct ]]; then echo "$ECHO_ADDRS"; else echo "127.0.0
 iperf_port() { if [[ $1 == direct ]]; then echo "$P_IPERF"; else echo "${IFRONT[$1]}"; fi; }
 
 for t in "${TARGETS[@]}"; do
-	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum)"
+	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum parked)"
 done
 for p in "${P_ECHO[@]}" "$P_IPERF" "${FRONT[@]}" "${IFRONT[@]}"; do
 	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
@@ -351,7 +352,13 @@ EOF
 
 haproxy -c -f "$WORK/haproxy.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
 nginx -t -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
-"$BIN/fulcrum" -check -config "$WORK/fulcrum.toml" >"$LOG/fulcrum-check.log" 2>&1 || fail "fulcrum -check: $(cat "$LOG/fulcrum-check.log")"
+# parked: the same with the other copy design, on its own ports.
+sed -e 's/^drain_timeout   = "1s"$/&\ncopy            = "parked"/' \
+	-e "s/:${FRONT[fulcrum]}\"/:${FRONT[parked]}\"/" -e "s/:${IFRONT[fulcrum]}\"/:${IFRONT[parked]}\"/" \
+	"$WORK/fulcrum.toml" >"$WORK/parked.toml"
+for f in fulcrum parked; do
+	"$BIN/fulcrum" -check -config "$WORK/$f.toml" >"$LOG/$f-check.log" 2>&1 || fail "fulcrum -check $f.toml: $(cat "$LOG/$f-check.log")"
+done
 
 start_proxy() {
 	local t=$1 e=127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}
@@ -360,6 +367,7 @@ start_proxy() {
 	nginx) start nginx nginx -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr ;;
 	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" ;;
 	fulcrum) start fulcrum "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
+	parked) start parked "$BIN/fulcrum" -config "$WORK/parked.toml" ;;
 	esac
 	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}"
 }
@@ -524,6 +532,7 @@ LABEL[haproxy]="HAProxy ${HAPROXY_V%%-*}" # 2.6.12, without Debian's package rev
 LABEL[nginx]="nginx $NGINX_V"
 LABEL[naive]="naive Go io.Copy"
 LABEL[fulcrum]=fulcrum
+LABEL[parked]="fulcrum parked"
 cols=""
 for t in "${TARGETS[@]}"; do cols+="${cols:+,}$t=${LABEL[$t]}"; done
 "$BIN/report" -samples "$SAMPLES" -targets "$cols" -clk-tck "$CLK_TCK" >"$WORK/table.md" || fail "report failed"

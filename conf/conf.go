@@ -122,6 +122,7 @@ type Settings struct {
 	MaxConnsPerSource int            // connections at once from one client address; 0 (default) = unlimited
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
+	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -172,7 +173,7 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
-		Choices: 2, HashKey: "ip", TableSize: 65537}
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled"}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -345,6 +346,7 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		MaxConnsPerSource: int(t.integer("max_conns_per_source", int64(base.MaxConnsPerSource), 0, 1<<30)),
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
+		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
 	}
 }
 

@@ -38,6 +38,7 @@ scheduler = "lc"
 listen = [":16379"]
 connect_timeout = "250ms"
 idle_timeout = "1h"
+copy = "parked"
 backends = [ { name = "r1", address = "127.0.0.1:6379", weight = 0 } ]
 `
 
@@ -62,6 +63,9 @@ func TestParseSample(t *testing.T) {
 	}
 	if b := pg.Backends[1]; b.Name != "127.0.0.2:5432" || b.Weight != 1 {
 		t.Errorf("pg backend 1 = %+v; want name defaulting to the address, weight 1", b)
+	}
+	if pg.Copy != "pooled" || redis.Copy != "parked" {
+		t.Errorf("copy = %q, %q; want pooled by default, parked as set", pg.Copy, redis.Copy)
 	}
 	if redis.Scheduler != "wrr" || redis.ConnectTimeout != 250*time.Millisecond || redis.IdleTimeout != time.Hour {
 		t.Errorf("redis settings = %+v; want wrr from defaults, own timeouts", redis.Settings)
@@ -144,7 +148,7 @@ backends = [{address = "127.0.0.1:2"}]
 		t.Fatal(err)
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		Choices: 2, HashKey: "ip", TableSize: 65537, MaxFails: 3, FailTimeout: 10 * time.Second,
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
 		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"}}
 	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
@@ -191,6 +195,7 @@ func TestErrors(t *testing.T) {
 		{"bad duration", "[defaults]\nconnect_timeout = \"3\"\n" + ok, []string{`f.toml:2: defaults.connect_timeout: "3" is not a duration`}},
 		{"zero connect timeout", "[defaults]\nconnect_timeout = \"0s\"\n" + ok, []string{`f.toml:2: defaults.connect_timeout: must be at least 1ms`}},
 		{"negative idle", ok + "idle_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.idle_timeout: must not be negative`}},
+		{"unknown copy", "[defaults]\ncopy = \"epoll\"\n" + ok, []string{`f.toml:2: defaults.copy: "epoll" is not one of`}},
 		{"too many retries", ok + "retries = 99\n", []string{`f.toml:4: services.s.retries: must be between 0 and 15, have 99`}},
 		{"zero choices", ok + "choices = 0\n", []string{`f.toml:4: services.s.choices: must be between 1 and 16, have 0`}},
 		{"bad hash key", "[defaults]\nhash_key = \"port\"\n" + ok, []string{`f.toml:2: defaults.hash_key: "port" is not one of ip, ip_port`}},

@@ -24,10 +24,24 @@ func quiet(s *sched.Service) { s.AccessLog = false }
 // proxy-B/conn subtract the same loop run straight to the backend, which
 // leaves what the proxy adds per connection.
 //
+// It runs once per copy design.
+//
 //	go test -run '^$' -bench ProxyConnection -benchmem ./listener/
 func BenchmarkProxyConnection(b *testing.B) {
+	for _, d := range designs {
+		b.Run(d.name, func(b *testing.B) { benchmarkProxyConnection(b, d.opts...) })
+	}
+}
+
+// designs are the copy designs the benchmarks compare.
+var designs = []struct {
+	name string
+	opts []func(*Server)
+}{{"pooled", nil}, {"parked", []func(*Server){withParked}}}
+
+func benchmarkProxyConnection(b *testing.B, opts ...func(*Server)) {
 	be := listenertest.NewServer(b, listenertest.Echo)
-	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel)
+	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel, opts...)
 	msg, buf := make([]byte, 64), make([]byte, 64)
 	roundTrip := func(addr string) {
 		c, err := net.Dial("tcp", addr)
@@ -91,8 +105,16 @@ func BenchmarkProxyConnection(b *testing.B) {
 // connection to a backend that reads and drops them; MB/s is the proxy's
 // throughput, with the drain of the last bytes inside the timing.
 //
+// It runs once per copy design.
+//
 //	go test -run '^$' -bench SpliceThroughput -benchmem ./listener/
 func BenchmarkSpliceThroughput(b *testing.B) {
+	for _, d := range designs {
+		b.Run(d.name, func(b *testing.B) { benchmarkSpliceThroughput(b, d.opts...) })
+	}
+}
+
+func benchmarkSpliceThroughput(b *testing.B, opts ...func(*Server)) {
 	const chunk = 256 << 10
 	got := make(chan int64, 1)
 	be := listenertest.NewServer(b, func(c *net.TCPConn) {
@@ -107,7 +129,7 @@ func BenchmarkSpliceThroughput(b *testing.B) {
 		}
 		got <- n
 	})
-	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel)
+	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel, opts...)
 	conn, err := net.Dial("tcp", p.addr)
 	if err != nil {
 		b.Fatal(err)

@@ -42,7 +42,9 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 // startProxy is newProxy with the log level given: a benchmark runs at info
 // level with the access log off, as fulcrum.toml's access = false does, so
 // that no log line is built per connection.
-func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level) *testProxy {
+//
+// Each opt is applied to the Server before it accepts.
+func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: listenertest.NewLogSink()}
 	var pool backend.Pool
@@ -62,6 +64,10 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv.parked, p.srv.npl = testParked, testPollers
+	for _, o := range opts {
+		o(p.srv)
+	}
 	ch, err := p.srv.Prepare([]netip.AddrPort{key})
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +85,22 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	})
 	return p
 }
+
+// testParked makes startProxy's Servers use the parked design; the
+// parked variants of the tests set it (tests here do not run in parallel).
+var testParked bool
+
+// testPollers, if not 0, is the number of pollers startProxy's Servers get.
+var testPollers int
+
+// withParked makes every session of the Server use the parked design.
+func withParked(s *Server) { s.parked = true }
+
+// withPollers gives the Server n pollers for its parked sessions.
+func withPollers(n int) func(*Server) { return func(s *Server) { s.npl = n } }
+
+// withMode makes every session of the Server copy in mode m.
+func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }
 
 func (p *testProxy) dial(t testing.TB) *net.TCPConn {
 	t.Helper()

@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -54,7 +55,20 @@ type Server struct {
 	lns      map[netip.AddrPort]*socket
 	spare    map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 	freebind bool                                // bind addresses this host does not hold (yet)
+
+	pipes  pipePool // splice pipes lent to sessions while they move data
+	mode   copyMode // how sessions copy; copyAuto but in tests
+	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
+
+	npl  int                     // pollers for parked sessions; 0 = one per two Ps (GOMAXPROCS), at least one
+	plMu sync.Mutex              // serialises starting and stopping the pollers
+	pls  atomic.Pointer[pollers] // the parked sessions' epolls, started with the first
+	next atomic.Uint32           // round robin over pls
 }
+
+// pollers are the epolls of a Server's parked sessions: a session stays
+// with the one it was given.
+type pollers []*poller
 
 // socket is one listening socket and its accept loop.
 type socket struct {
@@ -71,7 +85,8 @@ type socket struct {
 // New returns a Server with no listeners.
 func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
-		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{}}
+		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
+		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
 
 // keepAlive is applied to both legs of every connection.
@@ -289,8 +304,57 @@ func (s *Server) Close() {
 	}
 }
 
-// Wait blocks until every accept loop and session has ended.
-func (s *Server) Wait() { s.wg.Wait() }
+// Wait blocks until every accept loop and session has ended, then closes
+// the splice pipes kept for reuse.
+func (s *Server) Wait() {
+	s.wg.Wait()
+	s.pipes.closeIdle()
+	s.plMu.Lock()
+	if pls := s.pls.Swap(nil); pls != nil {
+		for _, pl := range *pls {
+			pl.close()
+		}
+	}
+	s.plMu.Unlock()
+}
+
+// poller returns an epoll for a parked session, round robin over the
+// Server's, starting them if need be, or nil if they cannot be started.
+func (s *Server) poller() *poller {
+	pls := s.pls.Load()
+	if pls == nil {
+		if pls = s.startPollers(); pls == nil {
+			return nil
+		}
+	}
+	return (*pls)[s.next.Add(1)%uint32(len(*pls))]
+}
+
+func (s *Server) startPollers() *pollers {
+	s.plMu.Lock()
+	defer s.plMu.Unlock()
+	if pls := s.pls.Load(); pls != nil {
+		return pls
+	}
+	n := s.npl
+	if n <= 0 {
+		n = max(1, runtime.GOMAXPROCS(0)/2)
+	}
+	pls := make(pollers, 0, n)
+	for range n {
+		pl, err := newPoller()
+		if err != nil {
+			for _, pl := range pls {
+				pl.close()
+			}
+			s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
+			return nil
+		}
+		pls = append(pls, pl)
+	}
+	s.pls.Store(&pls)
+	return &pls
+}
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
 // ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and never end

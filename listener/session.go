@@ -3,14 +3,13 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -28,13 +27,17 @@ const (
 	endDrained   = "drained"        // closed at a drain deadline
 )
 
-// handle serves one accepted connection from start to end.
+// handle serves one accepted connection from start to end. It holds one
+// count of s.wg, which a successful dial hands on to the session: the
+// goroutine that accepted and dialled then exits, and the session's two
+// directions run in fresh goroutines (whose stacks have not grown with the
+// dial's) until the last of them finishes the session.
 func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
-	defer s.wg.Done()
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		c.Close()
+		s.wg.Done()
 		return
 	}
 	var r sched.Request
@@ -47,30 +50,35 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	}
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
-	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+	reject := func(kind int, err error) {
 		svc.Group.Reject(kind, func(total uint64) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
 		c.Close()
+		s.wg.Done()
+	}
+	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+		reject(kind, err)
 		return
 	}
 	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
-		svc.Group.Reject(backend.RejectPerSource, func(total uint64) {
-			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Int("max_conns_per_source", svc.MaxConnsPerSource).
-				Str("reason", "per_source").Uint64("rejected_so_far", total).Msg("connection rejected")
-		})
-		c.Close()
+		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", svc.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
-	defer svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
+	// From here a source slot is held, and from admit on a service slot:
+	// an early end gives them back here, a session gives them back in finish.
+	fail := func(t *sched.Target, end string, err error) {
+		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
+		c.Close()
+		s.access(svc, r.Client, t, start, 0, 0, end, err)
+		s.wg.Done()
+	}
 	if !admit(svc, start) {
 		svc.Group.Refused()
-		c.Close()
-		s.access(svc, r.Client, nil, start, 0, 0, endFull, errFull)
+		fail(nil, endFull, errFull)
 		return
 	}
-	defer svc.Group.Release()
 	bc, t, tries, err := s.connect(svc, &r, start)
 	if err != nil {
 		end := endConnect
@@ -81,30 +89,31 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
 			end = endNoBackend
 		}
-		c.Close()
-		s.access(svc, r.Client, nil, start, 0, 0, end, err)
+		svc.Group.Release()
+		fail(nil, end, err)
 		return
 	}
 	if t.ProxyProtocol > 0 {
 		if err := writeHeader(bc, t.ProxyProtocol, r.Client, orig); err != nil {
-			c.Close()
 			bc.Close()
 			t.B.Release()
-			s.access(svc, r.Client, t, start, 0, 0, endReset, fmt.Errorf("send PROXY header: %w", err))
+			svc.Group.Release()
+			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
 			return
 		}
 	}
-	ss := &session{client: c, backend: bc, idle: svc.IdleTimeout}
-	if t.B.Track(ss) {
-		ss.run()
-		t.B.Untrack(ss)
-	} else { // the backend's drain deadline has passed
+	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
-		ss.closeBoth()
+		ss.finish()
+		return
 	}
-	t.B.Release()
-	t.B.AddBytes(ss.up.n, ss.down.n)
-	s.access(svc, r.Client, t, start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	if s.parked || svc.Parked {
+		if pl := s.poller(); pl != nil && ss.park(pl) {
+			return
+		}
+	}
+	ss.run()
 }
 
 // screen applies what is decided before any backend is dialled: the PROXY
@@ -240,6 +249,15 @@ func admit(svc *sched.Service, start time.Time) bool {
 	}
 }
 
+// logsAccess reports whether access would write a line for svc now.
+func (s *Server) logsAccess(svc *sched.Service) bool {
+	level := zerolog.DebugLevel
+	if svc.AccessLog {
+		level = zerolog.InfoLevel
+	}
+	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
+}
+
 func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
@@ -261,132 +279,140 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Targ
 	e.Msg("connection")
 }
 
-// session is one proxied connection after a successful dial.
+// session is one proxied connection after a successful dial. It owns both
+// sockets and the count of Server.wg that handle took for the connection.
+// Its two halves run in goroutines of their own; the last one to end closes
+// both sockets, releases the backend, logs and calls wg.Done (finish).
 type session struct {
-	client, backend *net.TCPConn
-	idle            time.Duration // 0 = none
+	srv     *Server
+	svc     *sched.Service
+	t       *sched.Target
+	client  *net.TCPConn
+	backend *net.TCPConn
+	addr    netip.AddrPort // the client's
+	start   time.Time
+	idle    time.Duration // 0 = none
 
 	up   half // client → backend
 	down half // backend → client
 
-	first   atomic.Int32 // which half reached EOF first: 1 up, 2 down
-	err     atomic.Pointer[error]
-	drained atomic.Bool
-}
+	// The parked design only (parked.go).
+	pl                  *poller     // the epoll both sockets are registered in; nil in the pooled design
+	clientFD, backendFD int         // the sockets' descriptors
+	timer               *time.Timer // the idle timer
+	idleFired           atomic.Bool // the idle timer stopped the session
 
-// half is one direction of a session.
-type half struct {
-	src, dst *net.TCPConn
-	n        int64        // bytes copied; written by the half's own goroutine, read after it ends
-	last     atomic.Int64 // unix nanoseconds of the last progress seen (idle timeout only)
-	poked    atomic.Bool  // the other half asks this one to report its progress
-	done     atomic.Bool  // the half has returned
+	live     atomic.Int32 // halves still running
+	last     atomic.Int64 // mono() of the last byte written either way (idle timeout only)
+	first    atomic.Int32 // which half reached EOF first: 1 up, 2 down
+	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
+	stopping atomic.Bool  // both sockets are being shut down: errors and EOFs from now on are its echo
+	drained  atomic.Bool
 }
 
 var errIdle = errors.New("idle timeout")
 
-// Close closes both sockets; the session then ends as drained. It lets a
-// backend's drain deadline close a session it tracks.
+func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend *net.TCPConn, addr netip.AddrPort, start time.Time) *session {
+	ss := &session{srv: s, svc: svc, t: t, client: client, backend: backend, addr: addr, start: start, idle: svc.IdleTimeout}
+	ss.up = half{ss: ss, id: 1, src: client, dst: backend, x: newXfer(&s.pipes, s.mode)}
+	ss.down = half{ss: ss, id: 2, src: backend, dst: client, x: newXfer(&s.pipes, s.mode)}
+	return ss
+}
+
+// run starts both halves and returns; the session finishes itself.
+func (ss *session) run() {
+	ss.live.Store(2)
+	if ss.idle > 0 {
+		ss.last.Store(mono())
+		d := time.Now().Add(ss.idle)
+		ss.client.SetDeadline(d)
+		ss.backend.SetDeadline(d)
+	}
+	go ss.up.run()   // exits when the client → backend direction ends
+	go ss.down.run() // exits when the backend → client direction ends
+}
+
+// Close makes both directions end now; the session then ends as drained.
+// It lets a backend's drain deadline close a session it tracks.
 func (ss *session) Close() error {
 	ss.drained.Store(true)
-	ss.closeBoth()
+	ss.stop()
 	return nil
 }
 
-func (ss *session) closeBoth() {
+// stop shuts down both sockets both ways. That wakes a half waiting on
+// either (reads then see EOF, writes EPIPE) without closing a descriptor
+// that the other half may be using: only finish closes.
+func (ss *session) stop() {
+	if ss.stopping.Swap(true) {
+		return
+	}
+	shutdown(ss.client)
+	shutdown(ss.backend)
+}
+
+func shutdown(c *net.TCPConn) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) }) // ENOTCONN after a reset: nothing to do
+}
+
+// halfDone is called by each half as it ends. A clean EOF is passed on as a
+// FIN and the other direction keeps flowing; an error stops both.
+func (ss *session) halfDone(h *half, err error) {
+	h.x.release()
+	h.err = err
+	switch {
+	case err != nil:
+		ss.failed.CompareAndSwap(0, h.id)
+		ss.stop()
+	case !ss.stopping.Load():
+		ss.first.CompareAndSwap(0, h.id)
+		h.dst.CloseWrite()
+	}
+	if ss.live.Add(-1) == 0 {
+		if ss.pl != nil && ss.srv.logsAccess(ss.svc) {
+			// Not in the poller, which runs parked directions: the access
+			// log may block on a slow sink and would stall them all.
+			go ss.finish() // exits when the session is logged and released
+			return
+		}
+		ss.finish()
+	}
+}
+
+// finish closes both sockets, gives the backend its slot back, logs the
+// session and ends its count in the Server's WaitGroup.
+func (ss *session) finish() {
+	if ss.pl != nil {
+		ss.pl.forget(ss)
+		if ss.timer != nil {
+			ss.timer.Stop()
+		}
+	}
 	ss.client.Close()
 	ss.backend.Close()
-}
-
-// run copies both ways until both directions have ended, then closes both
-// sockets. One direction runs in a new goroutine, which run waits for.
-func (ss *session) run() {
-	ss.up.src, ss.up.dst = ss.client, ss.backend
-	ss.down.src, ss.down.dst = ss.backend, ss.client
-	if ss.idle > 0 {
-		now := time.Now().UnixNano()
-		ss.up.last.Store(now)
-		ss.down.last.Store(now)
-	}
-	done := make(chan struct{})
-	go ss.pipe(&ss.down, &ss.up, 2, done) // exits when the backend→client direction ends
-	ss.pipe(&ss.up, &ss.down, 1, nil)
-	<-done
-	ss.closeBoth()
-}
-
-// pipe runs one direction. A clean EOF is passed on as a FIN (CloseWrite)
-// and the other direction keeps flowing; an error closes both sockets so
-// that the other direction ends too.
-func (ss *session) pipe(h, o *half, id int32, done chan<- struct{}) {
-	err := ss.copy(h, o)
-	h.done.Store(true)
-	if err == nil {
-		ss.first.CompareAndSwap(0, id)
-		h.dst.CloseWrite()
-	} else {
-		ss.err.CompareAndSwap(nil, &err)
-		ss.closeBoth()
-	}
-	if done != nil {
-		close(done)
-	}
-}
-
-// copy moves bytes from h.src to h.dst. Both are *net.TCPConn on purpose:
-// io.Copy then reaches TCPConn.ReadFrom, which splices in the kernel.
-// Wrapping either conn (a counting reader, a bufio) would silently fall back
-// to a userspace copy.
-//
-// With an idle timeout, each direction waits with a read deadline. When it
-// expires with no progress anywhere known, the half asks the other to report
-// (an immediate deadline, "poke"), since bytes moving inside the other's
-// io.Copy are not visible until it returns; the poked half, knowing both
-// sides, gives the verdict.
-func (ss *session) copy(h, o *half) error {
-	if ss.idle <= 0 {
-		n, err := io.Copy(h.dst, h.src)
-		h.n += n
-		return err
-	}
-	deadline := time.Now().Add(ss.idle)
-	for {
-		h.src.SetReadDeadline(deadline)
-		var n int64
-		var err error
-		poked := h.poked.Swap(false)
-		if poked {
-			err = os.ErrDeadlineExceeded // a poke that our own SetReadDeadline overwrote
-		} else {
-			n, err = io.Copy(h.dst, h.src)
-			poked = h.poked.Swap(false)
-		}
-		h.n += n
-		now := time.Now()
-		if n > 0 {
-			h.last.Store(now.UnixNano())
-		}
-		if !errors.Is(err, os.ErrDeadlineExceeded) {
-			return err
-		}
-		last := time.Unix(0, max(h.last.Load(), o.last.Load()))
-		switch {
-		case now.Sub(last) < ss.idle:
-			deadline = last.Add(ss.idle)
-		case poked || o.done.Load():
-			return errIdle
-		default:
-			o.poked.Store(true)
-			o.src.SetReadDeadline(time.Unix(1, 0))
-			deadline = now.Add(ss.idle)
-		}
-	}
+	b := ss.t.B
+	b.Untrack(ss)
+	b.Release()
+	ss.svc.Group.Release()
+	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
+	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.srv.wg.Done()
 }
 
 // firstErr is the error that ended the session, or nil.
 func (ss *session) firstErr() error {
-	if p := ss.err.Load(); p != nil {
-		return *p
+	if ss.idleFired.Load() {
+		return errIdle
+	}
+	switch ss.failed.Load() {
+	case 1:
+		return ss.up.err
+	case 2:
+		return ss.down.err
 	}
 	return nil
 }
@@ -396,8 +422,8 @@ func (ss *session) end() string {
 	if ss.drained.Load() {
 		return endDrained
 	}
-	if p := ss.err.Load(); p != nil {
-		if errors.Is(*p, errIdle) {
+	if err := ss.firstErr(); err != nil {
+		if errors.Is(err, errIdle) {
 			return endIdle
 		}
 		return endReset

@@ -298,6 +298,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			Allow:             cs.Allow,
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
+			Parked:            cs.Copy == "parked",
 		}
 		svc.Group.SetRate(cs.AcceptRate, cs.AcceptBurst)
 		var prevP, prevB *sched.Service

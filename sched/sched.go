@@ -265,6 +265,7 @@ type Service struct {
 	Retries           int            // further backends tried after a failed connect
 	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
 	AccessLog         bool           // one log line per finished connection
+	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an

@@ -1,0 +1,110 @@
+package listener
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pipe is a kernel pipe that one direction of a session splices through:
+// socket → pipe (fill), then pipe → socket (flush).
+type pipe struct {
+	r, w int // read and write ends, both O_NONBLOCK and O_CLOEXEC
+	n    int // bytes spliced in and not yet out: 0 whenever the pipe is in a pool
+}
+
+func (p *pipe) close() {
+	unix.Close(p.r)
+	unix.Close(p.w)
+}
+
+// pipePool lends pipes to directions that are moving data, so that an idle
+// connection holds none (HAProxy's maxpipes, roughly): a direction takes a
+// pipe when it starts a splice and gives it back when the pipe is empty
+// again and its source has nothing more to read. A pipe that may still hold
+// bytes is closed, never pooled.
+//
+// The pool belongs to a Server; Server.Wait closes the pipes it keeps.
+type pipePool struct {
+	size int // capacity asked for with F_SETPIPE_SZ; 0 = the kernel's default
+	max  int // empty pipes kept for reuse; more are closed
+
+	mu   sync.Mutex // protects idle
+	idle []*pipe
+
+	open     atomic.Int64  // pipes open now: lent out or idle
+	lent     atomic.Uint64 // pipes lent so far
+	failedAt atomic.Int64  // mono() of the last pipe2 failure, 0 = none
+}
+
+// pipeRetry is how long the pool refuses to try pipe2 again after it failed
+// (EMFILE, ENFILE): meanwhile directions copy through their buffer.
+const pipeRetry = 100 * time.Millisecond
+
+// get lends an empty pipe, or returns nil when none can be had.
+func (pp *pipePool) get() *pipe {
+	pp.mu.Lock()
+	if n := len(pp.idle); n > 0 {
+		p := pp.idle[n-1]
+		pp.idle[n-1] = nil
+		pp.idle = pp.idle[:n-1]
+		pp.mu.Unlock()
+		pp.lent.Add(1)
+		return p
+	}
+	pp.mu.Unlock()
+	if t := pp.failedAt.Load(); t != 0 && mono()-t < int64(pipeRetry) {
+		return nil
+	}
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		pp.failedAt.Store(mono())
+		return nil
+	}
+	if pp.size > 0 {
+		// Failure leaves the pipe at its default size, which still works:
+		// F_SETPIPE_SZ fails once an unprivileged user's pipes add up to
+		// fs.pipe-user-pages-soft, or above fs.pipe-max-size.
+		_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pp.size)
+	}
+	pp.open.Add(1)
+	pp.lent.Add(1)
+	return &pipe{r: fds[0], w: fds[1]}
+}
+
+// put takes back a pipe lent by get: pooled if empty and there is room,
+// else closed.
+func (pp *pipePool) put(p *pipe) {
+	if p.n == 0 {
+		pp.mu.Lock()
+		if len(pp.idle) < pp.max {
+			pp.idle = append(pp.idle, p)
+			pp.mu.Unlock()
+			return
+		}
+		pp.mu.Unlock()
+	}
+	pp.open.Add(-1)
+	p.close()
+}
+
+// closeIdle closes every pooled pipe; pipes lent out are closed when given back.
+func (pp *pipePool) closeIdle() {
+	pp.mu.Lock()
+	idle := pp.idle
+	pp.idle = nil
+	pp.mu.Unlock()
+	for _, p := range idle {
+		pp.open.Add(-1)
+		p.close()
+	}
+}
+
+// idleCount is the number of pooled pipes.
+func (pp *pipePool) idleCount() int {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	return len(pp.idle)
+}
