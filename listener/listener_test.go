@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -482,5 +483,95 @@ func TestInheritedSocket(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", a.String(), time.Second); err == nil {
 		c.Close()
 		t.Error("the inherited socket is still open after Close")
+	}
+}
+
+// TestQueueOneSlot: one backend slot (max_conns 1) and a queue; 30 clients
+// contend for it at once. Every one is served in turn (none is closed
+// because it lost a race for the slot), and the backend never holds two.
+func TestQueueOneSlot(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	var open, peak, served atomic.Int64
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		n := open.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		c.Write([]byte("in\n"))
+		io.Copy(io.Discard, c)
+		open.Add(-1)
+	})
+	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+		s.Targets[0].MaxConns = 1
+		s.QueueTimeout = 20 * time.Second
+	})
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Add(1)
+		go func() { // exits when its connection ends
+			defer wg.Done()
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "in\n" {
+				t.Errorf("client %d: %q, %v; want served", i, line, err)
+				return
+			}
+			served.Add(1)
+		}()
+	}
+	wg.Wait()
+	if served.Load() != 30 || peak.Load() != 1 {
+		t.Errorf("served %d of 30, backend peak %d; want all 30, one at a time", served.Load(), peak.Load())
+	}
+}
+
+// racyPicker returns target 0 once as if its slot were free at the pick,
+// although it is not: the race a connection loses when another takes the
+// last slot between its pick and its Acquire. Afterwards it follows the
+// shared rule (tried, or full, means no backend).
+type racyPicker struct {
+	ts    []sched.Target
+	first atomic.Bool
+}
+
+func (p *racyPicker) Pick(r *sched.Request) (int, error) {
+	if p.first.CompareAndSwap(false, true) {
+		return 0, nil
+	}
+	if t := &p.ts[0]; r.Tried(0) || t.B.Active() >= int64(t.MaxConns) {
+		return -1, sched.ErrNoBackend
+	}
+	return 0, nil
+}
+
+// TestLostSlotRace: a connection that loses the last slot between its pick
+// and its Acquire is not closed as "no backend": the backend is not counted
+// as tried, and the connection queues until the slot frees.
+func TestLostSlotRace(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+		s.Targets[0].MaxConns = 1
+		s.QueueTimeout = 10 * time.Second
+		s.Picker = &racyPicker{ts: s.Targets}
+	})
+	b := p.svc.Targets[0].B
+	if !b.Acquire(1) { // the slot is taken
+		t.Fatal("acquire")
+	}
+	c := p.dial(t)
+	for deadline := time.Now().Add(5 * time.Second); p.svc.Group.Stats().Waiting != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) { // the queue has no event to wait on
+			t.Fatalf("the connection did not queue: %+v", p.svc.Group.Stats())
+		}
+	}
+	b.Release() // the slot frees: the queued connection takes it
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "a\n" {
+		t.Fatalf("greeting = %q, %v; want the connection served once the slot freed", line, err)
 	}
 }

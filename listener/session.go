@@ -156,6 +156,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := svc.Pool()
+	spins := 0
 	var w *backend.Waiter
 	defer func() {
 		if w != nil {
@@ -169,8 +170,12 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		}
 		i, err := picker.Pick(r)
 		if err != nil {
-			if tries > 0 || !full(targets, r) {
+			if tries > 0 || !up(targets, r) {
 				return nil, nil, tries, last // nothing is up: close at once
+			}
+			if spins < 3 && !full(targets, r) {
+				spins++ // a slot freed between the pick and now: pick again
+				continue
 			}
 			if svc.QueueTimeout <= 0 {
 				return nil, nil, tries, errFull
@@ -184,12 +189,18 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			}
 			continue
 		}
-		if !r.MarkTried(i) {
-			return nil, nil, tries, last
-		}
 		t := &targets[i]
-		if !t.B.Acquire(t.MaxConns) { // draining or full since the pick: not a failure
+		if !t.B.Acquire(t.MaxConns) {
+			// Full or draining since the pick: not a failure, and not tried
+			// (the next pick skips it while it is full, takes it once free).
+			if spins++; spins > 64 {
+				return nil, nil, tries, errFull
+			}
 			continue
+		}
+		if !r.MarkTried(i) {
+			t.B.Release()
+			return nil, nil, tries, last
 		}
 		if tries > 0 {
 			svc.Group.Retried()
@@ -212,6 +223,18 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 
 // errFull: every eligible backend, or the service, is at its max_conns.
 var errFull = errors.New("every eligible backend is full")
+
+// up reports whether a backend could take the connection but for its
+// max_conns: one with weight, neither down nor draining, not yet tried.
+// O(n), on the refusal path only.
+func up(ts []sched.Target, r *sched.Request) bool {
+	for i := range ts {
+		if t := &ts[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) {
+			return true
+		}
+	}
+	return false
+}
 
 // full reports whether a backend that could take the connection exists but
 // is at its max_conns: then the connection may queue. O(n), on the refusal

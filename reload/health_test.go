@@ -345,6 +345,9 @@ func TestMaxConns(t *testing.T) {
 					c.SetDeadline(time.Now().Add(30 * time.Second))
 					line, err := bufio.NewReader(c).ReadString('\n')
 					if err != nil {
+						if queue > 0 {
+							t.Logf("client error with a queue after %v: %v", time.Since(start), err)
+						}
 						refused.Add(1)
 						if queue == 0 && time.Since(start) > time.Second {
 							t.Errorf("refused after %v; want at once", time.Since(start))
