@@ -142,6 +142,31 @@ func (s *Server) SetFreebind(on bool) {
 	s.mu.Unlock()
 }
 
+// setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
+// idle, interval and count.
+func setKeepAlive(c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		for _, o := range []struct{ level, opt, v int }{
+			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
+			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
+		} {
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), o.level, o.opt, o.v)
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("set keepalive: %w", err)
+	}
+	return nil
+}
+
 // freebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
 func freebind(network, _ string, c syscall.RawConn) error {
 	level, opt := unix.IPPROTO_IP, unix.IP_FREEBIND
@@ -194,10 +219,17 @@ func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
-	if s.freebind {
-		lc.Control = freebind
-	}
+	// Keepalive is set once on the listening socket, which accepted sockets
+	// inherit (Linux copies it to each), and Go is told not to set it again
+	// on every accept: four setsockopt calls fewer per connection.
+	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
+		if s.freebind {
+			if err := freebind(network, address, c); err != nil {
+				return err
+			}
+		}
+		return setKeepAlive(c)
+	}}
 	for _, a := range want {
 		c.want[a] = true
 		if _, ok := s.lns[a]; ok {
@@ -375,7 +407,7 @@ func (s *Server) accept(so *socket) {
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
-			if so.inherited { // not made by our ListenConfig
+			if so.inherited { // Go set its default keepalive on it, not ours
 				c.SetKeepAliveConfig(keepAlive)
 			}
 			s.wg.Add(1)
