@@ -1,0 +1,294 @@
+package listener
+
+// Admission: what happens to an accepted connection before its session
+// starts — screen (PROXY header, access lists, rate), per-source and service
+// slots, pick, dial with retries — and the access line every connection ends
+// with. The session itself (copying bytes both ways) is in session.go.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/backend"
+	"fulcrum/sched"
+)
+
+// handle serves one accepted connection from start to end. It holds one
+// count of s.wg, which a successful dial hands on to the session: the
+// goroutine that accepted and dialled then exits, and the session's two
+// directions run in fresh goroutines (whose stacks have not grown with the
+// dial's) until the last of them finishes the session.
+func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
+	start := time.Now()
+	svc := s.tbl.Load().Route(key)
+	if svc == nil { // the listener is being closed by a reload
+		c.Close()
+		s.wg.Done()
+		return
+	}
+	var r sched.Request
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		r.Client = unmap(a.AddrPort())
+	}
+	orig := netip.AddrPort{} // the address the client asked for
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		orig = unmap(a.AddrPort())
+	}
+	// Rejections are counted before the close, so a client that sees the
+	// close also sees the count.
+	reject := func(kind int, err error) {
+		svc.Group.Reject(kind, func(total uint64) {
+			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
+				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
+		})
+		c.Close()
+		s.wg.Done()
+	}
+	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+		reject(kind, err)
+		return
+	}
+	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
+		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", svc.MaxConnsPerSource, r.Client.Addr()))
+		return
+	}
+	// From here a source slot is held, and from admit on a service slot:
+	// an early end gives them back here, a session gives them back in finish.
+	fail := func(t *sched.Target, end string, err error) {
+		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
+		c.Close()
+		s.access(svc, r.Client, t, start, 0, 0, end, err)
+		s.wg.Done()
+	}
+	if !admit(svc, start) {
+		svc.Group.Refused()
+		fail(nil, endFull, errFull)
+		return
+	}
+	bc, t, tries, err := s.connect(svc, &r, start)
+	if err != nil {
+		end := endConnect
+		switch {
+		case errors.Is(err, errFull):
+			end = endFull
+			svc.Group.Refused()
+		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
+			end = endNoBackend
+		}
+		svc.Group.Release()
+		fail(nil, end, err)
+		return
+	}
+	if t.ProxyProtocol > 0 {
+		if err := writeHeader(bc, t.ProxyProtocol, r.Client, orig); err != nil {
+			bc.Close()
+			t.B.Release()
+			svc.Group.Release()
+			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
+			return
+		}
+	}
+	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	if !t.B.Track(ss) { // the backend's drain deadline has passed
+		ss.drained.Store(true)
+		ss.finish()
+		return
+	}
+	if s.parked || svc.Parked {
+		if pl := s.poller(); pl != nil && ss.park(pl) {
+			return
+		}
+	}
+	ss.run()
+}
+
+// screen applies what is decided before any backend is dialled: the PROXY
+// header (read from a trusted balancer, which may change client and orig;
+// refused from anyone else), the access lists and the accept rate. It
+// returns the backend.Reject kind and why when the connection must go.
+func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.AddrPort) (int, error) {
+	if len(svc.AcceptProxy) > 0 {
+		if svc.TrustsProxy(client.Addr()) {
+			h, err := readHeader(c, svc.ProxyTimeout)
+			if err != nil {
+				return backend.RejectProxy, err
+			}
+			if src, dst, ok := addrs(h); ok {
+				*client, *orig = src, dst
+			}
+		} else if bad, err := spoofed(c, svc.ProxyTimeout); bad || err != nil {
+			if err == nil {
+				err = errSpoofed
+			}
+			return backend.RejectProxy, err
+		}
+	}
+	if !svc.Allowed(client.Addr()) {
+		return backend.RejectDenied, errors.New("denied by allow/deny")
+	}
+	if !svc.Group.AllowAccept() {
+		return backend.RejectRate, errors.New("over accept_rate")
+	}
+	return 0, nil
+}
+
+// connect picks and dials backends until one answers, trying at most
+// svc.Retries more after the first failure and never one backend twice. It
+// picks from the primaries, or from the backups while no primary is up. When
+// every eligible backend is full it waits up to svc.QueueTimeout for a slot
+// (errFull after that, or at once without a queue). tries counts the dials
+// that failed.
+func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error) {
+	var last error = sched.ErrNoBackend
+	tries := 0
+	targets, picker := svc.Pool()
+	spins := 0
+	var w *backend.Waiter
+	defer func() {
+		if w != nil {
+			w.Leave()
+		}
+	}()
+	for tries <= svc.Retries {
+		var wake <-chan struct{}
+		if w != nil {
+			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
+		}
+		i, err := picker.Pick(r)
+		if err != nil {
+			if tries > 0 || !up(targets, r) {
+				return nil, nil, tries, last // nothing is up: close at once
+			}
+			if spins < 3 && !full(targets, r) {
+				spins++ // a slot freed between the pick and now: pick again
+				continue
+			}
+			if svc.QueueTimeout <= 0 {
+				return nil, nil, tries, errFull
+			}
+			if w == nil {
+				w = svc.Group.Enqueue()
+				continue // try once more, now that a freed slot will wake us
+			}
+			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+				return nil, nil, tries, errFull
+			}
+			continue
+		}
+		t := &targets[i]
+		if !t.B.Acquire(t.MaxConns) {
+			// Full or draining since the pick: not a failure, and not tried
+			// (the next pick skips it while it is full, takes it once free).
+			if spins++; spins > 64 {
+				return nil, nil, tries, errFull
+			}
+			continue
+		}
+		if !r.MarkTried(i) {
+			t.B.Release()
+			return nil, nil, tries, last
+		}
+		if tries > 0 {
+			svc.Group.Retried()
+		}
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
+		c, err := d.Dial("tcp", t.Addr.String())
+		if err == nil {
+			t.B.PassiveOK()
+			return c.(*net.TCPConn), t, tries, nil
+		}
+		t.B.Release()
+		t.B.ConnectFailed()
+		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
+		tries++
+		last = err
+		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
+	}
+	return nil, nil, tries, last
+}
+
+// errFull: every eligible backend, or the service, is at its max_conns.
+var errFull = errors.New("every eligible backend is full")
+
+// up reports whether a backend could take the connection but for its
+// max_conns: one with weight, neither down nor draining, not yet tried.
+// O(n), on the refusal path only.
+func up(ts []sched.Target, r *sched.Request) bool {
+	for i := range ts {
+		if t := &ts[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) {
+			return true
+		}
+	}
+	return false
+}
+
+// full reports whether a backend that could take the connection exists but
+// is at its max_conns: then the connection may queue. O(n), on the refusal
+// path only.
+func full(ts []sched.Target, r *sched.Request) bool {
+	for i := range ts {
+		t := &ts[i]
+		if t.Weight > 0 && t.MaxConns > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+			return true
+		}
+	}
+	return false
+}
+
+// admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
+// for one. It reports false when the connection must be refused.
+func admit(svc *sched.Service, start time.Time) bool {
+	g := svc.Group
+	if g.Acquire(svc.MaxConns) {
+		return true
+	}
+	if svc.QueueTimeout <= 0 {
+		return false
+	}
+	w := g.Enqueue()
+	defer w.Leave()
+	for {
+		wake := g.Wake()
+		if g.Acquire(svc.MaxConns) {
+			return true
+		}
+		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			return false
+		}
+	}
+}
+
+// logsAccess reports whether access would write a line for svc now.
+func (s *Server) logsAccess(svc *sched.Service) bool {
+	level := zerolog.DebugLevel
+	if svc.AccessLog {
+		level = zerolog.InfoLevel
+	}
+	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
+}
+
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
+	var e *zerolog.Event
+	if svc.AccessLog {
+		e = s.log.Info()
+	} else {
+		e = s.log.Debug()
+	}
+	if e == nil {
+		return
+	}
+	e = e.Str("service", svc.Name).Stringer("client", client)
+	if t != nil {
+		e = e.Str("backend", t.B.Name)
+	}
+	e = e.Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	if err != nil && end != endClient && end != endBackend {
+		e = e.AnErr("error", err)
+	}
+	e.Msg("connection")
+}
