@@ -8,11 +8,11 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -23,22 +23,17 @@ import (
 // goroutine that accepted and dialled then exits, and the session's two
 // directions run in fresh goroutines (whose stacks have not grown with the
 // dial's) until the last of them finishes the session.
-func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
+func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
-		c.Close()
+		unix.Close(c)
 		s.wg.Done()
 		return
 	}
 	var r sched.Request
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		r.Client = unmap(a.AddrPort())
-	}
-	orig := netip.AddrPort{} // the address the client asked for
-	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		orig = unmap(a.AddrPort())
-	}
+	r.Client = unmap(peer)
+	orig := localAddr(c, key) // the address the client asked for
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
 	reject := func(kind int, err error) {
@@ -46,7 +41,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
-		c.Close()
+		unix.Close(c)
 		s.wg.Done()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
@@ -61,7 +56,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	// an early end gives them back here, a session gives them back in finish.
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
-		c.Close()
+		unix.Close(c)
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
 		s.wg.Done()
 	}
@@ -85,8 +80,8 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		return
 	}
 	if t.ProxyProtocol > 0 {
-		if err := writeHeader(bc, t.ProxyProtocol, r.Client, orig); err != nil {
-			bc.Close()
+		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
+			unix.Close(bc)
 			t.B.Release()
 			svc.Group.Release()
 			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
@@ -99,11 +94,6 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		ss.finish()
 		return
 	}
-	if s.parked || svc.Parked {
-		if pl := s.poller(); pl != nil && ss.park(pl) {
-			return
-		}
-	}
 	ss.run()
 }
 
@@ -111,8 +101,13 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 // header (read from a trusted balancer, which may change client and orig;
 // refused from anyone else), the access lists and the accept rate. It
 // returns the backend.Reject kind and why when the connection must go.
-func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.AddrPort) (int, error) {
+func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
 	if len(svc.AcceptProxy) > 0 {
+		c, err := goConn(fd)
+		if err != nil {
+			return backend.RejectProxy, err
+		}
+		defer c.Close()
 		if svc.TrustsProxy(client.Addr()) {
 			h, err := readHeader(c, svc.ProxyTimeout)
 			if err != nil {
@@ -143,7 +138,7 @@ func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.
 // every eligible backend is full it waits up to svc.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error) {
+func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := svc.Pool()
@@ -162,21 +157,21 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
-				return nil, nil, tries, last // nothing is up: close at once
+				return -1, nil, tries, last // nothing is up: close at once
 			}
 			if spins < 3 && !full(targets, r) {
 				spins++ // a slot freed between the pick and now: pick again
 				continue
 			}
 			if svc.QueueTimeout <= 0 {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			if w == nil {
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
 			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			continue
 		}
@@ -185,22 +180,21 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			// Full or draining since the pick: not a failure, and not tried
 			// (the next pick skips it while it is full, takes it once free).
 			if spins++; spins > 64 {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			continue
 		}
 		if !r.MarkTried(i) {
 			t.B.Release()
-			return nil, nil, tries, last
+			return -1, nil, tries, last
 		}
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
-		c, err := d.Dial("tcp", t.Addr.String())
+		c, err := s.dial(t.Addr, svc.ConnectTimeout)
 		if err == nil {
 			t.B.PassiveOK()
-			return c.(*net.TCPConn), t, tries, nil
+			return c, t, tries, nil
 		}
 		t.B.Release()
 		t.B.ConnectFailed()
@@ -209,7 +203,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		last = err
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
 	}
-	return nil, nil, tries, last
+	return -1, nil, tries, last
 }
 
 // errFull: every eligible backend, or the service, is at its max_conns.

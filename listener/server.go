@@ -56,19 +56,17 @@ type Server struct {
 	spare    map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 	freebind bool                                // bind addresses this host does not hold (yet)
 
-	pipes  pipePool // splice pipes lent to sessions while they move data
-	mode   copyMode // how sessions copy; copyAuto but in tests
-	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
+	pipes pipePool // splice pipes lent to sessions while they move data
+	mode  copyMode // how sessions copy; copyAuto but in tests
 
-	npl  int                     // pollers for parked sessions; 0 = one per two Ps (GOMAXPROCS), at least one
-	plMu sync.Mutex              // serialises starting and stopping the pollers
-	pls  atomic.Pointer[pollers] // the parked sessions' epolls, started with the first
-	next atomic.Uint32           // round robin over pls
+	nlp  int                   // event loops; 0 = one per two Ps (GOMAXPROCS), at least one
+	lpMu sync.Mutex            // serialises starting and stopping the loops
+	lps  atomic.Pointer[loops] // the sessions' event loops, started with the first
+	next atomic.Uint32         // round robin over lps
 }
 
-// pollers are the epolls of a Server's parked sessions: a session stays
-// with the one it was given.
-type pollers []*poller
+// loops are a Server's event loops: a session stays in the one it was given.
+type loops []*loop
 
 // socket is one listening socket and its accept loop.
 type socket struct {
@@ -77,9 +75,14 @@ type socket struct {
 	inherited bool          // passed by systemd: never closed by a reload, only handed back
 	done      chan struct{} // closed when the socket is taken out of service
 	exited    chan struct{} // closed when its accept loop has returned
-	beat      atomic.Int64  // unix nanoseconds of the loop's last answer
-	accepts   atomic.Uint64
-	errors    atomic.Uint64
+	// acc is the listening socket again, as a conn on a duplicate
+	// descriptor: what the accept loop waits on in Go's poller, with its
+	// deadline, since a listener's RawConn cannot wait. Set by the loop,
+	// which closes it when it returns; nil until then.
+	acc     atomic.Pointer[net.TCPConn]
+	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
+	accepts atomic.Uint64
+	errors  atomic.Uint64
 }
 
 // New returns a Server with no listeners.
@@ -112,8 +115,8 @@ func (s *Server) SetHeartbeat(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, so := range s.lns { // loops already waiting wait at most d from now
-		if d > 0 {
-			so.ln.SetDeadline(time.Now().Add(d))
+		if c := so.acc.Load(); c != nil && d > 0 {
+			c.SetReadDeadline(time.Now().Add(d))
 		}
 	}
 }
@@ -142,27 +145,35 @@ func (s *Server) SetFreebind(on bool) {
 	s.mu.Unlock()
 }
 
-// setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
-// idle, interval and count.
-func setKeepAlive(c syscall.RawConn) error {
+// setListenOpts gives a listening socket what every socket it accepts
+// inherits (Linux copies both to each): keepAlive and TCP_NODELAY, so that
+// no accept costs a setsockopt.
+func setListenOpts(c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
-		for _, o := range []struct{ level, opt, v int }{
-			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
-		} {
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), o.level, o.opt, o.v)
-			}
+		serr = setKeepAliveFD(int(fd))
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 		}
 	})
 	if err == nil {
 		err = serr
 	}
-	if err != nil {
-		return fmt.Errorf("set keepalive: %w", err)
+	return err
+}
+
+// setKeepAliveFD applies keepAlive to a socket: SO_KEEPALIVE and the TCP
+// idle, interval and count.
+func setKeepAliveFD(fd int) error {
+	for _, o := range []struct{ level, opt, v int }{
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
+	} {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			return fmt.Errorf("set keepalive: %w", err)
+		}
 	}
 	return nil
 }
@@ -219,16 +230,16 @@ func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Keepalive is set once on the listening socket, which accepted sockets
-	// inherit (Linux copies it to each), and Go is told not to set it again
-	// on every accept: four setsockopt calls fewer per connection.
+	// Keepalive and TCP_NODELAY are set once on the listening socket, which
+	// accepted sockets inherit (Linux copies them to each): five setsockopt
+	// calls fewer per connection.
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
 		if s.freebind {
 			if err := freebind(network, address, c); err != nil {
 				return err
 			}
 		}
-		return setKeepAlive(c)
+		return setListenOpts(c)
 	}}
 	for _, a := range want {
 		c.want[a] = true
@@ -301,13 +312,14 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 func (s *Server) retire(so *socket) {
 	delete(s.lns, so.key)
 	close(so.done)
+	if c := so.acc.Load(); c != nil {
+		c.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes c as it returns
+	}
 	if !so.inherited {
 		so.ln.Close()
 		return
 	}
-	so.ln.SetDeadline(time.Unix(1, 0)) // wake the loop without closing the socket
 	<-so.exited
-	so.ln.SetDeadline(time.Time{})
 	s.spare[so.key] = so.ln
 }
 
@@ -337,55 +349,56 @@ func (s *Server) Close() {
 }
 
 // Wait blocks until every accept loop and session has ended, then closes
-// the splice pipes kept for reuse.
+// the splice pipes kept for reuse and stops the event loops.
 func (s *Server) Wait() {
 	s.wg.Wait()
 	s.pipes.closeIdle()
-	s.plMu.Lock()
-	if pls := s.pls.Swap(nil); pls != nil {
-		for _, pl := range *pls {
-			pl.close()
+	s.lpMu.Lock()
+	if lps := s.lps.Swap(nil); lps != nil {
+		for _, lp := range *lps {
+			lp.close()
 		}
 	}
-	s.plMu.Unlock()
+	s.lpMu.Unlock()
 }
 
-// poller returns an epoll for a parked session, round robin over the
-// Server's, starting them if need be, or nil if they cannot be started.
-func (s *Server) poller() *poller {
-	pls := s.pls.Load()
-	if pls == nil {
-		if pls = s.startPollers(); pls == nil {
-			return nil
+// loop returns an event loop for a session or a dial, round robin over the
+// Server's, starting them if need be.
+func (s *Server) loop() (*loop, error) {
+	lps := s.lps.Load()
+	if lps == nil {
+		var err error
+		if lps, err = s.startLoops(); err != nil {
+			return nil, err
 		}
 	}
-	return (*pls)[s.next.Add(1)%uint32(len(*pls))]
+	return (*lps)[s.next.Add(1)%uint32(len(*lps))], nil
 }
 
-func (s *Server) startPollers() *pollers {
-	s.plMu.Lock()
-	defer s.plMu.Unlock()
-	if pls := s.pls.Load(); pls != nil {
-		return pls
+func (s *Server) startLoops() (*loops, error) {
+	s.lpMu.Lock()
+	defer s.lpMu.Unlock()
+	if lps := s.lps.Load(); lps != nil {
+		return lps, nil
 	}
-	n := s.npl
+	n := s.nlp
 	if n <= 0 {
 		n = max(1, runtime.GOMAXPROCS(0)/2)
 	}
-	pls := make(pollers, 0, n)
+	lps := make(loops, 0, n)
 	for range n {
-		pl, err := newPoller()
+		lp, err := newLoop()
 		if err != nil {
-			for _, pl := range pls {
-				pl.close()
+			for _, lp := range lps {
+				lp.close()
 			}
-			s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
-			return nil
+			s.log.Error().Err(err).Msg("cannot start an event loop")
+			return nil, fmt.Errorf("start event loop: %w", err)
 		}
-		pls = append(pls, pl)
+		lps = append(lps, lp)
 	}
-	s.pls.Store(&pls)
-	return &pls
+	s.lps.Store(&lps)
+	return &lps, nil
 }
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
@@ -398,20 +411,32 @@ func (s *Server) accept(so *socket) {
 	defer close(so.exited)
 	var delay time.Duration
 	var t *time.Timer
+	acc, rc, err := acceptConn(so.ln)
+	if err != nil {
+		s.log.Error().Err(err).Stringer("listen", so.key).Msg("cannot accept")
+		return
+	}
+	defer acc.Close()
+	so.acc.Store(acc)
 	for {
 		if d := time.Duration(s.beat.Load()); d > 0 {
-			so.ln.SetDeadline(time.Now().Add(d))
+			acc.SetReadDeadline(time.Now().Add(d))
 		}
-		c, err := so.ln.AcceptTCP()
+		select { // after the deadline: retire closes done, then sets a deadline in the past
+		case <-so.done:
+			return
+		default:
+		}
+		fd, peer, err := acceptRaw(rc)
 		so.beat.Store(time.Now().UnixNano())
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
-			if so.inherited { // Go set its default keepalive on it, not ours
-				c.SetKeepAliveConfig(keepAlive)
+			if so.inherited { // its options are systemd's, not ours
+				setSockopts(fd) // best effort, as Go's own per-accept setsockopt was
 			}
 			s.wg.Add(1)
-			go s.handle(c, so.key) // exits when the connection ends
+			go s.handle(fd, peer, so.key) // exits when the connection ends
 			continue
 		}
 		select {

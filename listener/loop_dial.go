@@ -1,0 +1,253 @@
+package listener
+
+// Sockets as raw descriptors: the accept and dial primitives of the event
+// loops, which keep every proxied socket out of Go's poller (loop.go), and
+// the bridge back to a *net.TCPConn for the rare path that wants one.
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// acceptConn returns ln's socket as a *net.TCPConn on a duplicate
+// descriptor, and its RawConn, whose Read can wait for the socket to be
+// readable (a pending connection) where a listener's cannot. Go sets its
+// own keepalive on a conn it makes from a file: fulcrum's options are set
+// again, since accepted sockets inherit them from this socket.
+func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
+	f, err := ln.File()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, nil, fmt.Errorf("listening socket as a conn: %T", c)
+	}
+	rc, err := tc.SyscallConn()
+	if err == nil {
+		err = setListenOpts(rc)
+	}
+	if err != nil {
+		tc.Close()
+		return nil, nil, err
+	}
+	return tc, rc, nil
+}
+
+// acceptRaw accepts one connection from ln with accept4, non-blocking and
+// close-on-exec, waiting in Go's poller (which watches the listening socket,
+// with its deadline) while there is none. The client's address comes from
+// accept4's own result.
+func acceptRaw(rc syscall.RawConn) (int, netip.AddrPort, error) {
+	fd := -1
+	var sa unix.Sockaddr
+	var aerr error
+	err := rc.Read(func(lfd uintptr) bool {
+		for {
+			fd, sa, aerr = unix.Accept4(int(lfd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			if aerr != unix.EINTR {
+				return aerr != unix.EAGAIN
+			}
+		}
+	})
+	if err == nil && aerr != nil {
+		err = os.NewSyscallError("accept4", aerr)
+	}
+	if err != nil {
+		return -1, netip.AddrPort{}, err
+	}
+	return fd, sockaddrPort(sa), nil
+}
+
+func sockaddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// localAddr is the address a client connected to (getsockname): asked only
+// when the listening address does not say it (a wildcard or port 0).
+func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
+	if !listen.Addr().IsUnspecified() && listen.Port() != 0 {
+		return listen
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return listen
+	}
+	return sockaddrPort(sa)
+}
+
+// dial connects to a backend: a non-blocking connect on a raw socket with
+// fulcrum's socket options, then a wait of at most timeout (0: none) for its
+// outcome. A connect that is not done at once (always so but on loopback)
+// waits in an event loop's epoll, never in a thread of its own.
+func (s *Server) dial(a netip.AddrPort, timeout time.Duration) (int, error) {
+	fd, err := s.connectRaw(a, timeout)
+	if err != nil {
+		return -1, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(a), Err: err}
+	}
+	return fd, nil
+}
+
+func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error) {
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	if a.Addr().Is4() || a.Addr().Is4In6() {
+		sa = &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().Unmap().As4()}
+	} else {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: int(a.Port()), Addr: a.Addr().As16()}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, os.NewSyscallError("socket", err)
+	}
+	if err := setSockopts(fd); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	for {
+		err = unix.Connect(fd, sa)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	switch err {
+	case nil:
+		return fd, nil
+	case unix.EINPROGRESS, unix.EALREADY:
+	default:
+		unix.Close(fd)
+		return -1, os.NewSyscallError("connect", err)
+	}
+	if !writable(fd) {
+		if err := s.awaitConnect(fd, timeout); err != nil {
+			unix.Close(fd)
+			return -1, err
+		}
+	}
+	if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+		unix.Close(fd)
+		if err == nil {
+			err = syscall.Errno(e)
+		}
+		return -1, os.NewSyscallError("connect", err)
+	}
+	return fd, nil
+}
+
+// writable reports whether fd's connect has an outcome: on loopback it has
+// by the time connect returns, whose backlog is processed before it does.
+func writable(fd int) bool {
+	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
+	var ts unix.Timespec
+	n, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	return e == 0 && n > 0
+}
+
+// awaitConnect waits until fd, a connect in progress, is writable (the
+// connection is up or failed) or timeout passes. It registers fd one-shot in
+// a loop, which wakes it; the session later registers fd again for its own
+// events, in whichever loop it runs.
+func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
+	lp, err := s.loop()
+	if err != nil {
+		return err
+	}
+	if fd >= len(lp.dial) {
+		return unix.EMFILE
+	}
+	d := &dialing{ready: make(chan struct{})}
+	lp.dial[fd].Store(d)
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}
+	if err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		lp.dial[fd].CompareAndSwap(d, nil)
+		return err
+	}
+	if timeout <= 0 {
+		<-d.ready
+		return nil
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-d.ready:
+		return nil
+	case <-t.C:
+		if lp.dial[fd].CompareAndSwap(d, nil) {
+			return os.ErrDeadlineExceeded // "i/o timeout", as net.Dialer says
+		}
+		<-d.ready // the loop took it at the same moment: it is closing ready
+		return nil
+	}
+}
+
+// setSockopts gives a dialled socket what a Go net.Conn has (TCP_NODELAY)
+// and fulcrum's keepalive. Accepted sockets inherit both from the listening
+// socket instead.
+func setSockopts(fd int) error {
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return os.NewSyscallError("setsockopt", err)
+	}
+	return setKeepAliveFD(fd)
+}
+
+// goConn returns a *net.TCPConn on a duplicate of fd, in Go's poller, for
+// code that reads with deadlines (the PROXY header); closing it leaves fd
+// open and out of Go's poller. It costs a few syscalls, on that path only.
+func goConn(fd int) (*net.TCPConn, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	f := os.NewFile(uintptr(nfd), "")
+	c, err := net.FileConn(f) // another duplicate; f's is closed next
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("not a TCP socket: %T", c)
+	}
+	return tc, nil
+}
+
+// fdWriter writes to a connected non-blocking socket that can take what is
+// written at once (the PROXY header into a fresh connection); a full socket
+// is an error, not a wait.
+type fdWriter int
+
+func (w fdWriter) Write(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k, err := send(int(w), p[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return n, os.NewSyscallError("send", err)
+		}
+		n += k
+	}
+	return n, nil
+}
