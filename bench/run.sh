@@ -9,7 +9,7 @@
 # Environment (all optional):
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
 #   TARGETS="direct haproxy nginx naive fulcrum"
-#     (also "parked": fulcrum with copy = "parked", its other copy design)
+#     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
 #   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew"
 #     pg: pgbench -S, 16 persistent clients, against a PostgreSQL 15 it initdb's and starts itself;
 #     rget: redis-benchmark -t get -c 50; rpipe: the same with -P 32 -d 1024; rnew: with -k 0
@@ -28,7 +28,7 @@ cd "$ROOT"
 
 # The command as given, for RESULTS.md: the knobs set in the environment, then the script.
 CMDLINE=""
-for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE; do
+for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
 	if [[ -n ${!v:-} ]]; then
 		printf -v q '%q' "${!v}"
 		CMDLINE+="$v=$q "
@@ -255,8 +255,8 @@ P_IPERF=$((PORT_BASE + 10))
 P_PG=$((PORT_BASE + 20))
 P_REDIS=$((PORT_BASE + 21))
 declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis
-for t in haproxy nginx naive fulcrum parked; do
-	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; parked) p=$((PORT_BASE + 501)) ;; esac
+for t in haproxy nginx naive fulcrum other; do
+	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; other) p=$((PORT_BASE + 501)) ;; esac
 	FRONT[$t]=$p
 	IFRONT[$t]=$((p + 1))
 	PGFRONT[$t]=$((p + 2))
@@ -270,7 +270,8 @@ pg_port() { if [[ $1 == direct ]]; then echo "$P_PG"; else echo "${PGFRONT[$1]}"
 redis_port() { if [[ $1 == direct ]]; then echo "$P_REDIS"; else echo "${RFRONT[$1]}"; fi; }
 
 for t in "${TARGETS[@]}"; do
-	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum parked)"
+	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum other)"
+	[[ $t != other || -x ${OTHER:-} ]] || fail "target other needs OTHER=path to a fulcrum binary"
 done
 for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}"; do
 	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
@@ -402,12 +403,12 @@ backends = [{ name = "redis", address = "127.0.0.1:$P_REDIS" }]
 EOF
 }
 fulcrum_toml fulcrum >"$WORK/fulcrum.toml"
-# parked: the same with the other copy design, on its own ports.
-fulcrum_toml parked 'copy            = "parked"' >"$WORK/parked.toml"
+# other: the same for another fulcrum binary, on its own ports.
+fulcrum_toml other >"$WORK/other.toml"
 
 haproxy -c -f "$WORK/haproxy.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
 nginx -t -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
-for f in fulcrum parked; do
+for f in fulcrum other; do
 	"$BIN/fulcrum" -check -config "$WORK/$f.toml" >"$LOG/$f-check.log" 2>&1 || fail "fulcrum -check $f.toml: $(cat "$LOG/$f-check.log")"
 done
 
@@ -419,7 +420,7 @@ start_proxy() {
 	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" \
 		"127.0.0.1:${PGFRONT[naive]}=127.0.0.1:$P_PG" "127.0.0.1:${RFRONT[naive]}=127.0.0.1:$P_REDIS" ;;
 	fulcrum) start fulcrum "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
-	parked) start parked "$BIN/fulcrum" -config "$WORK/parked.toml" ;;
+	other) start other "$OTHER" -config "$WORK/other.toml" ;;
 	esac
 	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}" "${PGFRONT[$t]}" "${RFRONT[$t]}"
 }
@@ -662,7 +663,7 @@ LABEL[haproxy]="HAProxy ${HAPROXY_V%%-*}" # 2.6.12, without Debian's package rev
 LABEL[nginx]="nginx $NGINX_V"
 LABEL[naive]="naive Go io.Copy"
 LABEL[fulcrum]=fulcrum
-LABEL[parked]="fulcrum parked"
+LABEL[other]="fulcrum ${OTHER_LABEL:-other}"
 cols=""
 for t in "${TARGETS[@]}"; do cols+="${cols:+,}$t=${LABEL[$t]}"; done
 "$BIN/report" -samples "$SAMPLES" -targets "$cols" -clk-tck "$CLK_TCK" >"$WORK/table.md" || fail "report failed"

@@ -50,34 +50,43 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 // acceptRaw accepts one connection from ln with accept4, non-blocking and
 // close-on-exec, waiting in Go's poller (which watches the listening socket,
 // with its deadline) while there is none. The client's address comes from
-// accept4's own result.
+// accept4's own result, read here: unix.Accept4 would ask the socket its
+// protocol (one getsockopt per connection) to tell L2TP from TCP.
 func acceptRaw(rc syscall.RawConn) (int, netip.AddrPort, error) {
 	fd := -1
-	var sa unix.Sockaddr
-	var aerr error
+	var rsa unix.RawSockaddrAny
+	var aerr syscall.Errno
 	err := rc.Read(func(lfd uintptr) bool {
 		for {
-			fd, sa, aerr = unix.Accept4(int(lfd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-			if aerr != unix.EINTR {
-				return aerr != unix.EAGAIN
+			n := uint32(unix.SizeofSockaddrAny)
+			r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, lfd, uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
+				unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+			fd, aerr = int(r), e
+			if e != unix.EINTR {
+				return e != unix.EAGAIN
 			}
 		}
 	})
-	if err == nil && aerr != nil {
+	if err == nil && aerr != 0 {
 		err = os.NewSyscallError("accept4", aerr)
 	}
 	if err != nil {
 		return -1, netip.AddrPort{}, err
 	}
-	return fd, sockaddrPort(sa), nil
+	return fd, rawAddrPort(&rsa), nil
 }
 
-func sockaddrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port))
+// rawAddrPort is the IPv4 or IPv6 address in rsa.
+func rawAddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {
+	switch rsa.Addr.Family {
+	case unix.AF_INET:
+		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
+		p := (*[2]byte)(unsafe.Pointer(&a.Port))
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(p[0])<<8|uint16(p[1]))
+	case unix.AF_INET6:
+		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
+		p := (*[2]byte)(unsafe.Pointer(&a.Port))
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
 	}
 	return netip.AddrPort{}
 }
@@ -88,11 +97,13 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 	if !listen.Addr().IsUnspecified() && listen.Port() != 0 {
 		return listen
 	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
+	var rsa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)))
+	if e != 0 {
 		return listen
 	}
-	return sockaddrPort(sa)
+	return rawAddrPort(&rsa)
 }
 
 // dial connects to a backend: a non-blocking connect on a raw socket with
@@ -138,7 +149,10 @@ func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error
 		unix.Close(fd)
 		return -1, os.NewSyscallError("connect", err)
 	}
-	if !writable(fd) {
+	switch writable(fd) {
+	case connUp:
+		return fd, nil
+	case connPending:
 		if err := s.awaitConnect(fd, timeout); err != nil {
 			unix.Close(fd)
 			return -1, err
@@ -154,13 +168,27 @@ func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error
 	return fd, nil
 }
 
-// writable reports whether fd's connect has an outcome: on loopback it has
+// What a connect in progress has come to.
+const (
+	connPending = iota // no outcome yet
+	connUp             // established
+	connFailed         // failed: SO_ERROR says why
+)
+
+// writable tells whether fd's connect has an outcome: on loopback it has
 // by the time connect returns, whose backlog is processed before it does.
-func writable(fd int) bool {
+// Writable without error or hang-up is up, with no SO_ERROR to ask.
+func writable(fd int) int {
 	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
 	var ts unix.Timespec
 	n, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
-	return e == 0 && n > 0
+	switch {
+	case e != 0 || n == 0:
+		return connPending
+	case pfd.Revents&(unix.POLLERR|unix.POLLHUP) != 0:
+		return connFailed
+	}
+	return connUp
 }
 
 // awaitConnect waits until fd, a connect in progress, is writable (the
