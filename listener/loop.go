@@ -2,7 +2,7 @@ package listener
 
 import (
 	"math"
-	"runtime"
+	"os"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -15,16 +15,23 @@ import (
 // its readiness event lands, with no goroutine woken per message.
 //
 // Sockets never enter Go's poller: accept4 on the listening socket and a
-// non-blocking connect (dial.go) give descriptors that only a loop's epoll
-// watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it would
-// block). A Server has one loop per two Ps (at least one), sessions spread
-// round robin; each loop is a goroutine locked to its thread that blocks in
-// epoll_wait and runs, inline, whatever directions its events wake, each
-// until it would block or has used its budget, after which it goes on in a
-// goroutine of its own until it would block (a bulk transfer then does not
-// hold up the other sessions of its loop). The syscalls that move bytes
+// non-blocking connect (loop_dial.go) give descriptors that only a loop's
+// epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
+// would block). A Server has one loop per two Ps (at least one), sessions
+// spread round robin. A loop's epoll descriptor is itself watched by Go's
+// poller (a nested epoll): the loop's goroutine parks there, holding no
+// thread, and when woken runs, inline, whatever directions its events wake,
+// each until it would block or has used its budget, after which it goes on
+// in a goroutine of its own until it would block (a bulk transfer then does
+// not hold up the other sessions of its loop). The syscalls that move bytes
 // never block and are made raw (no entersyscall): the loop keeps its P, and
 // the runtime does not hand it off or wake sysmon per message.
+//
+// Measured against a loop locked to its thread that blocks in epoll_wait
+// (redis-benchmark GET, 50 clients, 6 interleaved runs): that loop costs
+// 8.1 µs of proxy CPU per request against 6.0 nested, since every time it
+// blocks its syscall wakes sysmon, which then polls every 20 µs, and its P
+// is handed off and taken back.
 //
 // Lost wakeups are what can go wrong, so:
 //   - a direction's state is idle, running, kicked (an event came while
@@ -59,11 +66,10 @@ const runBudget = 16
 // loop is one epoll instance and the goroutine that waits on it.
 type loop struct {
 	epfd int
-	evfd int                       // an eventfd in the epoll: written by close to stop the loop
+	f    *os.File                  // epfd, non-blocking, so that Go's poller watches it; closed by close
 	tab  []atomic.Pointer[session] // by descriptor: the session a socket belongs to
 	dial []atomic.Pointer[dialing] // by descriptor: a connect in progress waiting for its outcome
-	stop atomic.Bool
-	done chan struct{} // closed when run returns
+	done chan struct{}             // closed when run returns
 }
 
 // dialing is a connect waiting in a loop for its socket to become writable.
@@ -74,15 +80,8 @@ func newLoop() (*loop, error) {
 	if err != nil {
 		return nil, err
 	}
-	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
+	if err := unix.SetNonblock(epfd, true); err != nil {
 		unix.Close(epfd)
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(evfd)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &ev); err != nil {
-		unix.Close(epfd)
-		unix.Close(evfd)
 		return nil, err
 	}
 	// The tables cover every descriptor the process may ever open: the hard
@@ -90,53 +89,56 @@ func newLoop() (*loop, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		unix.Close(epfd)
-		unix.Close(evfd)
 		return nil, err
 	}
 	n := min(max(lim.Max, lim.Cur), 1<<20)
-	lp := &loop{epfd: epfd, evfd: evfd, done: make(chan struct{}),
+	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
 		tab: make([]atomic.Pointer[session], n), dial: make([]atomic.Pointer[dialing], n)}
-	go lp.run() // exits when close writes the eventfd
+	go lp.run() // exits when close closes f
 	return lp, nil
 }
 
 // close stops the loop, waits for its goroutine and closes its epoll. No
 // session or dial may be registered any more.
 func (lp *loop) close() {
-	lp.stop.Store(true)
-	one := uint64(1)
-	unix.Write(lp.evfd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	lp.f.Close()
 	<-lp.done
-	unix.Close(lp.epfd)
-	unix.Close(lp.evfd)
 }
 
-// run waits for events and dispatches them. After a batch it looks again
-// without blocking (a raw epoll_wait, which costs the runtime nothing); only
-// when nothing is ready does it block, in a syscall the runtime sees, so
-// that its P serves other goroutines meanwhile.
+// run waits for events and dispatches them. The callback drains the ready
+// list before it lets Go's poller wait again: the outer registration is
+// edge-triggered, and an inner event left unread would raise no new edge.
 func (lp *loop) run() {
-	runtime.LockOSThread() // the thread blocks in epoll_wait: keep the goroutine on it
-	defer runtime.UnlockOSThread()
 	defer close(lp.done)
+	rc, err := lp.f.SyscallConn()
+	if err != nil {
+		return
+	}
 	var events [128]unix.EpollEvent
-	for !lp.stop.Load() {
-		n, err := epollWaitRaw(lp.epfd, events[:])
-		if err == nil && n == 0 {
-			n, err = unix.EpollWait(lp.epfd, events[:], -1)
+	wait := func(fd uintptr) bool {
+		for {
+			n, err := epollWaitRaw(int(fd), events[:])
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return true // EBADF: being closed
+			}
+			for i := range n {
+				lp.dispatch(events[i])
+			}
+			if n < len(events) {
+				return false
+			}
 		}
-		if err != nil { // EINTR
-			continue
-		}
-		for i := range n {
-			lp.dispatch(events[i])
-		}
+	}
+	for rc.Read(wait) == nil {
 	}
 }
 
 // epollWaitRaw is epoll_wait with a zero timeout, made raw: it never blocks.
 func epollWaitRaw(epfd int, events []unix.EpollEvent) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
