@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -27,7 +26,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
-		unix.Close(c)
+		closeFD(c)
 		s.wg.Done()
 		return
 	}
@@ -41,7 +40,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
-		unix.Close(c)
+		closeFD(c)
 		s.wg.Done()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
@@ -56,7 +55,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	// an early end gives them back here, a session gives them back in finish.
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
-		unix.Close(c)
+		closeFD(c)
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
 		s.wg.Done()
 	}
@@ -81,7 +80,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	}
 	if t.ProxyProtocol > 0 {
 		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
-			unix.Close(bc)
+			closeFD(bc)
 			t.B.Release()
 			svc.Group.Release()
 			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))

@@ -119,34 +119,24 @@ func (s *Server) dial(a netip.AddrPort, timeout time.Duration) (int, error) {
 }
 
 func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error) {
-	var sa unix.Sockaddr
 	family := unix.AF_INET
-	if a.Addr().Is4() || a.Addr().Is4In6() {
-		sa = &unix.SockaddrInet4{Port: int(a.Port()), Addr: a.Addr().Unmap().As4()}
-	} else {
+	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(a.Port()), Addr: a.Addr().As16()}
 	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := socketFD(family)
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
 	if err := setSockopts(fd); err != nil {
-		unix.Close(fd)
+		closeFD(fd)
 		return -1, err
 	}
-	for {
-		err = unix.Connect(fd, sa)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	switch err {
+	switch err := connectFD(fd, a); err {
 	case nil:
 		return fd, nil
 	case unix.EINPROGRESS, unix.EALREADY:
 	default:
-		unix.Close(fd)
+		closeFD(fd)
 		return -1, os.NewSyscallError("connect", err)
 	}
 	switch writable(fd) {
@@ -154,12 +144,12 @@ func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error
 		return fd, nil
 	case connPending:
 		if err := s.awaitConnect(fd, timeout); err != nil {
-			unix.Close(fd)
+			closeFD(fd)
 			return -1, err
 		}
 	}
-	if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
-		unix.Close(fd)
+	if e, err := getsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+		closeFD(fd)
 		if err == nil {
 			err = syscall.Errno(e)
 		}
@@ -232,7 +222,7 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 // and fulcrum's keepalive. Accepted sockets inherit both from the listening
 // socket instead.
 func setSockopts(fd int) error {
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
 	return setKeepAliveFD(fd)
@@ -278,4 +268,74 @@ func (w fdWriter) Write(p []byte) (int, error) {
 		n += k
 	}
 	return n, nil
+}
+
+// The per-connection syscalls, raw: on non-blocking sockets without
+// SO_LINGER none of them blocks, and the runtime's entersyscall around each
+// would cost more than the call (and wake sysmon when the process was idle).
+
+func closeFD(fd int) {
+	unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0)
+}
+
+func shutdownFD(fd, how int) {
+	unix.RawSyscall(unix.SYS_SHUTDOWN, uintptr(fd), uintptr(how), 0) // ENOTCONN after a reset: nothing to do
+}
+
+func setsockoptInt(fd, level, opt, v int) error {
+	v32 := int32(v)
+	_, _, e := unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v32)), 4, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func getsockoptInt(fd, level, opt int) (int, error) {
+	var v int32
+	n := uint32(4)
+	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(v), nil
+}
+
+func socketFD(family int) (int, error) {
+	fd, _, e := unix.RawSyscall(unix.SYS_SOCKET, uintptr(family), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(fd), nil
+}
+
+// connectFD starts a connect to a from a non-blocking socket.
+func connectFD(fd int, a netip.AddrPort) error {
+	var rsa unix.RawSockaddrAny
+	var n uintptr
+	port := a.Port()
+	if ip := a.Addr().Unmap(); ip.Is4() {
+		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&rsa))
+		sa.Family = unix.AF_INET
+		sa.Addr = ip.As4()
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		p[0], p[1] = byte(port>>8), byte(port)
+		n = unix.SizeofSockaddrInet4
+	} else {
+		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(&rsa))
+		sa.Family = unix.AF_INET6
+		sa.Addr = ip.As16()
+		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
+		p[0], p[1] = byte(port>>8), byte(port)
+		n = unix.SizeofSockaddrInet6
+	}
+	for {
+		_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), n)
+		if e != unix.EINTR {
+			if e != 0 {
+				return e
+			}
+			return nil
+		}
+	}
 }

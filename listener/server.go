@@ -171,7 +171,7 @@ func setKeepAliveFD(fd int) error {
 		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
 		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
 	} {
-		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+		if err := setsockoptInt(fd, o.level, o.opt, o.v); err != nil {
 			return fmt.Errorf("set keepalive: %w", err)
 		}
 	}

@@ -102,8 +102,8 @@ func (ss *session) stop() {
 			break
 		}
 	}
-	unix.Shutdown(ss.clientFD, unix.SHUT_RDWR) // ENOTCONN after a reset: nothing to do
-	unix.Shutdown(ss.backendFD, unix.SHUT_RDWR)
+	shutdownFD(ss.clientFD, unix.SHUT_RDWR)
+	shutdownFD(ss.backendFD, unix.SHUT_RDWR)
 	ss.release()
 }
 
@@ -122,7 +122,7 @@ func (ss *session) halfDone(h *half, err error) {
 		// too: then close sends the FIN, one syscall fewer per connection
 		// (its socket has nothing unread, so close does not reset).
 		if ss.other(h).state.Load() != stDone {
-			unix.Shutdown(h.dfd, unix.SHUT_WR)
+			shutdownFD(h.dfd, unix.SHUT_WR)
 		}
 	}
 	ss.release()
@@ -159,8 +159,8 @@ func (ss *session) finish() {
 	if ss.timer != nil {
 		ss.timer.Stop()
 	}
-	unix.Close(ss.clientFD)
-	unix.Close(ss.backendFD)
+	closeFD(ss.clientFD)
+	closeFD(ss.backendFD)
 	b := ss.t.B
 	b.Untrack(ss)
 	b.Release()
