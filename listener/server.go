@@ -131,7 +131,6 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 	return true
 }
 
-
 // setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
 // idle, interval and count.
 func setKeepAlive(c syscall.RawConn) error {

@@ -71,7 +71,7 @@ type Manager struct {
 	stopped    bool               // Shutdown has run
 	drainCtx   context.Context    // parent of every drain; ended by stopDrains when Shutdown's context ends
 	stopDrains context.CancelFunc
-	seq        atomic.Uint64      // the last Table.Seq handed out
+	seq        atomic.Uint64 // the last Table.Seq handed out
 	changes    chan *backend.Backend
 
 	statusMu sync.Mutex // protects status
