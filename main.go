@@ -166,12 +166,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 // adminClient bounds every request to the admin listener.
 var adminClient = http.Client{Timeout: 5 * time.Second}
 
-// signalContext ends on the first SIGINT or SIGTERM, which starts a graceful
-// shutdown; a second one exits at once.
+// signalContext ends on the first SIGINT, SIGTERM or SIGQUIT, which starts a
+// graceful shutdown; a second one exits at once. SIGQUIT is nginx's graceful
+// stop, and operators used to it send it; Go's default for it (dump every
+// goroutine, exit 2) would drop every connection.
 func signalContext() (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 	done := make(chan struct{})
 	go func() { // exits when stop is called
 		select {
