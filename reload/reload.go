@@ -226,7 +226,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
-	if m.cur != nil && m.cur.Admin != cfg.Admin {
+	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {

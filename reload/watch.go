@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -198,7 +197,7 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 func (r *runner) check(force bool) {
 	m := r.m
 	defer r.rewatch() // a symlink may now lead elsewhere
-	data, err := os.ReadFile(m.path)
+	data, err := conf.Read(m.path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			if !r.gone {
