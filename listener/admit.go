@@ -155,10 +155,6 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		}
 	}()
 	for tries <= svc.Retries {
-		var wake <-chan struct{}
-		if w != nil {
-			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
-		}
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
@@ -175,7 +171,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			if !w.Wait(start.Add(svc.QueueTimeout)) {
 				return nil, nil, tries, errFull
 			}
 			continue
@@ -243,24 +239,10 @@ func full(ts []sched.Target, r *sched.Request) bool {
 // admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
 // for one. It reports false when the connection must be refused.
 func admit(svc *sched.Service, start time.Time) bool {
-	g := svc.Group
-	if g.Acquire(svc.MaxConns) {
-		return true
-	}
 	if svc.QueueTimeout <= 0 {
-		return false
+		return svc.Group.Acquire(svc.MaxConns)
 	}
-	w := g.Enqueue()
-	defer w.Leave()
-	for {
-		wake := g.Wake()
-		if g.Acquire(svc.MaxConns) {
-			return true
-		}
-		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
-			return false
-		}
-	}
+	return svc.Group.Admit(svc.MaxConns, start.Add(svc.QueueTimeout))
 }
 
 // logsAccess reports whether access would write a line for svc now.
