@@ -144,11 +144,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString()}
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Hosts: cfg.Admin.Hosts}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
-		defer func() {                                                    // after the drain, so that it can be watched
+		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
+		defer func() {                                                                             // after the drain, so that it can be watched
 			stopAdmin()
 			if err := <-done; err != nil {
 				log.Warn().Err(err).Msg("admin listener")
