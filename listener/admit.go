@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -27,6 +28,13 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
+		c.Close()
+		s.wg.Done()
+		return
+	}
+	ka := keepAliveFor(svc)
+	if err := setKeepAliveConn(c, ka); err != nil { // a socket that takes no option is not worth serving
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		c.Close()
 		s.wg.Done()
 		return
@@ -192,7 +200,8 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive is set before the connect:
+			Control: func(_, _ string, rc syscall.RawConn) error { return setKeepAliveRaw(rc, keepAliveFor(svc)) }}
 		c, err := d.Dial("tcp", t.Addr.String())
 		if err == nil {
 			t.B.PassiveOK()

@@ -331,6 +331,9 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
+			KeepAliveIdle:     cs.KeepAliveIdle,
+			KeepAliveInterval: cs.KeepAliveInterval,
+			KeepAliveCount:    cs.KeepAliveCount,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
