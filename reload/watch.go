@@ -2,9 +2,6 @@ package reload
 
 import (
 	"context"
-	"crypto/sha256"
-	"errors"
-	"io/fs"
 	"path/filepath"
 	"strings"
 	"time"
@@ -34,7 +31,11 @@ import (
 // drop events (its queue overflows), so then, and every [reload] recheck,
 // the file is re-read. A Hup receive reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
-	r := &runner{m: m, tried: cfg.Digest, cfg: cfg.Reload, watched: map[string]dirID{}}
+	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]dirID{}}
+	lctx, stopLoader := context.WithCancel(ctx)
+	r.ld = newLoader(m, cfg.Digest)
+	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
+	defer func() { stopLoader(); <-r.ld.done }()
 	if m.Watchdog > 0 {
 		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
 	}
@@ -62,6 +63,9 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	recheck := time.NewTicker(time.Hour)
 	defer recheck.Stop()
 	r.resetRecheck(recheck)
+	resolveTick := time.NewTicker(time.Hour)
+	defer resolveTick.Stop()
+	r.resetResolve(resolveTick)
 	// Health: transitions rebuild the table; passive marks expire on time;
 	// slow start steps weights up.
 	passive := time.NewTimer(time.Hour)
@@ -143,6 +147,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			if !r.writing { // a writer at work: its close brings the read
 				r.check(false)
 			}
+		case <-resolveTick.C:
+			r.ld.request(loadReq{dns: true})
+		case res := <-r.ld.out:
+			r.applyLoaded(res)
+			r.resetResolve(resolveTick)
+			schedule()
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
@@ -190,14 +200,13 @@ func (m *Manager) expirePassive(now time.Time) time.Time {
 // runner is the state of Run's loop, touched only by its goroutine.
 type runner struct {
 	m       *Manager
+	ld      *loader          // reads, parses and resolves off the loop
 	w       *watcher         // nil when watching is unavailable
 	watched map[string]dirID // directories added to w, with the identity they had then
 	real    string           // the path with symlinks resolved at the last rewatch; "" if it did not resolve
 	missing string           // a wanted directory that is gone, watched through its parent; "" if none
 	writing bool             // the file was written and not yet closed by its writer
-	tried   [32]byte         // digest of the content last tried, applied or not
 	cfg     conf.Reload      // of the running configuration
-	gone    bool             // the file was missing at the last check
 }
 
 // dirID identifies a directory across deletion and recreation at the same
@@ -255,6 +264,14 @@ func (r *runner) classify(ev event) int {
 	return evIgnore
 }
 
+func (r *runner) resetResolve(t *time.Ticker) {
+	if r.cfg.ResolveInterval > 0 {
+		t.Reset(r.cfg.ResolveInterval)
+	} else {
+		t.Stop()
+	}
+}
+
 func (r *runner) resetRecheck(t *time.Ticker) {
 	if r.cfg.Recheck > 0 {
 		t.Reset(r.cfg.Recheck)
@@ -263,43 +280,32 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 	}
 }
 
-// check reads the file and reloads it if its content changed (or if force).
+// check asks the loader to read the file and reload it if its content
+// changed (or if force). It never waits: the result comes back to Run's
+// loop as a loaded value.
 func (r *runner) check(force bool) {
+	r.rewatch() // before the read: a directory may be back
+	r.ld.request(loadReq{file: true, force: force, dns: force})
+}
+
+// applyLoaded applies what the loader read, on Run's loop: binding and
+// swapping take milliseconds; reading, parsing and resolving were done off
+// the loop.
+func (r *runner) applyLoaded(res loaded) {
 	m := r.m
-	r.rewatch() // before reading: a symlink may now lead elsewhere, a directory be back
-	data, err := conf.Read(m.path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			if !r.gone {
-				r.gone = true
-				m.log.Warn().Str("file", m.path).Msg("configuration file is gone; the running configuration stays")
-			}
-			return
-		}
-		r.refuse(err)
-		return
-	}
-	if r.gone {
-		r.gone = false
-		m.log.Info().Str("file", m.path).Msg("configuration file is back")
-	}
-	digest := sha256.Sum256(data)
-	if !force && digest == r.tried {
-		return
-	}
-	r.tried = digest
-	if why := conf.Exposed(m.path); why != "" {
-		m.log.Warn().Msg(why)
+	defer r.rewatch() // a symlink may now lead elsewhere
+	if res.cfg == nil && res.err == nil {
+		return // unchanged
 	}
 	m.notify(systemd.Reloading())
-	cfg, err := conf.Parse(m.path, data)
+	err := res.err
 	if err == nil {
-		err = m.Apply(cfg)
+		err = m.apply(res.cfg, res.dns, res.trigger)
 	}
 	if err != nil {
 		r.refuse(err)
 	} else {
-		r.cfg = cfg.Reload
+		r.cfg = res.cfg.Reload
 	}
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 }
