@@ -797,3 +797,44 @@ backends = [{ address = %q }]
 		}
 	}
 }
+
+// TestDaemonSIGQUITStopsGracefully: nginx users send SIGQUIT for a graceful
+// stop, so fulcrum treats it as SIGTERM: it stops accepting, a connection in
+// flight still completes, and the process exits 0 (Go's default would dump
+// every goroutine and exit 2, dropping the connection).
+func TestDaemonSIGQUITStopsGracefully(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // echoes until EOF
+		io.Copy(c, listenertest.User(c))
+		c.CloseWrite()
+	}).Addr
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.echo]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "echo", address = %q }]
+`, be))
+	addr := d.await(t, "listening")["addr"].(string)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	d.await(t, "stopped accepting; draining connections")
+	if _, err := c.Write([]byte("pong")); err != nil {
+		t.Fatalf("write after SIGQUIT: %v", err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if b, err := io.ReadAll(c); err != nil || string(b) != "pong" {
+		t.Fatalf("echo after SIGQUIT = %q, %v; want \"pong\"", b, err)
+	}
+	d.expectExit(t, 10*time.Second)
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -29,6 +30,13 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
+		c.Close()
+		s.connDone()
+		return
+	}
+	ka := keepAliveFor(svc)
+	if err := setKeepAliveConn(c, ka); err != nil { // a socket that takes no option is not worth serving
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		c.Close()
 		s.connDone()
 		return
@@ -157,10 +165,6 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		}
 	}()
 	for tries <= svc.Retries {
-		var wake <-chan struct{}
-		if w != nil {
-			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
-		}
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
@@ -177,7 +181,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			if !w.Wait(start.Add(svc.QueueTimeout)) {
 				return nil, nil, tries, errFull
 			}
 			continue
@@ -198,7 +202,8 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive}
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive is set before the connect:
+			Control: func(_, _ string, rc syscall.RawConn) error { return setKeepAliveRaw(rc, keepAliveFor(svc)) }}
 		c, err := d.Dial("tcp", t.Addr.String())
 		if err == nil {
 			t.B.PassiveOK()
@@ -265,24 +270,10 @@ func full(ts []sched.Target, r *sched.Request) bool {
 // admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
 // for one. It reports false when the connection must be refused.
 func admit(svc *sched.Service, start time.Time) bool {
-	g := svc.Group
-	if g.Acquire(svc.MaxConns) {
-		return true
-	}
 	if svc.QueueTimeout <= 0 {
-		return false
+		return svc.Group.Acquire(svc.MaxConns)
 	}
-	w := g.Enqueue()
-	defer w.Leave()
-	for {
-		wake := g.Wake()
-		if g.Acquire(svc.MaxConns) {
-			return true
-		}
-		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
-			return false
-		}
-	}
+	return svc.Group.Admit(svc.MaxConns, start.Add(svc.QueueTimeout))
 }
 
 // logsAccess reports whether access would write a line for svc now.

@@ -93,9 +93,6 @@ func New(tbl Loader, log zerolog.Logger) *Server {
 		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
 
-// keepAlive is applied to both legs of every connection.
-var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 10 * time.Second, Count: 6}
-
 // Inherit offers a listening socket passed by the service manager. Prepare
 // adopts it for the configured address it is bound to instead of binding
 // that address; until then, and after a reload removes its address, it is
@@ -134,31 +131,6 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 		}
 	}
 	return true
-}
-
-// setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
-// idle, interval and count.
-func setKeepAlive(c syscall.RawConn) error {
-	var serr error
-	err := c.Control(func(fd uintptr) {
-		for _, o := range []struct{ level, opt, v int }{
-			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
-		} {
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), o.level, o.opt, o.v)
-			}
-		}
-	})
-	if err == nil {
-		err = serr
-	}
-	if err != nil {
-		return fmt.Errorf("set keepalive: %w", err)
-	}
-	return nil
 }
 
 // setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
@@ -216,16 +188,13 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Keepalive is set once on the listening socket, which accepted sockets
-	// inherit (Linux copies it to each), and Go is told not to set it again
-	// on every accept: four setsockopt calls fewer per connection.
+	// Go is told to set no keepalive per accept: each accepted socket gets
+	// its service's own, with its idle time spread (keepalive.go).
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
 		if freebind {
-			if err := setFreebind(network, address, c); err != nil {
-				return err
-			}
+			return setFreebind(network, address, c)
 		}
-		return setKeepAlive(c)
+		return nil
 	}}
 	for _, a := range want {
 		c.want[a] = true
@@ -403,9 +372,6 @@ func (s *Server) accept(so *socket) {
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
-			if so.inherited { // Go set its default keepalive on it, not ours
-				c.SetKeepAliveConfig(keepAlive)
-			}
 			s.wg.Add(1)
 			go s.handle(c, so.key) // exits when the connection ends; its slot is freed by connDone
 			continue
