@@ -32,10 +32,7 @@ import (
 // the file is re-read. A Hup receive reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]dirID{}}
-	lctx, stopLoader := context.WithCancel(ctx)
 	r.ld = newLoader(m, cfg.Digest)
-	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
-	defer func() { stopLoader(); <-r.ld.done }()
 	if m.Watchdog > 0 {
 		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
 	}
@@ -55,8 +52,15 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		return err
 	}
 	defer m.Shutdown(context.Background())
+	// An edit made since main read the file, read here before the loader
+	// starts (so the loader's state stays its own) and before READY=1, as
+	// at any start: nothing is being served from the loop yet.
+	r.rewatch()
+	r.applyLoaded(r.ld.load(ctx, loadReq{file: true}))
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
-	r.check(false) // an edit made since main read the file
+	lctx, stopLoader := context.WithCancel(ctx)
+	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
+	defer func() { stopLoader(); <-r.ld.done }()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
