@@ -168,7 +168,8 @@ type BackendStatus struct {
 	Weight       int    `json:"weight"` // effective: 0 while down, ramping during slow start
 	Configured   int    `json:"configured_weight"`
 	Backup       bool   `json:"backup,omitempty"`
-	State        string `json:"state"` // up | down | draining
+	State        string `json:"state"`          // up | down | wrong role | draining
+	Role         string `json:"role,omitempty"` // primary | replica, as its role check last saw it
 	Reason       string `json:"reason,omitempty"`
 	Active       int64  `json:"active"`
 	Total        uint64 `json:"total"`
@@ -176,6 +177,7 @@ type BackendStatus struct {
 	BytesOut     uint64 `json:"bytes_out"`
 	ConnectFails uint64 `json:"connect_failures"`
 	DrainClosed  uint64 `json:"drain_closed"`
+	CutClosed    uint64 `json:"cut_closed"` // sessions ended by on_down / on_up
 }
 
 // ListenStatus is one listening socket.
@@ -213,19 +215,17 @@ func Snapshot(src Source) Status {
 			}
 			for i, tg := range s.All() {
 				b := tg.B.Stats()
-				up, reason, _ := tg.B.Health()
-				state := "up"
-				switch {
-				case b.Draining:
+				_, reason, _ := tg.B.Health()
+				hs, role := tg.B.State()
+				state := hs.String()
+				if b.Draining {
 					state = "draining"
-				case !up:
-					state = "down"
 				}
 				ss.Backends = append(ss.Backends, BackendStatus{
 					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, Configured: tg.Base, Backup: i >= len(s.Targets),
-					State: state, Reason: reason,
+					State: state, Role: role, Reason: reason,
 					Active: b.Active, Total: b.Total, BytesIn: b.BytesIn, BytesOut: b.BytesOut,
-					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed,
+					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed, CutClosed: b.CutClosed,
 				})
 			}
 			st.Services = append(st.Services, ss)

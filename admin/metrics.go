@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,7 +20,9 @@ var (
 	backendFails    = prometheus.NewDesc("fulcrum_backend_connect_failures_total", "Dials to the backend that failed.", bLabels, nil)
 	backendDrained  = prometheus.NewDesc("fulcrum_backend_drain_closed_total", "Connections closed because a drain deadline passed.", bLabels, nil)
 	backendUp       = prometheus.NewDesc("fulcrum_backend_up", "1 if the backend takes new connections (up and not draining), else 0.", bLabels, nil)
-	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in.", append(bLabels, "state"), nil)
+	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in (up, down, wrong_role, draining).", append(bLabels, "state"), nil)
+	backendRole     = prometheus.NewDesc("fulcrum_backend_role", "1 for the role (primary, replica) the backend's role check last observed; absent without one.", append(bLabels, "role"), nil)
+	backendCut      = prometheus.NewDesc("fulcrum_backend_sessions_cut_total", "Sessions ended because the backend went down or into the wrong role (on_down = close), or, on a backup, because a primary came up (on_up = close-backups).", bLabels, nil)
 	backendWeight   = prometheus.NewDesc("fulcrum_backend_weight", "The backend's effective weight in the current snapshot.", bLabels, nil)
 	sLabels         = []string{"service"}
 	serviceActive   = prometheus.NewDesc("fulcrum_service_active_connections", "Connections holding a slot of the service.", sLabels, nil)
@@ -41,7 +45,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
-		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
+		backendState, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
 	}
@@ -74,9 +78,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(backendFails, float64(b.ConnectFails), l...)
 			counter(backendDrained, float64(b.DrainClosed), l...)
 			gauge(backendUp, boolf(b.State == "up"), l...)
-			for _, state := range []string{"up", "down", "draining"} {
-				gauge(backendState, boolf(b.State == state), s.Name, b.Name, state)
+			for _, state := range []string{"up", "down", "wrong role", "draining"} {
+				gauge(backendState, boolf(b.State == state), s.Name, b.Name, strings.ReplaceAll(state, " ", "_"))
 			}
+			if b.Role != "" {
+				for _, role := range []string{"primary", "replica"} {
+					gauge(backendRole, boolf(b.Role == role), s.Name, b.Name, role)
+				}
+			}
+			counter(backendCut, float64(b.CutClosed), l...)
 			gauge(backendWeight, float64(b.Weight), l...)
 		}
 	}

@@ -33,6 +33,9 @@ func WriteTable(w io.Writer, st Status) {
 		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tactive\tconns\tbytes in\tbytes out\tconnect fails")
 		for _, b := range s.Backends {
 			state := b.State
+			if b.Role != "" {
+				state += " (" + b.Role + ")"
+			}
 			if b.Backup {
 				state += " (backup)"
 			}

@@ -90,6 +90,11 @@ func TestPostgresRoles(t *testing.T) {
 	lag := login(rep.Addr, "scramuser", scram, "replica")
 	lag.MaxLag = time.Millisecond
 	pg.Exec(t, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
+	for deadline := time.Now().Add(30 * time.Second); rep.Exec(t, "SELECT pg_last_xact_replay_timestamp() IS NOT NULL")[0][0] != "t"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // replay gives no event but its timestamp
+			t.Fatal("the replica replayed nothing in 30s")
+		}
+	}
 	waitRole(t, lag, RoleReplica)
 	// A replica whose replay is paused falls behind as the primary writes.
 	rep.Exec(t, "SELECT pg_wal_replay_pause()")

@@ -342,3 +342,31 @@ func TestWrongRole(t *testing.T) {
 		t.Errorf("StateWrongRole = %q", StateWrongRole)
 	}
 }
+
+// TestAwaitRole: a backend whose role was never checked is out of rotation
+// until its first check, which decides at once; once a role was seen,
+// AwaitRole does nothing.
+func TestAwaitRole(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	b.AwaitRole()
+	if !b.Down() {
+		t.Fatal("an unchecked backend is eligible")
+	}
+	b.observed(RolePrimary)
+	b.checked(nil, 3, 3, time.Now())
+	if b.Down() {
+		t.Fatal("the first passing role check did not bring it up at once")
+	}
+	b.AwaitRole()
+	if b.Down() {
+		t.Error("AwaitRole took down a backend whose role is known")
+	}
+	c := p.Get("s", "c")
+	c.AwaitRole()
+	c.observed(RoleReplica)
+	c.checked(&WrongRoleError{Observed: RoleReplica, Want: RolePrimary}, 3, 3, time.Now())
+	if st, _ := c.State(); st != StateWrongRole {
+		t.Errorf("first check in the wrong role: %v; want wrong role at once", st)
+	}
+}

@@ -63,6 +63,8 @@ type healthState struct {
 	windowStart  time.Time  // passive: start of that window
 	passiveUntil time.Time  // passive: down until then
 	role         string     // the role the last successful check observed; "" if none did
+	roleChecked  bool       // a check has observed a role at least once
+	awaiting     bool       // set by AwaitRole: the first check result decides at once
 }
 
 // Down reports whether the backend is down, by checks or by passive
@@ -203,8 +205,14 @@ type CheckSpec struct {
 // down after Fall failures in a row and up after Rise successes in a row.
 // The first check comes after a random fraction of Interval, so that the
 // checks of many backends do not align.
+//
+// A backend waiting for its first role check (AwaitRole) is probed at once.
 func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(spec.Interval)) + 1))
+	first := time.Duration(rand.Int64N(int64(spec.Interval)) + 1)
+	if b.awaitingRole() {
+		first = time.Nanosecond
+	}
+	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
 		select {
@@ -227,7 +235,33 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 func (b *Backend) observed(role string) {
 	b.health.mu.Lock()
 	b.health.role = role
+	if role != "" {
+		b.health.roleChecked = true
+	}
 	b.health.mu.Unlock()
+}
+
+// AwaitRole keeps a backend whose role has never been checked out of
+// rotation until its first check: a service that wants a primary must not
+// send writes to a node it has not asked yet. That first result then
+// decides at once, without waiting for rise or fall. It does nothing to a
+// backend whose role a check has already seen.
+func (b *Backend) AwaitRole() {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.roleChecked || h.awaiting {
+		return
+	}
+	h.awaiting = true
+	b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+}
+
+// awaitingRole reports whether AwaitRole's first check is still to come.
+func (b *Backend) awaitingRole() bool {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	return b.health.awaiting
 }
 
 // checked applies one check result. An error that is a *WrongRoleError
@@ -238,6 +272,10 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.awaiting {
+		h.awaiting = false
+		rise, fall = 1, 1
+	}
 	if err == nil {
 		h.checkOK++
 		h.checkFail = 0
@@ -266,7 +304,7 @@ func (b *Backend) ClearActive() {
 	b.health.mu.Lock()
 	defer b.health.mu.Unlock()
 	b.health.checkOK, b.health.checkFail = 0, 0
-	b.health.role = ""
+	b.health.role, b.health.awaiting = "", false
 	b.setBits(0, downActive|downRole, "checks off", time.Now())
 }
 

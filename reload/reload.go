@@ -270,7 +270,8 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			bk := m.pool.Get(cs.Name, b.Name)
 			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
-				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
+				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol],
+				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
 			if b.Backup {
 				back = append(back, t)
 			} else {
@@ -278,6 +279,9 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			}
 			if b.Health.Check != "none" {
 				jobs = append(jobs, checkJob{b: bk, spec: checkSpec(b)})
+				if r := b.Health.Role; r == backend.RolePrimary || r == backend.RoleReplica {
+					bk.AwaitRole() // a node not asked yet takes nothing; a known one keeps its state
+				}
 			}
 		}
 		svc := &sched.Service{
@@ -412,7 +416,8 @@ type checkJob struct {
 
 func checkSpec(b conf.Backend) backend.CheckSpec {
 	h := b.Health
-	p := backend.Probe{Kind: h.Check, Addr: b.CheckAddr.String(), Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
+	p := backend.Probe{Kind: h.Check, Addr: b.CheckAddr.String(), Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
+		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
 	if h.Check == "send-expect" {
 		p.Send = []byte(h.Send)
 		p.Expect = regexp.MustCompile(h.Expect) // validated by conf
