@@ -57,3 +57,14 @@ func findTarget(s *sched.Service, b *backend.Backend) (*sched.Target, bool) {
 	}
 	return nil, false
 }
+
+// awaitRoles keeps each backend whose check wants a role, and whose role no
+// check has seen yet, out of rotation until its first check (see
+// backend.AwaitRole): a writer service must not guess. Part of a commit.
+func awaitRoles(jobs []checkJob) {
+	for _, j := range jobs {
+		if r := j.spec.Probe.Role; r == backend.RolePrimary || r == backend.RoleReplica {
+			j.b.AwaitRole()
+		}
+	}
+}
