@@ -129,3 +129,38 @@ func TestRolesRedis(t *testing.T) {
 		t.Errorf("a's CutClosed = %d; want 1", s.CutClosed)
 	}
 }
+
+// TestOnUpCloseBackups: with on_up = "close-backups", a session on the
+// backup ends when the primary comes back, and the next connection goes
+// to the primary.
+func TestOnUpCloseBackups(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	h := &holder{}
+	bk := listenertest.NewServer(t, h.handle)
+	primary := listenertest.DeadAddr(t)
+	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: "on_up = \"close-backups\"\n" + health,
+		backends: []be{{"p", primary, 1, ""}, {"bk", bk.Addr, 1, "backup = true"}}}))
+	addr := r.addr("127.0.0.1:0")
+	r.logs.Wait(t, 5*time.Second, "p down", backendLine("backend down", "p"))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := bufio.NewReader(c).ReadString('\n'); got != "in\n" {
+		t.Fatalf("via the backup: %q, %v", got, err)
+	}
+	listenertest.NewServerAt(t, primary, listenertest.Greeter("p"))
+	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
+		return m["message"] == "sessions cut (on_up = close-backups)" && m["backend"] == "bk"
+	})
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the session on the backup is still open (read %d bytes)", n)
+	}
+	if name, err := greeting(addr); name != "p" {
+		t.Errorf("after p came back: %q, %v; want p", name, err)
+	}
+}
