@@ -140,7 +140,7 @@ func TestOnUpCloseBackups(t *testing.T) {
 	primary := listenertest.DeadAddr(t)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
-		extra: "on_up = \"close-backups\"\n" + health,
+		extra:    "on_up = \"close-backups\"\n" + health,
 		backends: []be{{"p", primary, 1, ""}, {"bk", bk.Addr, 1, "backup = true"}}}))
 	addr := r.addr("127.0.0.1:0")
 	r.logs.Wait(t, 5*time.Second, "p down", backendLine("backend down", "p"))
