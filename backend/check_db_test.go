@@ -2,6 +2,7 @@ package backend
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -121,9 +122,20 @@ func TestPostgresRoles(t *testing.T) {
 
 // TestPostgresProbeHygiene: 100 probes of each kind leave nothing in the
 // server's log: the login check ends with Terminate, and the check without
-// credentials leaves as PostgreSQL expects of a client.
+// credentials leaves as PostgreSQL expects of a client. With TLS on, the
+// server rejects (and logs) any TCP session without it, so a probe that
+// skipped TLS would show in the log.
 func TestPostgresProbeHygiene(t *testing.T) {
+	for _, tls := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", tls), func(t *testing.T) { pgHygiene(t, tls) })
+	}
+}
+
+func pgHygiene(t *testing.T, tls bool) {
 	pg := dbtest.StartPostgres(t)
+	if tls {
+		pg.EnableTLS(t)
+	}
 	scram := secret(t, dbtest.ScramPassword)
 	_, off := pg.LogSince(t, 0)
 	probes := []*Probe{

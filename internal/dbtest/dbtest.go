@@ -152,6 +152,33 @@ func (p *Postgres) Stop(t testing.TB, mode string) {
 	p.ctl(t, "stop", "-w", "-m", mode)
 }
 
+// EnableTLS turns ssl on with a fresh self-signed certificate, rejects TCP
+// sessions without TLS, and reloads the configuration.
+func (p *Postgres) EnableTLS(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("openssl"); err != nil {
+		missing(t, "openssl")
+	}
+	cert, key := filepath.Join(p.root, "server.crt"), filepath.Join(p.root, "server.key")
+	run(t, "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-subj", "/CN=localhost", "-days", "1")
+	run(t, "chown", "postgres:postgres", cert, key)
+	os.Chmod(key, 0o600)
+	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), fmt.Sprintf("ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n", cert, key))
+	hba := filepath.Join(p.Dir, "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, hba, "hostnossl all all 127.0.0.1/32 reject\n"+string(b))
+	run(t, "chown", "postgres:postgres", hba)
+	p.ctl(t, "reload")
+	for deadline := time.Now().Add(10 * time.Second); p.Exec(t, "SHOW ssl")[0][0] != "on"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // a reload gives no event but the setting
+			t.Fatal("ssl is not on 10s after the reload")
+		}
+	}
+}
+
 // Promote makes a replica a primary and waits until it is one.
 func (p *Postgres) Promote(t testing.TB) {
 	t.Helper()
