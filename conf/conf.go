@@ -116,6 +116,9 @@ type Settings struct {
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
 	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
 	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
+	SplitBrain   string        // "refuse" (default) | "first": what a service whose checks want role "primary" does when more than one backend claims it
+	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
+	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
 	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
 	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
@@ -164,6 +167,7 @@ type Service struct {
 	Listen   []netip.AddrPort // an unspecified address ([::]) listens on every address
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
+	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -189,7 +193,7 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep"}
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse"}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -325,6 +329,7 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
@@ -355,6 +360,9 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
 		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
 		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
+		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, "refuse", "first"),
+		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
+		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
 		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
 		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
@@ -448,6 +456,36 @@ func (w *walker) health(ht *table, base Health) Health {
 	return h
 }
 
+// fallbacks checks that each fallback names another service and that no
+// chain of fallbacks comes back to where it started.
+func (w *walker) fallbacks(svcs []Service) {
+	next := map[string]string{}
+	for _, s := range svcs {
+		next[s.Name] = s.Fallback
+	}
+	for _, s := range svcs {
+		if s.Fallback == "" {
+			continue
+		}
+		key := "services." + s.Name + ".fallback"
+		if _, ok := next[s.Fallback]; !ok {
+			w.errorf(key, "no service is called %q", s.Fallback)
+			continue
+		}
+		chain := []string{s.Name}
+		for at := s.Fallback; at != ""; at = next[at] {
+			chain = append(chain, at)
+			if at == s.Name {
+				w.errorf(key, "fallbacks form a cycle: %s", strings.Join(chain, " → "))
+				break
+			}
+			if len(chain) > len(svcs) {
+				break // a cycle further on, reported from a service on it
+			}
+		}
+	}
+}
+
 // passwordFile resolves a password_file path against the config file's
 // directory and checks now that it can be read, so that a typo is a
 // located error at load rather than a backend down at run time. The
@@ -499,7 +537,7 @@ func isPrime(n int) bool {
 }
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
-	s := Service{Name: name, Settings: w.settings(t, defaults)}
+	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {

@@ -149,7 +149,7 @@ backends = [{address = "127.0.0.1:2"}]
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
-		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep",
+		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"}}
 	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
 		t.Errorf("settings = %+v; want %+v", got, want)
@@ -240,6 +240,14 @@ func TestErrors(t *testing.T) {
 		{"bad on_down", ok + "on_down = \"shutdown\"\n", []string{`f.toml:4: services.s.on_down: "shutdown" is not one of keep, close`}},
 		{"bad backend on_up", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\non_up = \"close\"\n",
 			[]string{`f.toml:5: services.s.backends[0].on_up: "close" is not one of keep, close-backups`}},
+		{"unknown fallback", ok + "fallback = \"rw\"\n", []string{`f.toml:4: services.s.fallback: no service is called "rw"`}},
+		{"fallback cycle", "[services.a]\nlisten = [\"127.0.0.1:1\"]\nfallback = \"b\"\nbackends = [{address = \"127.0.0.1:2\"}]\n" +
+			"[services.b]\nlisten = [\"127.0.0.1:3\"]\nfallback = \"a\"\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:3: services.a.fallback: fallbacks form a cycle: a → b → a`, `f.toml:7: services.b.fallback: fallbacks form a cycle: b → a → b`}},
+		{"fallback to itself", ok + "fallback = \"s\"\n", []string{`f.toml:4: services.s.fallback: fallbacks form a cycle: s → s`}},
+		{"fallback in defaults", "[defaults]\nfallback = \"s\"\n" + ok, []string{`f.toml:2: defaults.fallback: unknown key`}},
+		{"bad split_brain", ok + "split_brain = \"both\"\n", []string{`f.toml:4: services.s.split_brain: "both" is not one of refuse, first`}},
+		{"negative hold", ok + "hold_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.hold_timeout: must not be negative`}},
 		{"cluster typo", "[cluster]\nfreebnd = true\n" + ok, []string{`f.toml:2: cluster.freebnd: unknown key`}},
 		{"cluster freebind type", "[cluster]\nfreebind = \"yes\"\n" + ok, []string{`f.toml:2: cluster.freebind: want true or false`}},
 		{"everything at once", `[log]
@@ -295,9 +303,17 @@ func TestDatabaseChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg, err := Parse(filepath.Join(dir, "fulcrum.toml"), []byte(`
+[defaults]
+user_timeout = "30s"
+[services.ro]
+listen = ["127.0.0.1:4"]
+fallback = "rw"
+hold_timeout = "10s"
+backends = [{address = "127.0.0.1:5"}]
 [services.rw]
 listen = ["127.0.0.1:1"]
 scheduler = "first"
+split_brain = "first"
 on_down = "close"
 on_up = "close-backups"
 [services.rw.health]
@@ -317,9 +333,12 @@ health = { role = "primary", max_lag = "0s" }
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := cfg.Services[0]
-	if s.Scheduler != "first" || s.OnDown != "close" || s.OnUp != "close-backups" {
-		t.Errorf("service = %s, %s, %s", s.Scheduler, s.OnDown, s.OnUp)
+	ro, s := cfg.Services[0], cfg.Services[1]
+	if ro.Fallback != "rw" || ro.HoldTimeout != 10*time.Second || ro.UserTimeout != 30*time.Second || ro.SplitBrain != "refuse" {
+		t.Errorf("ro = fallback %q, hold %v, user_timeout %v, split_brain %q", ro.Fallback, ro.HoldTimeout, ro.UserTimeout, ro.SplitBrain)
+	}
+	if s.Scheduler != "first" || s.OnDown != "close" || s.OnUp != "close-backups" || s.SplitBrain != "first" || s.Fallback != "" {
+		t.Errorf("service = %s, %s, %s, %s", s.Scheduler, s.OnDown, s.OnUp, s.SplitBrain)
 	}
 	h := s.Backends[0].Health
 	want := Health{Check: "pgsql", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200,
