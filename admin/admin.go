@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,16 @@ func Handler(src Source) http.Handler {
 		ok, why := true, "ok"
 		if src.Instance != nil {
 			ok, why = src.Instance.Healthy()
+		}
+		// A split brain is reported but does not fail the check: every
+		// instance sees the same backends, so moving traffic to another
+		// instance would not help.
+		if t := src.Table(); t != nil {
+			for _, s := range t.Services {
+				if len(s.SplitBrain) > 0 {
+					why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+				}
+			}
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -157,7 +168,11 @@ type ServiceStatus struct {
 	Queued    uint64            `json:"queued"`
 	Refused   uint64            `json:"refused"`
 	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
-	Backends  []BackendStatus   `json:"backends"`
+	// SplitBrain names the backends claiming primary at once; absent when
+	// at most one does. SplitBrains counts how often that began.
+	SplitBrain  []string        `json:"split_brain,omitempty"`
+	SplitBrains uint64          `json:"split_brains"`
+	Backends    []BackendStatus `json:"backends"`
 }
 
 // BackendStatus is one backend: its settings in this generation and its live
@@ -199,10 +214,11 @@ func Snapshot(src Source) Status {
 	if t := src.Table(); t != nil {
 		st.Generation = t.Gen
 		for _, s := range t.Services {
-			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler}
+			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler, SplitBrain: s.SplitBrain}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+				ss.SplitBrains = g.Splits
 				for kind, n := range s.Group.Rejected() {
 					if ss.Rejected == nil {
 						ss.Rejected = map[string]uint64{}

@@ -30,6 +30,8 @@ var (
 	serviceQueued   = prometheus.NewDesc("fulcrum_service_queued_total", "Connections that had to wait for a slot.", sLabels, nil)
 	serviceRefused  = prometheus.NewDesc("fulcrum_service_refused_total", "Connections closed for want of a slot: max_conns reached, at once or after queue_timeout.", sLabels, nil)
 	serviceRejected = prometheus.NewDesc("fulcrum_service_rejected_total", "Connections turned away before any dial: reason=\"denied\" (allow/deny), \"rate\" (accept_rate), \"per_source\" (max_conns_per_source), \"proxy\" (PROXY header missing, malformed or untrusted).", []string{"service", "reason"}, nil)
+	serviceSplit    = prometheus.NewDesc("fulcrum_service_split_brain", "1 while more than one backend of the service claims the primary role.", sLabels, nil)
+	serviceSplits   = prometheus.NewDesc("fulcrum_service_split_brains_total", "Times more than one backend of the service began to claim the primary role.", sLabels, nil)
 	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
@@ -44,7 +46,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
 		backendState, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
@@ -66,6 +68,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(serviceQueued, float64(s.Queued), s.Name)
 		counter(serviceRefused, float64(s.Refused), s.Name)
 		counter(serviceRetries, float64(s.Retries), s.Name)
+		gauge(serviceSplit, boolf(len(s.SplitBrain) > 0), s.Name)
+		counter(serviceSplits, float64(s.SplitBrains), s.Name)
 		for reason, n := range s.Rejected {
 			counter(serviceRejected, float64(n), s.Name, reason)
 		}

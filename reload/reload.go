@@ -153,6 +153,7 @@ func (m *Manager) refresh() {
 	}
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
 	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -236,6 +237,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	}
 	awaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
 	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
 	m.startChecks(p.jobs)
@@ -342,6 +344,8 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
+		svc.HoldTimeout, svc.UserTimeout = cs.HoldTimeout, cs.UserTimeout
+		svc.SplitBrain, svc.RefuseSplitBrain = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
 			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
@@ -360,6 +364,11 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 		}
 		for _, a := range svc.Listen {
 			listen[a] = svc
+		}
+	}
+	for i, cs := range cfg.Services {
+		if cs.Fallback != "" {
+			services[i].Fallback = services[slices.IndexFunc(services, func(s *sched.Service) bool { return s.Name == cs.Fallback })] // conf checked the name
 		}
 	}
 	p.table = sched.NewTable(gen, services, listen)

@@ -13,6 +13,7 @@ import (
 	"fulcrum/backend"
 	"fulcrum/internal/dbtest"
 	"fulcrum/listener/listenertest"
+	"fulcrum/sched"
 )
 
 // redisRole asks, over c, what role the Redis behind it has.
@@ -162,5 +163,52 @@ func TestOnUpCloseBackups(t *testing.T) {
 	}
 	if name, err := greeting(addr); name != "p" {
 		t.Errorf("after p came back: %q, %v; want p", name, err)
+	}
+}
+
+// TestSplitBrain: two Redis masters behind a role = "primary" service. With
+// split_brain = "refuse" nothing is eligible while both claim primary; with
+// "first" only the first in file order is. The split is logged once as it
+// begins and once as it ends, when one becomes a replica.
+func TestSplitBrain(t *testing.T) {
+	for _, mode := range []string{"refuse", "first"} {
+		t.Run(mode, func(t *testing.T) {
+			a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+			r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+				extra:    fmt.Sprintf("split_brain = %q\n", mode) + health,
+				backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
+			r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
+				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one") && m["backends"] == "a, b"
+			})
+			s := r.ptr.Load().Service("rw")
+			if len(s.SplitBrain) != 2 || s.RefuseSplitBrain != (mode == "refuse") {
+				t.Fatalf("SplitBrain = %v, refuse %v", s.SplitBrain, s.RefuseSplitBrain)
+			}
+			var req sched.Request
+			i, err := s.Picker.Pick(&req)
+			switch {
+			case mode == "refuse" && err == nil:
+				t.Errorf("split_brain = refuse: picked %s", s.Targets[i].B.Name)
+			case mode == "first" && (err != nil || s.Targets[i].B.Name != "a"):
+				t.Errorf("split_brain = first: Pick = %d, %v; want a", i, err)
+			}
+			if g := s.Group.Stats(); g.Splits != 1 {
+				t.Errorf("Splits = %d; want 1", g.Splits)
+			}
+			a.Do(t, "REPLICAOF 127.0.0.1 "+port(b.Addr))
+			r.logs.Wait(t, 10*time.Second, "the end of the split", func(m map[string]any) bool {
+				return m["message"] == "split brain over: at most one backend claims the primary role"
+			})
+			s = r.ptr.Load().Service("rw")
+			if i, err := s.Picker.Pick(&req); err != nil || s.Targets[i].B.Name != "b" {
+				t.Errorf("after a became a replica: Pick = %d, %v; want b", i, err)
+			}
+			if n := len(r.logs.All(func(m map[string]any) bool {
+				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
+			})); n != 1 {
+				t.Errorf("the split was logged %d times; want once", n)
+			}
+		})
 	}
 }

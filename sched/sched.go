@@ -271,6 +271,17 @@ type Service struct {
 	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
 	AccessLog         bool           // one log line per finished connection
 	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
+
+	// SplitBrain names the backends that claim the primary role at once in
+	// a service whose checks want a primary; nil when at most one does.
+	// While it is set, with RefuseSplitBrain every target has weight 0 and
+	// new connections are refused with reason split-brain; without it only
+	// the first claimant in file order keeps its weight.
+	SplitBrain       []string
+	RefuseSplitBrain bool
+	HoldTimeout      time.Duration // how long a new connection waits for an eligible backend when none is; 0 = close at once
+	UserTimeout      time.Duration // TCP_USER_TIMEOUT on the client and backend sockets; 0 = the kernel's default
+	Fallback         *Service      // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an
