@@ -9,7 +9,7 @@ import (
 )
 
 // Health: a backend is up unless an active check or passive failures have
-// marked it down. The state lives here, with the backend, so it survives
+// marked it down, or its host name has no address. The state lives here, with the backend, so it survives
 // reloads. Transitions are reported on the pool's Changes channel; the
 // reload manager, which owns the snapshot, logs them and re-weights.
 
@@ -17,6 +17,7 @@ const (
 	downActive  = 1 << iota // active checks failed fall times in a row
 	downPassive             // max_fails connect failures within fail_timeout
 	downRole                // active checks found it answering in the wrong role fall times in a row
+	downResolve             // its host name has no address (yet)
 )
 
 // State is a backend's health as the schedulers and status views see it.
@@ -43,7 +44,7 @@ func (s State) String() string {
 // stateOf maps the down bits to a State: a failure outranks a wrong role.
 func stateOf(bits int32) State {
 	switch {
-	case bits&(downActive|downPassive) != 0:
+	case bits&(downActive|downPassive|downResolve) != 0:
 		return StateDown
 	case bits&downRole != 0:
 		return StateWrongRole
@@ -295,6 +296,19 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 		b.setBits(downRole, downActive, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
 	} else {
 		b.setBits(downActive, downRole, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	}
+}
+
+// SetAddressError marks the backend down while its host name has no
+// address (err is why, as in "resolve: …"), and clears that mark once it
+// has one (err nil).
+func (b *Backend) SetAddressError(err error, now time.Time) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	if err != nil {
+		b.setBit(downResolve, true, err.Error(), now)
+	} else {
+		b.setBit(downResolve, false, "address resolved", now)
 	}
 }
 
