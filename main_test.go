@@ -164,6 +164,20 @@ func TestCheckQuiet(t *testing.T) {
 	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len() != 0 || errOut.Len() != 0 {
 		t.Errorf("-check -q on a valid file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
 	}
+	// A file others may write is valid but unsafe: -check says so, -q does not.
+	if err := os.Chmod(good, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-config", good}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "warning: "+good+" is writable by others") {
+		t.Errorf("-check on a 0666 file = %d, stderr %q; want 0 and a warning", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len()+errOut.Len() != 0 {
+		t.Errorf("-check -q on a 0666 file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
 	bad := writeFile(t, "bad.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\", wieght = 2 }]\n")
 	if code := run([]string{"-check", "-q", "-config", bad}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `did you mean "weight"`) {
 		t.Errorf("-check -q on an invalid file = %d, stderr %q; want 1 and the problem", code, errOut.String())
