@@ -113,6 +113,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
 			}
 		}
+		for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
+			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+		}
 		return 0
 	}
 	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
