@@ -107,14 +107,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *check {
+		// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
+		// DNS lookups to slow them (the daemon resolves and logs on its own).
 		if !*quiet {
 			cfg.WriteSummary(stdout)
 			if why := conf.Exposed(*path); why != "" {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
 			}
-		}
-		for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
-			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			}
 		}
 		return 0
 	}
