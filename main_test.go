@@ -730,3 +730,23 @@ backends = [{ address = %q }]
 		t.Fatalf("after the limit was lifted: %q, %v; want the greeting", got, err)
 	}
 }
+
+// TestAdminUnreachable: nothing listening at the admin address says what
+// to check, including an [admin] listen changed since the daemon started.
+func TestAdminUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused from now on
+	for _, cmd := range []string{"status", "drain", "healthz"} {
+		var errOut bytes.Buffer
+		if code := run([]string{cmd, "-admin", addr}, io.Discard, &errOut); code != 1 {
+			t.Errorf("%s against a closed port = %d; want 1", cmd, code)
+		}
+		if !strings.Contains(errOut.String(), "connection refused") || !strings.Contains(errOut.String(), "is fulcrum running?") {
+			t.Errorf("%s: %q; want the refusal and what to check", cmd, errOut.String())
+		}
+	}
+}
