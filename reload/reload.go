@@ -284,7 +284,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
-	if m.cur != nil && m.cur.Admin != cfg.Admin {
+	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
@@ -387,6 +387,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
+			KeepAliveIdle:     cs.KeepAliveIdle,
+			KeepAliveInterval: cs.KeepAliveInterval,
+			KeepAliveCount:    cs.KeepAliveCount,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service

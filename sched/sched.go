@@ -266,6 +266,13 @@ type Service struct {
 	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
 	AccessLog         bool           // one log line per finished connection
 	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
+
+	// TCP keepalive on both legs of each connection (listener.keepAliveFor):
+	// the idle time before the first probe (spread ±20% per socket), 0 = off;
+	// the interval between probes; unanswered probes before a reset.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an
