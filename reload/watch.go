@@ -175,14 +175,20 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	}
 }
 
-// healthChanged logs one backend's transition, once.
+// healthChanged logs one backend's transition, once, and applies its
+// on_down / on_up (see cut).
 func (m *Manager) healthChanged(b *backend.Backend) {
-	up, reason, _ := b.Health()
-	if up {
-		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend up")
-	} else {
+	_, reason, _ := b.Health()
+	st, role := b.State()
+	switch st {
+	case backend.StateUp:
+		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend up")
+	case backend.StateWrongRole:
+		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
+	default:
 		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
 	}
+	m.cut(b, st)
 }
 
 // expirePassive lifts the passive marks that are due and returns when the
