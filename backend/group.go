@@ -31,6 +31,7 @@ type Group struct {
 	wake chan struct{} // closed, and replaced, when a slot frees while someone waits
 
 	limits limits
+	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
 }
 
 func newGroup(service string) *Group {
