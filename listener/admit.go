@@ -78,7 +78,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		return
 	}
 	bc, t, tries, err := s.connect(svc, &r, start)
-	if err != nil && tries == 0 && errors.Is(err, sched.ErrNoBackend) && svc.HoldTimeout > 0 {
+	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
 		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start)
 	}
 	if err != nil {

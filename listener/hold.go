@@ -58,16 +58,19 @@ func eligibleNow(svc *sched.Service) bool {
 }
 
 // connectHeld is connect for a service with hold_timeout once connect found
-// no eligible backend: it waits in the service's hold queue for a table in
-// which one is eligible (a check passed, a reload added one), up to
-// hold_timeout from start, then connects through that table's service,
-// which it returns. The connection keeps the service slot it holds, so
-// max_conns bounds the waiting too. A listener removed meanwhile ends the
-// wait.
+// no eligible backend, or dialled every one it could and failed (a node
+// that just died, before its checks say so): nothing has been sent to a
+// backend yet, so it waits in the service's hold queue for a table in which
+// a backend is eligible (a check passed, a passive mark, a reload added
+// one), up to hold_timeout from start, then connects through that table's
+// service, which it returns. The connection keeps the service slot it
+// holds, so max_conns bounds the waiting too. A listener removed meanwhile
+// ends the wait.
 func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error, *sched.Service) {
 	g := svc.Group
 	g.HoldBegan()
 	deadline := start.Add(svc.HoldTimeout)
+	tried := svc // the table (its service) the last connect failed in
 	for {
 		h := g.Hold()
 		cur := s.tbl.Load().Route(key) // after Hold: a table swapped in from here on kicks us
@@ -75,25 +78,28 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Re
 			h.Leave()
 			return nil, nil, 0, sched.ErrNoBackend, svc
 		}
-		svc = cur
-		if !eligibleNow(svc) && !refusesSplitBrain(svc) {
-			if !h.Wait(deadline) {
-				h.Leave()
+		// Wait while nothing is eligible, or while the table is the one
+		// whose backends just failed. A split brain ends the wait at once.
+		if (cur == tried || !eligibleNow(cur)) && !refusesSplitBrain(cur) {
+			ok := h.Wait(deadline)
+			h.Leave()
+			if !ok {
 				g.HoldExpired()
 				return nil, nil, 0, errHoldExpired, svc
 			}
-			h.Leave()
 			continue
 		}
 		h.Leave()
+		svc = cur
 		if refusesSplitBrain(svc) {
 			return nil, nil, 0, errSplitBrain, svc
 		}
+		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
 		bc, t, tries, err := s.connect(svc, r, start)
-		if err == nil || tries > 0 || !errors.Is(err, sched.ErrNoBackend) || time.Now().After(deadline) {
+		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc
 		}
-		// Eligible a moment ago, gone again (it went down, or filled): wait on.
+		tried = svc
 	}
 }
 
