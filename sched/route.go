@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Routes choose among the services that share one listen address, by the
@@ -32,6 +33,7 @@ type Routes struct {
 	exact  map[string][]int // host name → the routes claiming it
 	wild   map[string][]int // "tenants.example.com" for "*.tenants.example.com" → routes
 	def    int              // the default route; -1 when there is none
+	wait   time.Duration    // the longest PrereadTimeout
 }
 
 // Route is one service's claim on a shared listen address.
@@ -39,6 +41,11 @@ type Route struct {
 	Service *Service
 	Names   []string // exact names, "*.suffix" wildcards, or "*"; at least one
 	ALPN    []string // protocols of which the client must offer one; empty = any
+	// PrereadTimeout bounds the wait for the client's first message (the
+	// service's preread_timeout). The address waits for the longest of its
+	// routes', since the route is not known before; 0 = the listener's
+	// default.
+	PrereadTimeout time.Duration
 }
 
 // DefaultName is the name of the default route.
@@ -53,6 +60,7 @@ func NewRoutes(routes []Route) (*Routes, error) {
 	rs := &Routes{routes: slices.Clone(routes), exact: map[string][]int{}, wild: map[string][]int{}, def: -1}
 	var errs []error
 	for i, r := range routes {
+		rs.wait = max(rs.wait, r.PrereadTimeout)
 		name := r.Service.Name
 		if len(r.Names) == 0 {
 			errs = append(errs, fmt.Errorf("service %q shares the address with routed services but names no sni", name))
@@ -212,6 +220,10 @@ func (rs *Routes) pick(cands []int, alpn []string) int {
 // List returns the routes in their configured order (for -check and
 // /status; not for the connection path).
 func (rs *Routes) List() []Route { return slices.Clone(rs.routes) }
+
+// PrereadTimeout is how long the address waits for a client's first
+// message: the longest of its routes' (0 = the listener's default).
+func (rs *Routes) PrereadTimeout() time.Duration { return rs.wait }
 
 // Default returns the default route's service, or nil.
 func (rs *Routes) Default() *Service {
