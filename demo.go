@@ -66,7 +66,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	defer m.Shutdown()
+	defer m.Shutdown(context.Background())
 	lb := srv.Addr(cfg.Services[0].Listen[0]).String()
 
 	fmt.Fprintf(stdout, "fulcrum demo: balancer on %s (scheduler %s)\n", lb, cfg.Services[0].Scheduler)

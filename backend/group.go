@@ -176,6 +176,15 @@ func (g *Group) SetRate(perSecond float64, burst int) {
 	g.limits.limiter.Store(rate.NewLimiter(rate.Limit(perSecond), burst))
 }
 
+// Rate returns the accept_rate in force: connections per second and the
+// bucket's size; 0, 0 when there is none.
+func (g *Group) Rate() (perSecond float64, burst int) {
+	if l := g.limits.limiter.Load(); l != nil {
+		return float64(l.Limit()), l.Burst()
+	}
+	return 0, 0
+}
+
 // AllowAccept takes a token from the accept_rate bucket.
 func (g *Group) AllowAccept() bool {
 	l := g.limits.limiter.Load()

@@ -448,7 +448,7 @@ func TestInheritedSocket(t *testing.T) {
 	tbl := sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc})
 	p.ptr.Store(tbl)
 	apply := func(addrs ...netip.AddrPort) {
-		ch, err := p.srv.Prepare(addrs)
+		ch, err := p.srv.Prepare(addrs, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,7 +5,7 @@
 // Typical use (the reload package does this):
 //
 //	srv := listener.New(&ptr, logger) // ptr is an atomic.Pointer[sched.Table]
-//	ch, err := srv.Prepare(addrs)     // bind what is new; nothing accepts yet
+//	ch, err := srv.Prepare(addrs, false) // bind what is new; nothing accepts yet
 //	if err != nil { ... }             // Prepare closed what it had bound
 //	ptr.Store(next)
 //	ch.Commit()                       // start new accept loops, close removed ones
@@ -51,10 +51,9 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
-	mu       sync.Mutex // protects lns, spare and freebind
-	lns      map[netip.AddrPort]*socket
-	spare    map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
-	freebind bool                                // bind addresses this host does not hold (yet)
+	mu    sync.Mutex // protects lns and spare
+	lns   map[netip.AddrPort]*socket
+	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 
 	pipes  pipePool // splice pipes lent to sessions while they move data
 	mode   copyMode // how sessions copy; copyAuto but in tests
@@ -132,16 +131,6 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 	return true
 }
 
-// SetFreebind makes later binds succeed for addresses that are not on any
-// interface yet (IP_FREEBIND): a keepalived backup then listens on the
-// virtual address before the address moves to it. Sockets already bound are
-// unaffected.
-func (s *Server) SetFreebind(on bool) {
-	s.mu.Lock()
-	s.freebind = on
-	s.mu.Unlock()
-}
-
 // setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
 // idle, interval and count.
 func setKeepAlive(c syscall.RawConn) error {
@@ -167,8 +156,8 @@ func setKeepAlive(c syscall.RawConn) error {
 	return nil
 }
 
-// freebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
-func freebind(network, _ string, c syscall.RawConn) error {
+// setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
+func setFreebind(network, _ string, c syscall.RawConn) error {
 	level, opt := unix.IPPROTO_IP, unix.IP_FREEBIND
 	if network == "tcp6" {
 		level, opt = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
@@ -212,10 +201,13 @@ type Change struct {
 }
 
 // Prepare binds every address in want that is not open yet, adopting an
-// inherited socket bound to that address where there is one. Nothing is
-// accepted until Commit; connections wait in the kernel backlog. On error it
-// closes what it bound and leaves the open set as it was.
-func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
+// inherited socket bound to that address where there is one. With freebind
+// it binds addresses this host does not hold yet (IP_FREEBIND): a keepalived
+// backup then listens on the virtual address before the address moves to
+// it; sockets already bound are unaffected. Nothing is accepted until
+// Commit; connections wait in the kernel backlog. On error it closes what it
+// bound and leaves the open set as it was.
+func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) {
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -223,8 +215,8 @@ func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
 	// inherit (Linux copies it to each), and Go is told not to set it again
 	// on every accept: four setsockopt calls fewer per connection.
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
-		if s.freebind {
-			if err := freebind(network, address, c); err != nil {
+		if freebind {
+			if err := setFreebind(network, address, c); err != nil {
 				return err
 			}
 		}
@@ -262,13 +254,6 @@ func (c *Change) abort() {
 		}
 	}
 	c.opened = nil
-}
-
-// Abort closes what Prepare bound.
-func (c *Change) Abort() {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	c.abort()
 }
 
 // Commit starts accepting on the new sockets and takes out of service those

@@ -69,6 +69,9 @@ type Manager struct {
 	checks     sync.WaitGroup     // health check goroutines
 	stopChecks context.CancelFunc // ends the running configuration's checks
 	stopped    bool               // Shutdown has run
+	drainCtx   context.Context    // parent of every drain; ended by stopDrains when Shutdown's context ends
+	stopDrains context.CancelFunc
+	seq        atomic.Uint64 // the last Table.Seq handed out
 	changes    chan *backend.Backend
 
 	statusMu sync.Mutex // protects status
@@ -89,6 +92,7 @@ type Status struct {
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
 	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
 		changes: make(chan *backend.Backend, 4096)}
+	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
 	m.pool.Changes = m.changes
 	return m
 }
@@ -133,7 +137,8 @@ func (m *Manager) current() *conf.Config {
 }
 
 // refresh rebuilds the running configuration's table at the same
-// generation: effective weights follow health and slow start.
+// generation (and a new Seq): effective weights follow health and slow
+// start.
 func (m *Manager) refresh() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -141,12 +146,13 @@ func (m *Manager) refresh() {
 	if m.stopped || m.cur == nil || old == nil {
 		return
 	}
-	next, _, err := m.build(m.cur, old, old.Gen, time.Now())
+	p, err := m.build(m.cur, old, old.Gen, time.Now())
 	if err != nil {
 		m.log.Error().Err(err).Msg("cannot rebuild the table after a health change")
 		return
 	}
-	m.ptr.Store(next)
+	p.draft.Commit() // nothing new: the running configuration's backends all exist
+	m.ptr.Store(p.table)
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -190,9 +196,13 @@ func (m *Manager) notify(state string) {
 	}
 }
 
-// Apply makes cfg the running configuration: build the next table, bind the
-// new listeners, swap, close removed listeners, drain removed backends. On
-// error nothing changes: the old table and listeners keep serving.
+// Apply makes cfg the running configuration, as a transaction: build
+// computes the next table and all it needs without touching anything live,
+// the new listeners are bound, and only then is anything committed: the
+// swap, new backends into the pool, accept rates, removed listeners closed,
+// removed backends drained, health checks restarted. On error nothing
+// changes: the old table, listeners, pool and admission state keep serving
+// exactly as they were.
 func (m *Manager) Apply(cfg *conf.Config) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -205,24 +215,29 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if old != nil {
 		gen = old.Gen + 1
 	}
-	next, jobs, err := m.build(cfg, old, gen, start)
+	p, err := m.build(cfg, old, gen, start)
 	if err != nil {
 		return err
 	}
 	var want []netip.AddrPort
-	for _, s := range next.Services {
+	for _, s := range p.table.Services {
 		want = append(want, s.Listen...)
 	}
-	m.srv.SetFreebind(cfg.Cluster.Freebind) // before the binds: a reload may add a virtual address
-	ch, err := m.srv.Prepare(want)
+	ch, err := m.srv.Prepare(want, cfg.Cluster.Freebind)
 	if err != nil {
 		return err
 	}
-	d := diff(old, next) // before settle: removed backends still show their open connections
-	m.ptr.Store(next)
+
+	// Commit: from here nothing fails.
+	d := diff(old, p.table) // before settle: removed backends still show their open connections
+	p.draft.Commit()
+	for _, r := range p.rates {
+		r.g.SetRate(r.perSecond, r.burst)
+	}
+	m.ptr.Store(p.table)
 	opened, closed := ch.Commit()
-	m.settle(old, next)
-	m.startChecks(jobs)
+	m.settle(old, p.table)
+	m.startChecks(p.jobs)
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
@@ -240,34 +255,51 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if old != nil {
 		m.status.Reloads++
 	}
-	m.status.Generation, m.status.Applied = next.Gen, time.Now()
+	m.status.Generation, m.status.Applied = p.table.Gen, time.Now()
 	m.status.LastError, m.status.LastAttempt = "", m.status.Applied
 	m.statusMu.Unlock()
 
-	e := m.log.Info().Uint64("generation", next.Gen).Float64("took_ms", float64(took.Microseconds())/1000)
+	e := m.log.Info().Uint64("generation", p.table.Gen).Uint64("table", p.table.Seq).Float64("took_ms", float64(took.Microseconds())/1000)
 	d.log(e, opened, closed)
 	if old == nil {
-		e.Int("services", len(next.Services)).Msg("configuration applied")
+		e.Int("services", len(p.table.Services)).Msg("configuration applied")
 	} else {
 		e.Msg("reload applied")
 	}
 	return nil
 }
 
-// build turns cfg into a table of generation gen. Backends are taken from
-// the pool by (service, name), so a kept backend keeps its live state.
+// plan is everything one configuration needs, computed by build without
+// touching live state; Apply commits it once the listeners are bound.
+type plan struct {
+	table *sched.Table
+	jobs  []checkJob
+	draft *backend.Draft // the backends and groups the table names, new ones not yet in the pool
+	rates []rateSpec     // each service's accept_rate, set on its group at commit
+}
+
+// rateSpec is one service's accept_rate, to be set on its live group.
+type rateSpec struct {
+	g         *backend.Group
+	perSecond float64
+	burst     int
+}
+
+// build turns cfg into a plan for a table of generation gen. Backends are
+// taken from the pool by (service, name) through a draft, so a kept backend
+// keeps its live state and a new one joins the pool only at commit.
 // Weights are effective weights at now: 0 for a backend that is down (as
 // LVS quiesces one, so that weighted cycles share its slots fairly), and
-// ramped during slow start. It also returns the health checks the table's
-// backends need.
-func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time.Time) (*sched.Table, []checkJob, error) {
+// ramped during slow start. build reads live state (health) but changes
+// none.
+func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time.Time) (*plan, error) {
+	p := &plan{draft: m.pool.Draft()}
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
-	var jobs []checkJob
 	for _, cs := range cfg.Services {
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
-			bk := m.pool.Get(cs.Name, b.Name)
+			bk := p.draft.Get(cs.Name, b.Name)
 			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
@@ -277,7 +309,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 				prim = append(prim, t)
 			}
 			if b.Health.Check != "none" {
-				jobs = append(jobs, checkJob{b: bk, spec: checkSpec(b)})
+				p.jobs = append(p.jobs, checkJob{b: bk, spec: checkSpec(b)})
 			}
 		}
 		svc := &sched.Service{
@@ -290,7 +322,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			DrainTimeout:   cs.DrainTimeout,
 			MaxConns:       cs.MaxConns,
 			QueueTimeout:   cs.QueueTimeout,
-			Group:          m.pool.Group(cs.Name),
+			Group:          p.draft.Group(cs.Name),
 			AccessLog:      cfg.Log.Access,
 
 			AcceptProxy:       cs.AcceptProxy,
@@ -300,7 +332,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
 		}
-		svc.Group.SetRate(cs.AcceptRate, cs.AcceptBurst)
+		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
 		if old != nil {
 			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler && ps.Options == svc.Options {
@@ -310,11 +342,11 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 		}
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
-			return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
+			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
 		}
 		if len(back) > 0 {
 			if svc.Backups, svc.BackupPicker, err = picker(cs.Scheduler, svc.Options, back, prevB); err != nil {
-				return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
+				return nil, fmt.Errorf("service %s: %w", cs.Name, err)
 			}
 		}
 		services = append(services, svc)
@@ -328,7 +360,9 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			listen[a] = svc
 		}
 	}
-	return sched.NewTable(gen, services, listen), jobs, nil
+	p.table = sched.NewTable(gen, services, listen)
+	p.table.Seq = m.seq.Add(1)
+	return p, nil
 }
 
 // picker builds the scheduler over targets, or keeps prev's when its
@@ -446,15 +480,15 @@ func (m *Manager) settle(old, next *sched.Table) {
 }
 
 // drain stops new connections to b and closes what is still open after
-// timeout (0 = wait for them to end).
+// timeout (0 = wait for them to end), or as soon as Shutdown's context ends.
 func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 	b.StopNew() // at once, not when the goroutine gets to run
 	m.drains.Add(1)
 	go func() { // exits when b's sessions have ended or been closed
 		defer m.drains.Done()
-		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		ctx, cancel := context.WithCancel(m.drainCtx)
 		if timeout > 0 {
-			ctx, cancel = context.WithTimeout(ctx, timeout)
+			ctx, cancel = context.WithTimeout(m.drainCtx, timeout)
 		}
 		defer cancel()
 		active := b.Active()
@@ -470,11 +504,12 @@ func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 }
 
 // Shutdown stops accepting on every listener and drains every backend, each
-// for its service's drain_timeout, then waits for all sessions to end.
-// Later Apply calls fail.
-func (m *Manager) Shutdown() {
+// for its service's drain_timeout, then waits for all sessions to end. When
+// ctx ends first, every session still open is closed at once and Shutdown
+// returns ctx's error once they are gone (as http.Server.Shutdown does).
+// Later Apply calls fail; a second Shutdown waits like the first.
+func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if !m.stopped {
 		m.stopped = true
 		m.notify(systemd.Stopping)
@@ -489,7 +524,20 @@ func (m *Manager) Shutdown() {
 			}
 		}
 	}
-	m.checks.Wait()
-	m.drains.Wait()
-	m.srv.Wait()
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() { // exits when every check, drain and session has ended
+		m.checks.Wait()
+		m.drains.Wait()
+		m.srv.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		m.stopDrains() // each drain closes what is left of its backend's sessions
+		<-done
+		return ctx.Err()
+	}
 }

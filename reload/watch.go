@@ -49,7 +49,7 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		m.srv.Close()
 		return err
 	}
-	defer m.Shutdown()
+	defer m.Shutdown(context.Background())
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 	r.check(false) // an edit made since main read the file
 	debounce := time.NewTimer(time.Hour)

@@ -325,12 +325,14 @@ func (s *Service) Pool() ([]Target, Picker) {
 // current one once per connection.
 type Table struct {
 	Gen      uint64     // 1 for the first configuration, +1 per applied reload
+	Seq      uint64     // this table's own number, unique: health and DNS rebuilds keep Gen but take a new Seq
 	Services []*Service // in config order
 
 	listen map[netip.AddrPort]*Service
 }
 
 // NewTable returns a table routing each listen address to its service.
+// Seq is for the builder to set before the table is published.
 func NewTable(gen uint64, services []*Service, listen map[netip.AddrPort]*Service) *Table {
 	return &Table{Gen: gen, Services: services, listen: listen}
 }
