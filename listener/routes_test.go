@@ -222,3 +222,42 @@ func TestRouteRealClients(t *testing.T) {
 		t.Errorf("%d connections refused for %s; want 2", n, ReasonNoRoute)
 	}
 }
+
+// TestRoutePostgres: two PostgreSQL clusters with ssl = on and their own
+// certificates behind one port. psql with sslmode=verify-full reaches each
+// by its host name (libpq sends SNI after the SSLRequest fulcrum answers);
+// sslmode=disable, and a client naming no host, reach the default.
+func TestRoutePostgres(t *testing.T) {
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("starts two PostgreSQL clusters")
+	}
+	listenertest.CheckLeaks(t)
+	ca := listenertest.NewCA(t)
+	pg1, pg2 := listenertest.StartPostgres(t), listenertest.StartPostgres(t)
+	pg1.EnableTLS(t, "db1", ca.Issue(t, "db1.example.com"))
+	pg2.EnableTLS(t, "db2", ca.Issue(t, "db2.example.com"))
+	db1 := &sched.Service{Name: "db1", ConnectTimeout: 5 * time.Second}
+	db2 := &sched.Service{Name: "db2", ConnectTimeout: 5 * time.Second}
+	rs, err := sched.NewRoutes([]sched.Route{
+		{Service: db1, Names: []string{"db1.example.com"}},
+		{Service: db2, Names: []string{"db2.example.com", "*"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRouteProxy(t, rs, map[*sched.Service]string{db1: pg1.Addr, db2: pg2.Addr})
+	port := p.addr[strings.LastIndexByte(p.addr, ':')+1:]
+	psql := pg1.Bin("psql")
+	for _, tc := range []struct{ conn, want string }{
+		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db1 t"},
+		{"host=DB2.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db2 t"},
+		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=disable", "db2 f"},
+		{"host=127.0.0.1 sslmode=require", "db2 t"}, // no SNI for an address
+	} {
+		conn := tc.conn + " port=" + port + " user=postgres dbname=postgres gssencmode=disable connect_timeout=20"
+		out, err := runClient(t, psql, "-XAt", "-F", " ", "-d", conn, "-c", "select current_setting('cluster_name'), ssl from pg_stat_ssl where pid = pg_backend_pid()")
+		if err != nil || strings.TrimSpace(out) != tc.want {
+			t.Errorf("psql %q = %q, %v; want %q", tc.conn, out, err, tc.want)
+		}
+	}
+}

@@ -8,10 +8,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -138,4 +141,48 @@ func NewTLSServer(t testing.TB, ca *CA, name string, names ...string) *TLSServer
 		<-done
 	})
 	return &TLSServer{Addr: ln.Addr().String(), Name: name}
+}
+
+// EnableTLS gives the cluster a server certificate (ssl = on, and
+// cluster_name = name, which SHOW cluster_name answers), reloads it and
+// waits until it accepts an SSLRequest.
+func (p *Postgres) EnableTLS(t testing.TB, name string, cert tls.Certificate) {
+	t.Helper()
+	certFile, keyFile := WritePair(t, p.Dir, cert)
+	if out, err := exec.Command("chown", "postgres:postgres", certFile, keyFile).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v: %s", err, out)
+	}
+	conf := fmt.Sprintf("ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\ncluster_name = '%s'\n", certFile, keyFile, name)
+	if err := appendFile(filepath.Join(p.Dir, "postgresql.conf"), conf); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop(t, "fast") // cluster_name needs a restart
+	p.Start(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if AcceptsSSL(p.Addr) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PostgreSQL on %s does not accept SSLRequest after ssl = on", p.Addr)
+		}
+		time.Sleep(50 * time.Millisecond) // a reload gives no event but its effect
+	}
+}
+
+// AcceptsSSL reports whether the PostgreSQL server at addr answers an
+// SSLRequest with 'S'.
+func AcceptsSSL(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+		return false
+	}
+	var b [1]byte
+	_, err = io.ReadFull(c, b[:])
+	return err == nil && b[0] == 'S'
 }
