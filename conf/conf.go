@@ -123,6 +123,7 @@ type Settings struct {
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
 	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
+	PrereadTimeout    time.Duration  // on an address routed by name: how long to wait for the client's first message; default 5s
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -150,6 +151,16 @@ type Service struct {
 	Listen   []netip.AddrPort // an unspecified address ([::]) listens on every address
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
+
+	// SNI routes by name (docs/routing.md): the server names this service
+	// takes on its listen addresses, which it may then share with other
+	// routed services. Exact names, "*.suffix" one-label wildcards, or "*",
+	// the default route; lowercased. nil (default): the service owns its
+	// addresses alone.
+	SNI []string
+	// ALPN narrows SNI: the client must offer one of these protocols. nil
+	// (default): any protocol, or none.
+	ALPN []string
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -173,7 +184,7 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled"}
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", PrereadTimeout: 5 * time.Second}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -300,6 +311,7 @@ func (w *walker) config(root *table) *Config {
 		return w.order[a] - w.order[b]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
+	w.claims = map[netip.AddrPort][]claim{}
 	for _, name := range names {
 		svc := st.sub(name)
 		if !serviceName.MatchString(name) {
@@ -309,6 +321,7 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	w.checkRoutes()
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
@@ -347,6 +360,7 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
 		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
+		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
 	}
 }
 
@@ -442,6 +456,7 @@ func isPrime(n int) bool {
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
 	s := Service{Name: name, Settings: w.settings(t, defaults)}
+	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -456,11 +471,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		// Port 0 binds a fresh port, so it overlaps nothing; but a listener
 		// is known by its address as written, so the same one twice clashes.
+		// The very same address may be shared by routed services: that is
+		// for checkRoutes to judge.
 		for other, owner := range listeners {
-			if overlaps(other, ap) && (ap.Port() != 0 || other == ap) {
+			if other != ap && overlaps(other, ap) && ap.Port() != 0 {
 				w.errorf(key, "%s is also listened on by %s", a, owner)
 			}
 		}
+		w.claims[ap] = append(w.claims[ap], claim{svc: t.path, listen: key, sni: s.SNI, alpn: s.ALPN, acceptProxy: s.AcceptProxy, proxyTimeout: s.ProxyTimeout})
 		if _, dup := listeners[ap]; !dup {
 			listeners[ap] = key
 		}

@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -43,6 +44,8 @@ type walker struct {
 	file  string
 	order map[string]int // service name → rank in file order, from toml's MetaData
 	errs  []*Error       // lines are filled in by locateErrors
+
+	claims map[netip.AddrPort][]claim // listen address → the services on it, in file order (routes.go)
 }
 
 func (w *walker) errorf(key, format string, args ...any) {
