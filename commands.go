@@ -17,22 +17,27 @@ import (
 // adminCommand parses the flags of a subcommand that asks the admin
 // listener: -config and -admin, plus those more adds. It returns the admin
 // address, or "" and the exit status to return.
-func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+func adminCommand(name string, args []string, stdout, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
 	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
 	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
 	if more != nil {
 		more(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if code, ok := parseFlags(fs, args, stdout, stderr, subUsage); !ok {
+		return "", code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fulcrum %s: unexpected argument %q\n", name, fs.Arg(0))
 		return "", 2
 	}
 	if addr != "" {
 		return addr, 0
 	}
 	cfg, err := conf.Load(*path)
-	if err == nil && !cfg.Admin.Listen.IsValid() {
+	if err != nil {
+		err = configError(*path, err)
+	} else if !cfg.Admin.Listen.IsValid() {
 		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
 	}
 	if err != nil {
@@ -42,10 +47,16 @@ func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.
 	return cfg.Admin.Listen.String(), 0
 }
 
+// subUsage prints a subcommand's usage: its name and flags.
+func subUsage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\n", fs.Name())
+	fs.PrintDefaults()
+}
+
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
 	var raw *bool
-	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
+	addr, code := adminCommand("status", args, stdout, stderr, func(fs *flag.FlagSet) {
 		raw = fs.Bool("json", false, "print the JSON as served")
 	})
 	if addr == "" {
@@ -74,7 +85,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 // prints its one-line answer.
 func drain(args []string, stdout, stderr io.Writer) int {
 	var undo *bool
-	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
+	addr, code := adminCommand("drain", args, stdout, stderr, func(fs *flag.FlagSet) {
 		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
 	})
 	if addr == "" {
@@ -107,7 +118,7 @@ func drain(args []string, stdout, stderr io.Writer) int {
 // probes, keepalived without curl) while the admin listener stays on
 // loopback.
 func healthz(args []string, stdout, stderr io.Writer) int {
-	addr, code := adminCommand("healthz", args, stderr, nil)
+	addr, code := adminCommand("healthz", args, stdout, stderr, nil)
 	if addr == "" {
 		return code
 	}

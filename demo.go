@@ -33,11 +33,10 @@ var demoBackends = []string{"alpha", "bravo", "charlie"}
 // (weights 5/3/2), a burst of connections, and then service until ctx ends.
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fulcrum demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:7000", "address of the balancer")
 	burst := fs.Int("n", 20, "connections in the burst")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args, stdout, stderr, subUsage); !ok {
+		return code
 	}
 
 	echo := &echoServers{}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/conf"
 	"fulcrum/listener/listenertest"
 )
 
@@ -109,10 +111,182 @@ scheduler = "wlcx"
 }
 
 func TestVersion(t *testing.T) {
-	var out bytes.Buffer
-	if code := run([]string{"-version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "fulcrum ") {
-		t.Errorf("-version = %d, %q", code, out.String())
+	for _, args := range [][]string{{"-version"}, {"version"}} {
+		var out bytes.Buffer
+		if code := run(args, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "fulcrum ") {
+			t.Errorf("%v = %d, %q", args, code, out.String())
+		}
+		for _, want := range []string{"\ncommit: ", "\ngo: " + runtime.Version(), "\nbuilt: "} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v printed %q; want %q in it", args, out.String(), want)
+			}
+		}
 	}
+	// What the Makefile stamps with -ldflags -X.
+	defer func(v, c, d string) { version, commit, date = v, c, d }(version, commit, date)
+	version, commit, date = "v1.2.3-4-gabcdef0", "abcdef0123456789", "2026-12-01T04:00:00Z"
+	var out bytes.Buffer
+	run([]string{"version"}, &out, io.Discard)
+	want := "fulcrum v1.2.3-4-gabcdef0\ncommit: abcdef0123456789\ngo: " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\nbuilt: 2026-12-01T04:00:00Z\n"
+	if out.String() != want {
+		t.Errorf("version = %q; want %q", out.String(), want)
+	}
+	if code := run([]string{"version", "extra"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("version extra = %d; want 2", code)
+	}
+}
+
+// TestHelp: -h and --help are a request, not a mistake: usage on stdout, exit 0.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"status", "-h"}, {"drain", "--help"}, {"healthz", "-h"}, {"demo", "-h"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 0 {
+			t.Errorf("%v = %d; want 0", args, code)
+		}
+		if !strings.HasPrefix(out.String(), "usage: fulcrum") || errOut.Len() != 0 {
+			t.Errorf("%v: stdout %q, stderr %q; want usage on stdout only", args, out.String(), errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-nosuchflag"}, &out, &errOut); code != 2 {
+		t.Errorf("-nosuchflag = %d; want 2", code)
+	}
+	if out.Len() != 0 || !strings.Contains(errOut.String(), "-nosuchflag") || !strings.Contains(errOut.String(), "usage: fulcrum") {
+		t.Errorf("-nosuchflag: stdout %q, stderr %q; want the error and usage on stderr", out.String(), errOut.String())
+	}
+}
+
+// TestCheckQuiet: -check -q is for units' ExecStartPre= and ExecReload=,
+// which put everything printed into the journal.
+func TestCheckQuiet(t *testing.T) {
+	good := writeFile(t, "good.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\" }]\n")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len() != 0 || errOut.Len() != 0 {
+		t.Errorf("-check -q on a valid file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
+	bad := writeFile(t, "bad.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\", wieght = 2 }]\n")
+	if code := run([]string{"-check", "-q", "-config", bad}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `did you mean "weight"`) {
+		t.Errorf("-check -q on an invalid file = %d, stderr %q; want 1 and the problem", code, errOut.String())
+	}
+}
+
+// TestMissingConfig: no file is not an invalid file; say what to do.
+func TestMissingConfig(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "fulcrum.toml")
+	for _, args := range [][]string{{"-config", missing}, {"-check", "-config", missing}, {"status", "-config", missing}} {
+		var errOut bytes.Buffer
+		if code := run(args, io.Discard, &errOut); code != 1 {
+			t.Errorf("%v = %d; want 1", args, code)
+		}
+		for _, want := range []string{"no configuration at " + missing, "-config FILE", "fulcrum demo"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("%v: %q lacks %q", args, errOut.String(), want)
+			}
+		}
+		if strings.Contains(errOut.String(), "invalid") {
+			t.Errorf("%v: %q calls a missing file invalid", args, errOut.String())
+		}
+	}
+}
+
+// TestLogFormat: JSON times carry milliseconds; console lines carry no
+// colour off a terminal.
+func TestLogFormat(t *testing.T) {
+	var buf bytes.Buffer
+	log := newLogger(conf.Log{Level: "info", Format: "json"}, &buf)
+	log.Info().Msg("hello")
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("%q: %v", buf.String(), err)
+	}
+	if ts, _ := m["time"].(string); !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}(Z|[+-]\d\d:\d\d)$`).MatchString(ts) {
+		t.Errorf("time %q; want RFC 3339 with milliseconds", ts)
+	} else if _, err := time.Parse(time.RFC3339Nano, ts); err != nil {
+		t.Errorf("time %q: %v", ts, err)
+	}
+
+	for _, format := range []string{"console", "auto"} {
+		buf.Reset()
+		log = newLogger(conf.Log{Level: "info", Format: format}, &buf)
+		log.Warn().Str("k", "v").Msg("hello")
+		line := buf.String()
+		if strings.Contains(line, "\x1b[") {
+			t.Errorf("format %s off a terminal wrote colour: %q", format, line)
+		}
+		if format == "console" && !regexp.MustCompile(`^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} WRN hello k=v\n$`).MatchString(line) {
+			t.Errorf("console line %q; want date, time with milliseconds, level, message, fields", line)
+		}
+		if format == "auto" && json.Unmarshal([]byte(line), &m) != nil {
+			t.Errorf("auto off a terminal wrote %q; want JSON", line)
+		}
+	}
+
+	// The milliseconds are real, not a fixed .000: over lines logged across
+	// more than a millisecond, the fraction changes.
+	buf.Reset()
+	log = newLogger(conf.Log{Level: "info", Format: "console"}, &buf)
+	fractions := map[string]bool{}
+	for deadline := time.Now().Add(5 * time.Second); len(fractions) < 2 && time.Now().Before(deadline); {
+		buf.Reset()
+		log.Info().Msg("x")
+		fractions[buf.String()[20:23]] = true
+		time.Sleep(time.Millisecond) // not for correctness: to let the clock move on
+	}
+	if len(fractions) < 2 {
+		t.Errorf("console timestamps never changed their milliseconds: %v", fractions)
+	}
+}
+
+// TestLogColour: on a terminal console lines are coloured, unless NO_COLOR is set.
+func TestLogColour(t *testing.T) {
+	tty := openPTY(t)
+	for _, noColor := range []string{"", "1"} {
+		t.Setenv("NO_COLOR", noColor)
+		log := newLogger(conf.Log{Level: "info", Format: "auto"}, tty.slave)
+		log.Info().Msg("hello")
+		line := tty.readLine(t)
+		if coloured := strings.Contains(line, "\x1b["); coloured != (noColor == "") {
+			t.Errorf("NO_COLOR=%q: line %q coloured %v", noColor, line, coloured)
+		}
+	}
+}
+
+type pty struct {
+	master, slave *os.File
+	r             *bufio.Reader
+}
+
+func (p *pty) readLine(t *testing.T) string {
+	t.Helper()
+	p.master.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := p.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("read the terminal: %v", err)
+	}
+	return line
+}
+
+// openPTY opens a pseudo-terminal pair, so that a test can write to a terminal.
+func openPTY(t *testing.T) *pty {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { master.Close() })
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slave.Close() })
+	return &pty{master: master, slave: slave, r: bufio.NewReader(master)}
 }
 
 // syncBuffer is a bytes.Buffer that a test can read while another goroutine writes.
@@ -189,6 +363,9 @@ type daemon struct {
 	lines chan map[string]any // its JSON log lines
 	exit  chan struct{}       // closed when the process has exited
 	err   error               // its exit status, once exit is closed
+
+	mu    sync.Mutex // protects other
+	other []string   // stderr lines that are not JSON
 }
 
 func startDaemon(t *testing.T, config string) *daemon {
@@ -219,11 +396,15 @@ func startDaemonArgs(t *testing.T, args, env []string, files []*os.File) *daemon
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				select {
-				case d.lines <- m:
-				default: // nobody is reading; drop
-				}
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				d.mu.Lock()
+				d.other = append(d.other, sc.Text())
+				d.mu.Unlock()
+				continue
+			}
+			select {
+			case d.lines <- m:
+			default: // nobody is reading; drop
 			}
 		}
 		close(d.lines)

@@ -45,14 +45,49 @@ type Source struct {
 	// /healthz is always 200 and there is nothing to drain.
 	Instance *cluster.Instance
 	Version  string
+	// Build describes the binary for fulcrum_build_info: keys version,
+	// commit, go and date. Nil: the metric is not served.
+	Build map[string]string
+}
+
+// endpoints is what GET / lists, in the order shown.
+var endpoints = [][2]string{
+	{"GET /metrics", "Prometheus metrics"},
+	{"GET /status", "the live snapshot as JSON (what `fulcrum status` prints)"},
+	{"GET /healthz", "200 while this instance should get traffic, else 503 and why"},
+	{"POST /drain", "take the instance out of rotation (`fulcrum drain`)"},
+	{"POST /undrain", "put it back (`fulcrum drain -undo`)"},
+}
+
+// registry holds every metric /metrics serves.
+func registry(src Source) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&collector{src: src})
+	if b := src.Build; b != nil {
+		// The usual *_build_info: 1, with the build in its labels, to join
+		// on or to alert when instances run different builds.
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fulcrum_build_info",
+			Help: "Always 1; the labels say which build is running.",
+			ConstLabels: prometheus.Labels{"version": b["version"], "revision": b["commit"],
+				"goversion": b["go"], "builddate": b["date"]},
+		}, func() float64 { return 1 }))
+	}
+	return reg
 }
 
 // Handler serves /metrics and /status (and /healthz) for src.
 func Handler(src Source) http.Handler {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&collector{src: src})
+	reg := registry(src)
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "fulcrum %s admin listener\n\n", src.Version)
+		for _, e := range endpoints {
+			fmt.Fprintf(w, "%-14s %s\n", e[0], e[1])
+		}
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

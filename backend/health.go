@@ -8,13 +8,14 @@ import (
 )
 
 // Health: a backend is up unless an active check or passive failures have
-// marked it down. The state lives here, with the backend, so it survives
+// marked it down, or its host name has no address. The state lives here, with the backend, so it survives
 // reloads. Transitions are reported on the pool's Changes channel; the
 // reload manager, which owns the snapshot, logs them and re-weights.
 
 const (
 	downActive  = 1 << iota // active checks failed fall times in a row
 	downPassive             // max_fails connect failures within fail_timeout
+	downResolve             // its host name has no address (yet)
 )
 
 // healthState is the part of Backend that health checks and passive
@@ -193,6 +194,19 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	h.checkOK = 0
 	if !down && h.checkFail >= fall {
 		b.setBit(downActive, true, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	}
+}
+
+// SetAddressError marks the backend down while its host name has no
+// address (err is why, as in "resolve: …"), and clears that mark once it
+// has one (err nil).
+func (b *Backend) SetAddressError(err error, now time.Time) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	if err != nil {
+		b.setBit(downResolve, true, err.Error(), now)
+	} else {
+		b.setBit(downResolve, false, "address resolved", now)
 	}
 }
 

@@ -2,8 +2,9 @@
 //
 // It owns the schema, the defaults and every validation rule. Decoding is
 // strict: an unknown key is an error, and Load reports every problem in the
-// file at once, each as "file:line: key: reason". conf does no network I/O
-// beyond resolving backend host names.
+// file at once, each as "file:line: key: reason". conf does no network I/O:
+// a backend named by a host name keeps the name (Backend.Host), and the
+// daemon resolves it.
 //
 // Typical use:
 //
@@ -17,7 +18,6 @@ package conf
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -93,6 +93,10 @@ type Cluster struct {
 type Reload struct {
 	Debounce time.Duration // quiet time after the last file event before reading; default 200ms
 	Recheck  time.Duration // re-read the file this often in case events were lost; default 30s, 0 = never
+	// ResolveInterval is how often backend host names are resolved again
+	// (also on SIGHUP); an address that changed is applied like a reload.
+	// Default 30s, 0 = only at load and on SIGHUP.
+	ResolveInterval time.Duration
 }
 
 // Settings are the per-service values that [defaults] supplies and a service
@@ -167,7 +171,8 @@ type Service struct {
 type Backend struct {
 	Name    string         // stable identity across reloads; default: Address
 	Address string         // host:port as written
-	Addr    netip.AddrPort // Address resolved at load time
+	Host    string         // the host name to resolve; "" when Address is an IP address
+	Addr    netip.AddrPort // Address when it is an IP address; for a host name only the port is set
 	Weight  int            // 0..MaxWeight; default 1; 0 takes no new connections (drain)
 
 	Backup        bool           // serves only while no primary backend of the service is up
@@ -176,7 +181,8 @@ type Backend struct {
 	MaxFails      int            // from the service unless set here
 	FailTimeout   time.Duration  // from the service unless set here
 	Health        Health         // the service's [health] with this backend's overrides
-	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port
+	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
+	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
 	ProxyProtocol string         // from the service unless set here
 }
 
@@ -264,12 +270,17 @@ func (w *walker) config(root *table) *Config {
 	cfg.Reload = Reload{
 		Debounce: rt.duration("debounce", 200*time.Millisecond, 10*time.Millisecond),
 		Recheck:  rt.duration("recheck", 30*time.Second, 0),
+
+		ResolveInterval: rt.duration("resolve_interval", 30*time.Second, 0),
 	}
 	if cfg.Reload.Debounce > 10*time.Second {
 		w.errorf(rt.key("debounce"), "must be at most 10s, have %s", cfg.Reload.Debounce)
 	}
 	if r := cfg.Reload.Recheck; r > 0 && r < time.Second {
 		w.errorf(rt.key("recheck"), "must be 0 (off) or at least 1s, have %s", r)
+	}
+	if r := cfg.Reload.ResolveInterval; r > 0 && r < time.Second {
+		w.errorf(rt.key("resolve_interval"), "must be 0 (off) or at least 1s, have %s", r)
 	}
 	rt.done()
 
@@ -506,20 +517,20 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		bt.done()
 		if b.Address == "" {
 			w.errorf(bt.key("address"), `missing; want host:port such as "127.0.0.1:5432"`)
-		} else if ap, err := resolve(b.Address); err != nil {
+		} else if host, ap, err := endpoint(b.Address); err != nil {
 			w.errorf(bt.key("address"), "%v", err)
 		} else {
-			b.Addr = ap
-			b.CheckAddr = ap
+			b.Host, b.Addr = host, ap
+			b.CheckHost, b.CheckAddr = host, ap
 			if b.Health.Port != 0 {
 				b.CheckAddr = netip.AddrPortFrom(ap.Addr(), uint16(b.Health.Port))
 			}
 		}
 		if b.Health.Address != "" && b.Health.Check != "none" {
-			if ap, err := resolve(b.Health.Address); err != nil {
+			if host, ap, err := endpoint(b.Health.Address); err != nil {
 				w.errorf(bt.key("health.address"), "%v", err)
 			} else {
-				b.CheckAddr = ap
+				b.CheckHost, b.CheckAddr = host, ap
 			}
 		}
 		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
@@ -574,35 +585,68 @@ func parseListen(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 }
 
-// lookup resolves host names; a variable so that tests need no DNS.
-var lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-}
-
-// resolve parses a backend's host:port, resolving a name to its first address.
-func resolve(s string) (netip.AddrPort, error) {
-	host, port, err := net.SplitHostPort(s)
+// endpoint parses a backend's host:port. An IP address gives the final
+// address; a host name is returned as host, with only the port in ap, for
+// the daemon to resolve.
+func endpoint(s string) (host string, ap netip.AddrPort, err error) {
+	h, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%q is not host:port", s)
+		return "", ap, fmt.Errorf("%q is not host:port", s)
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil || p == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
+		return "", ap, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
 	}
-	if ip, err := netip.ParseAddr(host); err == nil {
+	if ip, err := netip.ParseAddr(h); err == nil {
 		if ip.IsUnspecified() {
-			return netip.AddrPort{}, fmt.Errorf("%q: cannot connect to the unspecified address", s)
+			return "", ap, fmt.Errorf("%q: cannot connect to the unspecified address", s)
 		}
-		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+		if ip.Zone() != "" {
+			return "", ap, fmt.Errorf("%q: an address with a zone is not supported", s)
+		}
+		return "", netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 	}
-	if host == "" {
-		return netip.AddrPort{}, fmt.Errorf("%q: host is missing", s)
+	if h == "" {
+		return "", ap, fmt.Errorf("%q: host is missing", s)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ips, err := lookup(ctx, host)
-	if err != nil || len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%q: cannot resolve %q: %v", s, host, err)
+	if !validHostname(h) {
+		return "", ap, fmt.Errorf("%q: %q is neither an IP address nor a host name", s, h)
 	}
-	return netip.AddrPortFrom(ips[0].Unmap(), uint16(p)), nil
+	return h, netip.AddrPortFrom(netip.Addr{}, uint16(p)), nil
+}
+
+// validHostname checks the syntax of a DNS name: dot-separated labels of
+// letters, digits, '-' and '_', none empty or longer than 63, 253 in all.
+func validHostname(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(h, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Names returns the host names the configuration's backends and checks
+// name, each once, in file order.
+func (cfg *Config) Names() []string {
+	var names []string
+	for _, s := range cfg.Services {
+		for _, b := range s.Backends {
+			for _, h := range []string{b.Host, b.CheckHost} {
+				if h != "" && !slices.Contains(names, h) {
+					names = append(names, h)
+				}
+			}
+		}
+	}
+	return names
 }

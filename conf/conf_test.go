@@ -1,12 +1,12 @@
 package conf
 
 import (
-	"context"
 	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -284,25 +284,23 @@ func TestEmpty(t *testing.T) {
 	}
 }
 
-func TestResolveHostname(t *testing.T) {
-	old := lookup
-	defer func() { lookup = old }()
-	lookup = func(_ context.Context, host string) ([]netip.Addr, error) {
-		if host == "db.internal" {
-			return []netip.Addr{netip.MustParseAddr("127.0.0.9"), netip.MustParseAddr("127.0.0.10")}, nil
-		}
-		return nil, errors.New("no such host")
-	}
-	cfg, err := Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"db.internal:5432\"}]\n"))
+// TestHostnameKept: conf does no DNS; a host name is kept for the daemon
+// to resolve, and a malformed one is refused.
+func TestHostnameKept(t *testing.T) {
+	cfg, err := Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"db.internal:5432\", health = {check = \"tcp\", address = \"patroni.internal:8008\"}}, {address = \"127.0.0.2:5432\"}]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cfg.Services[0].Backends[0].Addr; got != netip.MustParseAddrPort("127.0.0.9:5432") {
-		t.Errorf("resolved = %v; want the first address, 127.0.0.9:5432", got)
+	b := cfg.Services[0].Backends[0]
+	if b.Host != "db.internal" || b.Addr.Port() != 5432 || b.Addr.Addr().IsValid() || b.CheckHost != "patroni.internal" || b.CheckAddr.Port() != 8008 {
+		t.Errorf("backend = host %q addr %v, check %q %v; want db.internal with port 5432, patroni.internal with 8008", b.Host, b.Addr, b.CheckHost, b.CheckAddr)
 	}
-	_, err = Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"nope.internal:5432\"}]\n"))
-	if err == nil || !strings.Contains(err.Error(), `f.toml:3: services.s.backends[0].address: "nope.internal:5432": cannot resolve "nope.internal"`) {
-		t.Errorf("Parse = %v; want a located resolution error", err)
+	if got := cfg.Names(); !slices.Equal(got, []string{"db.internal", "patroni.internal"}) {
+		t.Errorf("Names() = %v", got)
+	}
+	_, err = Parse("f.toml", []byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"no pe!:5432\"}]\n"))
+	if err == nil || !strings.Contains(err.Error(), `f.toml:3: services.s.backends[0].address: "no pe!:5432": "no pe!" is neither an IP address nor a host name`) {
+		t.Errorf("Parse = %v; want a located syntax error", err)
 	}
 }
 

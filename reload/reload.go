@@ -21,9 +21,11 @@ package reload
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +54,12 @@ type Manager struct {
 	// WATCHDOG_USEC). A ping is sent only when the accept loops have
 	// answered the Server's heartbeat and this loop is running.
 	Watchdog time.Duration
+	// Lookup, if set before Run or the first Apply, resolves backend host
+	// names; nil is the system resolver.
+	Lookup LookupFunc
+	// ResolveTimeout, if set before Run or the first Apply, bounds one round
+	// of name resolution (every name at once); 0 is DefaultResolveTimeout.
+	ResolveTimeout time.Duration
 	// Sockets, if set before the first Apply, names the listening sockets
 	// passed by systemd (FileDescriptorName= → addresses): a service of that
 	// name also listens on them, whatever its listen list says.
@@ -65,6 +73,7 @@ type Manager struct {
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur and stopChecks
 	cur        *conf.Config
+	dns        names // the host name resolutions the running table uses
 	drains     sync.WaitGroup
 	checks     sync.WaitGroup     // health check goroutines
 	stopChecks context.CancelFunc // ends the running configuration's checks
@@ -146,7 +155,7 @@ func (m *Manager) refresh() {
 	if m.stopped || m.cur == nil || old == nil {
 		return
 	}
-	p, err := m.build(m.cur, old, old.Gen, time.Now())
+	p, err := m.build(m.cur, m.dns, old, old.Gen, time.Now())
 	if err != nil {
 		m.log.Error().Err(err).Msg("cannot rebuild the table after a health change")
 		return
@@ -203,7 +212,37 @@ func (m *Manager) notify(state string) {
 // removed backends drained, health checks restarted. On error nothing
 // changes: the old table, listeners, pool and admission state keep serving
 // exactly as they were.
+//
+// Apply resolves cfg's host names itself, waiting up to ResolveTimeout;
+// Run resolves them off its loop and calls apply.
 func (m *Manager) Apply(cfg *conf.Config) error {
+	return m.apply(cfg, lookupAll(context.Background(), m.lookup(), cfg.Names(), m.resolved(), m.resolveTimeout()), "")
+}
+
+func (m *Manager) lookup() LookupFunc {
+	if m.Lookup != nil {
+		return m.Lookup
+	}
+	return defaultLookup
+}
+
+func (m *Manager) resolveTimeout() time.Duration {
+	if m.ResolveTimeout > 0 {
+		return m.ResolveTimeout
+	}
+	return DefaultResolveTimeout
+}
+
+// resolved returns the resolutions the running table uses.
+func (m *Manager) resolved() names {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.dns
+}
+
+// apply is Apply with cfg's host names already resolved (dns). trigger says
+// what started it, for the log ("" for a direct call).
+func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopped {
@@ -215,7 +254,7 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if old != nil {
 		gen = old.Gen + 1
 	}
-	p, err := m.build(cfg, old, gen, start)
+	p, err := m.build(cfg, dns, old, gen, start)
 	if err != nil {
 		return err
 	}
@@ -234,6 +273,10 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	for _, r := range p.rates {
 		r.g.SetRate(r.perSecond, r.burst)
 	}
+	for b, err := range p.addrErrs { // before the swap: a backend with no address is never eligible
+		b.SetAddressError(err, start)
+	}
+	m.dns = dns
 	m.ptr.Store(p.table)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
@@ -260,6 +303,9 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	m.statusMu.Unlock()
 
 	e := m.log.Info().Uint64("generation", p.table.Gen).Uint64("table", p.table.Seq).Float64("took_ms", float64(took.Microseconds())/1000)
+	if trigger != "" {
+		e = e.Str("trigger", trigger)
+	}
 	d.log(e, opened, closed)
 	if old == nil {
 		e.Int("services", len(p.table.Services)).Msg("configuration applied")
@@ -276,6 +322,9 @@ type plan struct {
 	jobs  []checkJob
 	draft *backend.Draft // the backends and groups the table names, new ones not yet in the pool
 	rates []rateSpec     // each service's accept_rate, set on its group at commit
+	// addrErrs holds, for every backend named by a host name, why it has no
+	// address (nil: it has one); set on the backend at commit.
+	addrErrs map[*backend.Backend]error
 }
 
 // rateSpec is one service's accept_rate, to be set on its live group.
@@ -292,8 +341,8 @@ type rateSpec struct {
 // LVS quiesces one, so that weighted cycles share its slots fairly), and
 // ramped during slow start. build reads live state (health) but changes
 // none.
-func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time.Time) (*plan, error) {
-	p := &plan{draft: m.pool.Draft()}
+func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint64, now time.Time) (*plan, error) {
+	p := &plan{draft: m.pool.Draft(), addrErrs: map[*backend.Backend]error{}}
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
@@ -303,16 +352,23 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
-			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
+			addr, aerr := dns.addr(b.Host, b.Addr)
+			if b.Host != "" {
+				p.addrErrs[bk] = aerr
+			}
+			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
+			if aerr != nil {
+				t.Weight = 0 // no address: never picked, whatever its health says
+			}
 			if b.Backup {
 				back = append(back, t)
 			} else {
 				prim = append(prim, t)
 			}
 			if b.Health.Check != "none" {
-				p.jobs = append(p.jobs, checkJob{b: bk, spec: checkSpec(b)})
+				p.jobs = append(p.jobs, checkJob{b: bk, spec: checkSpec(b, dns)})
 			}
 		}
 		svc := &sched.Service{
@@ -447,9 +503,19 @@ type checkJob struct {
 	spec backend.CheckSpec
 }
 
-func checkSpec(b conf.Backend) backend.CheckSpec {
+// checkSpec is b's active check. A check host name without an address is
+// dialled by name, so the probe fails (or succeeds) in its own goroutine.
+func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 	h := b.Health
-	p := backend.Probe{Kind: h.Check, Addr: b.CheckAddr.String(), Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
+	addr := b.CheckAddr.String()
+	if b.CheckHost != "" {
+		if a, err := dns.addr(b.CheckHost, b.CheckAddr); err == nil {
+			addr = a.String()
+		} else {
+			addr = net.JoinHostPort(b.CheckHost, strconv.Itoa(int(b.CheckAddr.Port())))
+		}
+	}
+	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
 	if h.Check == "send-expect" {
 		p.Send = []byte(h.Send)
 		p.Expect = regexp.MustCompile(h.Expect) // validated by conf

@@ -76,8 +76,9 @@ func render(services ...svc) string {
 }
 
 // startRun writes text to dir/fulcrum.toml (unless the file exists already,
-// as a symlink layout made by the test) and runs a Manager on it.
-func startRun(t *testing.T, dir, text string) *run {
+// as a symlink layout made by the test) and runs a Manager on it, after
+// applying opts to it.
+func startRun(t *testing.T, dir, text string, opts ...func(*Manager)) *run {
 	t.Helper()
 	r := &run{t: t, dir: dir, path: filepath.Join(dir, "fulcrum.toml"), logs: listenertest.NewLogSink(),
 		events: make(chan string, 4096), hup: make(chan struct{}, 1), done: make(chan error, 1)}
@@ -95,6 +96,9 @@ func startRun(t *testing.T, dir, text string) *run {
 	r.m.Notify = func(s string) error {
 		r.events <- s
 		return nil
+	}
+	for _, o := range opts {
+		o(r.m)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel

@@ -2,10 +2,6 @@ package reload
 
 import (
 	"context"
-	"crypto/sha256"
-	"errors"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -30,7 +26,11 @@ import (
 // events, so the file is also re-read every [reload] recheck. A Hup receive
 // reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
-	r := &runner{m: m, tried: cfg.Digest, cfg: cfg.Reload, watched: map[string]bool{}}
+	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]bool{}}
+	lctx, stopLoader := context.WithCancel(ctx)
+	r.ld = newLoader(m, cfg.Digest)
+	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
+	defer func() { stopLoader(); <-r.ld.done }()
 	if m.Watchdog > 0 {
 		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
 	}
@@ -58,6 +58,9 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	recheck := time.NewTicker(time.Hour)
 	defer recheck.Stop()
 	r.resetRecheck(recheck)
+	resolveTick := time.NewTicker(time.Hour)
+	defer resolveTick.Stop()
+	r.resetResolve(resolveTick)
 	// Health: transitions rebuild the table; passive marks expire on time;
 	// slow start steps weights up.
 	passive := time.NewTimer(time.Hour)
@@ -132,6 +135,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			schedule()
 		case <-recheck.C:
 			r.check(false)
+		case <-resolveTick.C:
+			r.ld.request(loadReq{dns: true})
+		case res := <-r.ld.out:
+			r.applyLoaded(res)
+			r.resetResolve(resolveTick)
+			schedule()
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
@@ -179,11 +188,18 @@ func (m *Manager) expirePassive(now time.Time) time.Time {
 // runner is the state of Run's loop, touched only by its goroutine.
 type runner struct {
 	m       *Manager
+	ld      *loader           // reads, parses and resolves off the loop
 	w       *fsnotify.Watcher // nil when watching is unavailable
 	watched map[string]bool   // directories added to w
-	tried   [32]byte          // digest of the content last tried, applied or not
 	cfg     conf.Reload       // of the running configuration
-	gone    bool              // the file was missing at the last check
+}
+
+func (r *runner) resetResolve(t *time.Ticker) {
+	if r.cfg.ResolveInterval > 0 {
+		t.Reset(r.cfg.ResolveInterval)
+	} else {
+		t.Stop()
+	}
 }
 
 func (r *runner) resetRecheck(t *time.Ticker) {
@@ -194,43 +210,29 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 	}
 }
 
-// check reads the file and reloads it if its content changed (or if force).
-func (r *runner) check(force bool) {
+// check asks the loader to read the file and reload it if its content
+// changed (or if force). It never waits: the result comes back to Run's
+// loop as a loaded value.
+func (r *runner) check(force bool) { r.ld.request(loadReq{file: true, force: force, dns: force}) }
+
+// applyLoaded applies what the loader read, on Run's loop: binding and
+// swapping take milliseconds; reading, parsing and resolving were done off
+// the loop.
+func (r *runner) applyLoaded(res loaded) {
 	m := r.m
 	defer r.rewatch() // a symlink may now lead elsewhere
-	data, err := os.ReadFile(m.path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			if !r.gone {
-				r.gone = true
-				m.log.Warn().Str("file", m.path).Msg("configuration file is gone; the running configuration stays")
-			}
-			return
-		}
-		r.refuse(err)
-		return
-	}
-	if r.gone {
-		r.gone = false
-		m.log.Info().Str("file", m.path).Msg("configuration file is back")
-	}
-	digest := sha256.Sum256(data)
-	if !force && digest == r.tried {
-		return
-	}
-	r.tried = digest
-	if why := conf.Exposed(m.path); why != "" {
-		m.log.Warn().Msg(why)
+	if res.cfg == nil && res.err == nil {
+		return // unchanged
 	}
 	m.notify(systemd.Reloading())
-	cfg, err := conf.Parse(m.path, data)
+	err := res.err
 	if err == nil {
-		err = m.Apply(cfg)
+		err = m.apply(res.cfg, res.dns, res.trigger)
 	}
 	if err != nil {
 		r.refuse(err)
 	} else {
-		r.cfg = cfg.Reload
+		r.cfg = res.cfg.Reload
 	}
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 }
