@@ -135,12 +135,15 @@ func preread(c *net.TCPConn, timeout time.Duration) (Hello, error) {
 	defer helloBufs.Put(buf)
 
 	var proto Proto
+	var total int  // the length of a TLS client's hello, once whole
+	var lerr error // why a TLS client's first bytes are no hello
 	n, err := peek(c, buf[:], func(b []byte) bool {
 		proto = ProtoNone
 		switch {
 		case b[0] == recordHandshake:
-			proto = ProtoTLS
-			return true
+			proto = ProtoTLS // and the hello has mostly come whole with its first byte
+			total, lerr = helloLen(b)
+			return lerr != nil || total > 0
 		case b[0] == 0: // a PostgreSQL message length: an SSLRequest?
 			k := min(len(b), len(sslRequest))
 			if !bytes.Equal(b[:k], sslRequest[:k]) {
@@ -157,30 +160,29 @@ func preread(c *net.TCPConn, timeout time.Duration) (Hello, error) {
 	switch {
 	case n == 0 && deadlineHit(err):
 		return Hello{}, nil // nothing sent: a server-first protocol
+	case proto == ProtoTLS:
+		return hello(buf[:], n, total, lerr, err)
 	case err != nil: // closed, or stopped inside an SSLRequest
 		return Hello{}, readFailed(err)
 	case proto == ProtoNone:
 		return Hello{}, nil
 	}
-	if proto == ProtoPostgres {
-		if err := answerSSL(c); err != nil {
-			return Hello{}, readFailed(err)
-		}
+	if err := answerSSL(c); err != nil {
+		return Hello{}, readFailed(err)
 	}
-	h, err := peekHello(c, buf[:])
-	h.Proto = proto
-	return h, err
-}
-
-// peekHello peeks at c until buf holds the records of a whole ClientHello,
-// and parses them.
-func peekHello(c *net.TCPConn, buf []byte) (Hello, error) {
-	var total int
-	var lerr error
-	n, err := peek(c, buf, func(b []byte) bool {
+	n, err = peek(c, buf[:], func(b []byte) bool {
 		total, lerr = helloLen(b)
 		return lerr != nil || total > 0
 	})
+	h, err := hello(buf[:], n, total, lerr, err)
+	h.Proto = ProtoPostgres
+	return h, err
+}
+
+// hello turns what a peek for a ClientHello saw into its result: n bytes
+// peeked into buf, of which helloLen found total (or lerr), and the peek's
+// own error.
+func hello(buf []byte, n, total int, lerr, err error) (Hello, error) {
 	switch {
 	case lerr != nil:
 		return Hello{}, lerr
@@ -189,7 +191,9 @@ func peekHello(c *net.TCPConn, buf []byte) (Hello, error) {
 	case total == 0:
 		return Hello{}, readFailed(err)
 	}
-	return parseHello(buf[:total])
+	h, err := parseHello(buf[:total])
+	h.Proto = ProtoTLS
+	return h, err
 }
 
 func deadlineHit(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
