@@ -53,7 +53,7 @@ func TestRoutingDoc(t *testing.T) {
 			continue
 		}
 		a := cfg.Services[0].Listen[0]
-		if !cfg.Routed(a) {
+		if cfg.Routed()[a] == nil {
 			t.Errorf("toml block %d: %s is not routed by name", i, a)
 		}
 	}

@@ -162,23 +162,30 @@ func overlapALPN(a, b []string) (string, bool) {
 	return "", false
 }
 
-// Routed reports whether listen address a is routed by name: a service on
-// it names an sni. Its services are then chosen per connection (Routes).
-func (cfg *Config) Routed(a netip.AddrPort) bool {
+// Routed returns the listen addresses routed by name (a service on them
+// names an sni), each with its services in file order; nil when there are
+// none. One pass over the services.
+func (cfg *Config) Routed() map[netip.AddrPort][]*Service {
+	var out map[netip.AddrPort][]*Service
 	for i := range cfg.Services {
-		if s := &cfg.Services[i]; len(s.SNI) > 0 && slices.Contains(s.Listen, a) {
-			return true
+		if s := &cfg.Services[i]; len(s.SNI) > 0 {
+			if out == nil {
+				out = map[netip.AddrPort][]*Service{}
+			}
+			for _, a := range s.Listen {
+				out[a] = nil
+			}
 		}
 	}
-	return false
-}
-
-// Routes returns the services listening on a, in file order.
-func (cfg *Config) Routes(a netip.AddrPort) []*Service {
-	var out []*Service
+	if out == nil {
+		return nil
+	}
 	for i := range cfg.Services {
-		if s := &cfg.Services[i]; slices.Contains(s.Listen, a) {
-			out = append(out, s)
+		s := &cfg.Services[i]
+		for _, a := range s.Listen {
+			if svcs, ok := out[a]; ok && !slices.Contains(svcs, s) {
+				out[a] = append(svcs, s)
+			}
 		}
 	}
 	return out
@@ -187,16 +194,17 @@ func (cfg *Config) Routes(a netip.AddrPort) []*Service {
 // writeRoutes prints each address routed by name with its routes, in the
 // order a client's name is tried: exact names, wildcards, the default.
 func (cfg *Config) writeRoutes(w io.Writer) {
-	var addrs []netip.AddrPort
+	routed := cfg.Routed()
+	var addrs []netip.AddrPort // in file order
 	for _, s := range cfg.Services {
 		for _, a := range s.Listen {
-			if !slices.Contains(addrs, a) && cfg.Routed(a) {
+			if _, ok := routed[a]; ok && !slices.Contains(addrs, a) {
 				addrs = append(addrs, a)
 			}
 		}
 	}
 	for _, a := range addrs {
-		svcs := cfg.Routes(a)
+		svcs := routed[a]
 		wait := time.Duration(0)
 		for _, s := range svcs {
 			wait = max(wait, s.PrereadTimeout)

@@ -51,18 +51,19 @@ func TestRoutesParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b, c := netip.MustParseAddrPort("127.0.0.1:5432"), netip.MustParseAddrPort("127.0.0.1:5433"), netip.MustParseAddrPort("127.0.0.1:6000")
-	if !cfg.Routed(a) || !cfg.Routed(b) || cfg.Routed(c) {
-		t.Errorf("Routed(%s, %s, %s) = %v, %v, %v; want true, true, false", a, b, c, cfg.Routed(a), cfg.Routed(b), cfg.Routed(c))
+	a, b := netip.MustParseAddrPort("127.0.0.1:5432"), netip.MustParseAddrPort("127.0.0.1:5433")
+	routed := cfg.Routed()
+	if len(routed) != 2 || routed[a] == nil || routed[b] == nil {
+		t.Errorf("Routed() = %v; want %s and %s", routed, a, b)
 	}
 	var names []string
-	for _, s := range cfg.Routes(a) {
+	for _, s := range routed[a] {
 		names = append(names, s.Name)
 	}
 	if want := []string{"db1", "tenants", "web2", "web1", "legacy"}; !slices.Equal(names, want) {
-		t.Errorf("Routes(%s) = %q; want %q", a, names, want)
+		t.Errorf("Routed()[%s] = %q; want %q", a, names, want)
 	}
-	db1 := cfg.Routes(a)[0]
+	db1 := routed[a][0]
 	if !slices.Equal(db1.SNI, []string{"db1.example.com"}) || db1.ALPN != nil || db1.PrereadTimeout != 5*time.Second {
 		t.Errorf("db1: sni %q alpn %q preread_timeout %s; want [db1.example.com] [] 5s", db1.SNI, db1.ALPN, db1.PrereadTimeout)
 	}
