@@ -166,11 +166,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo()}
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
+			Hosts: cfg.Admin.Hosts}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
-		defer func() {                                                    // after the drain, so that it can be watched
+		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
+		defer func() {                                                                             // after the drain, so that it can be watched
 			stopAdmin()
 			if err := <-done; err != nil {
 				log.Warn().Err(err).Msg("admin listener")
@@ -188,13 +189,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 // adminClient bounds every request to the admin listener.
 var adminClient = http.Client{Timeout: 5 * time.Second}
 
-// signalContext ends on the first SIGINT or SIGTERM, which starts a graceful
-// shutdown; a second one calls second (to log it in the chosen format) and
-// exits at once.
+// signalContext ends on the first SIGINT, SIGTERM or SIGQUIT, which starts a
+// graceful shutdown; a second one calls second (to log it in the chosen
+// format) and exits at once. SIGQUIT is nginx's graceful stop, and operators
+// used to it send it; Go's default for it (dump every goroutine, exit 2)
+// would drop every connection.
 func signalContext(second func()) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 	done := make(chan struct{})
 	go func() { // exits when stop is called
 		select {

@@ -21,9 +21,11 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -38,7 +40,7 @@ const DefaultPath = "/etc/fulcrum/fulcrum.toml"
 
 // Schedulers lists the scheduler names a service may use. The sched package
 // implements each; a test in reload keeps the two in step.
-var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
+var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
 // HashKeys lists the values of hash_key (sh, mh).
 var HashKeys = []string{"ip", "ip_port"}
@@ -78,6 +80,16 @@ type Log struct {
 type Admin struct {
 	Listen      netip.AddrPort // zero: no admin listener (the default)
 	AllowRemote bool           // a non-loopback Listen is refused unless set
+	// Hosts are the host names, besides "localhost" and the listen address
+	// itself, that a request's Host header may name (any port); others get
+	// 421, so that a DNS name rebound to the admin address (DNS
+	// rebinding) cannot reach it from a browser. Default none. Lower case.
+	Hosts []string
+}
+
+// Equal reports whether a and b are the same settings.
+func (a Admin) Equal(b Admin) bool {
+	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts)
 }
 
 // Cluster is the [cluster] table: what an instance that shares a floating
@@ -117,6 +129,11 @@ type Settings struct {
 	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
 	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
+	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
+	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
+	SplitBrain   string        // "refuse" (default) | "first": what a service whose checks want role "primary" does when more than one backend claims it
+	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
+	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
 	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
 	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
@@ -127,7 +144,25 @@ type Settings struct {
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
 	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
-	PrereadTimeout    time.Duration  // on an address routed by name: how long to wait for the client's first message; default 5s
+
+	// TCP keepalive on both legs of every connection: a peer silent for
+	// KeepAliveIdle (spread ±20% per socket, so that connections opened
+	// together never probe together) is probed every KeepAliveInterval, and
+	// the connection is reset after KeepAliveCount unanswered probes.
+	// Defaults 1m, 15s, 4: a vanished peer is found within about 2 minutes.
+	// KeepAliveIdle 0 turns keepalive off.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
+
+	// HalfCloseTimeout ends a connection one direction of which has closed
+	// (a FIN was passed on) while the other moves no byte for this long, as
+	// HAProxy's timeout client-fin/server-fin do; default 2m, 0 = never.
+	HalfCloseTimeout time.Duration
+
+	// PrereadTimeout, on an address routed by name (sni), bounds the wait
+	// for the client's first message (docs/routing.md); default 5s.
+	PrereadTimeout time.Duration
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -143,11 +178,22 @@ type Health struct {
 	Expect   string        // send-expect: a regular expression the answer must match
 	Path     string        // http: the path to GET; default "/"
 	Status   int           // http: the status that means up; default 200
-	User     string        // pgsql: the user name in the startup packet; default "fulcrum"
+	User     string        // pgsql, mysql: the user to log in as; default "fulcrum"
+
+	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
+	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
+	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
+	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
 }
 
 // Checks is the list of check kinds.
 var Checks = []string{"none", "tcp", "send-expect", "pgsql", "redis", "mysql", "http"}
+
+// Roles are the values of [health] role.
+var Roles = []string{"any", "primary", "replica"}
+
+// roleChecks are the check kinds that tell a primary from a replica.
+var roleChecks = []string{"pgsql", "mysql", "redis"}
 
 // Service is one [services.NAME] table.
 type Service struct {
@@ -155,6 +201,7 @@ type Service struct {
 	Listen   []netip.AddrPort // an unspecified address ([::]) listens on every address
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
+	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
 
 	// SNI routes by name (docs/routing.md): the server names this service
 	// takes on its listen addresses, which it may then share with other
@@ -184,13 +231,17 @@ type Backend struct {
 	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
 	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
 	ProxyProtocol string         // from the service unless set here
+	OnDown        string         // from the service unless set here
+	OnUp          string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", PrereadTimeout: 5 * time.Second}
+		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
+		PrereadTimeout: 5 * time.Second}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -206,13 +257,42 @@ func Exposed(path string) string {
 	return ""
 }
 
+// MaxSize is the largest configuration file Read accepts: 16 MiB, some
+// thousand times a large real one, and far below what would hold the reload
+// loop for seconds and grow the process by hundreds of megabytes.
+const MaxSize = 16 << 20
+
+// ErrTooLarge is returned by Read for a file larger than MaxSize.
+var ErrTooLarge = errors.New("configuration file too large")
+
 // Load reads and validates the file at path.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := Read(path)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(path, data)
+}
+
+// Read reads the file at path, refusing one larger than MaxSize before
+// reading it (and, should it grow while read, after MaxSize+1 bytes).
+func Read(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > MaxSize {
+		return nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d (16 MiB)", path, ErrTooLarge, fi.Size(), MaxSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxSize {
+		return nil, fmt.Errorf("%s: %w: more than %d bytes (16 MiB)", path, ErrTooLarge, MaxSize)
+	}
+	return data, nil
 }
 
 // Parse validates data; name is used in error messages and may be "".
@@ -256,6 +336,10 @@ func Parse(name string, data []byte) (*Config, error) {
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// hostName is a DNS name or an IP literal as a Host header carries it,
+// without the port.
+var hostName = regexp.MustCompile(`^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$`)
+
 func (w *walker) config(root *table) *Config {
 	cfg := &Config{}
 	lt := root.sub("log")
@@ -294,6 +378,15 @@ func (w *walker) config(root *table) *Config {
 		}
 	}
 	cfg.Admin.AllowRemote = at.boolean("allow_remote", false)
+	hosts, _ := at.strs("hosts")
+	for i, h := range hosts {
+		h = strings.ToLower(strings.TrimSuffix(h, "."))
+		if !hostName.MatchString(h) {
+			w.errorf(fmt.Sprintf("%s[%d]", at.key("hosts"), i), "%q is not a host name (no port, no scheme), such as \"lb1.example.net\"", hosts[i])
+			continue
+		}
+		cfg.Admin.Hosts = append(cfg.Admin.Hosts, h)
+	}
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -333,6 +426,8 @@ func (w *walker) config(root *table) *Config {
 	}
 	st.done()
 	w.checkRoutes()
+	w.selfLoops(cfg.Services, listeners)
+	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
@@ -361,6 +456,11 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
 		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
+		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
+		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
+		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, "refuse", "first"),
+		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
+		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
 		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
 		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
@@ -371,9 +471,39 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
 		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
+
+		KeepAliveIdle:     w.keepAliveDuration(t, "keepalive_idle", base.KeepAliveIdle, 0),
+		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
+		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
+		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
 		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
 	}
 }
+
+// maxKeepAlive is the longest keepalive idle time or interval Linux accepts
+// (TCP_KEEPIDLE, TCP_KEEPINTVL: 32767 seconds).
+const maxKeepAlive = 32767 * time.Second
+
+// keepAliveDuration reads a keepalive time: whole seconds (the socket
+// options' unit), at least min, at most maxKeepAlive.
+func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) time.Duration {
+	d := t.duration(k, def, min)
+	switch {
+	case d%time.Second != 0:
+		w.errorf(t.key(k), "must be whole seconds (the kernel's unit), have %s", d)
+		return def
+	case d > maxKeepAlive:
+		w.errorf(t.key(k), "must be at most %s, have %s", maxKeepAlive, d)
+		return def
+	}
+	return d
+}
+
+// OnDowns and OnUps are the values of on_down and on_up.
+var (
+	OnDowns = []string{"keep", "close"}
+	OnUps   = []string{"keep", "close-backups"}
+)
 
 // ProxyVersions are the values of proxy_protocol.
 var ProxyVersions = []string{"none", "v1", "v2"}
@@ -422,6 +552,14 @@ func (w *walker) health(ht *table, base Health) Health {
 		Path:     ht.str("path", base.Path),
 		Status:   int(ht.integer("status", int64(base.Status), 100, 599)),
 		User:     ht.str("user", base.User),
+
+		Role:         ht.oneOf("role", base.Role, Roles...),
+		PasswordFile: ht.str("password_file", base.PasswordFile),
+		Database:     ht.str("database", base.Database),
+		MaxLag:       ht.duration("max_lag", base.MaxLag, 0),
+	}
+	if ht.has("password_file") {
+		h.PasswordFile = w.passwordFile(ht.key("password_file"), h.PasswordFile)
 	}
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
@@ -439,6 +577,62 @@ func (w *walker) health(ht *table, base Health) Health {
 	}
 	ht.done()
 	return h
+}
+
+// fallbacks checks that each fallback names another service and that no
+// chain of fallbacks comes back to where it started.
+func (w *walker) fallbacks(svcs []Service) {
+	next := map[string]string{}
+	for _, s := range svcs {
+		next[s.Name] = s.Fallback
+	}
+	for _, s := range svcs {
+		if s.Fallback == "" {
+			continue
+		}
+		key := "services." + s.Name + ".fallback"
+		if _, ok := next[s.Fallback]; !ok {
+			w.errorf(key, "no service is called %q", s.Fallback)
+			continue
+		}
+		chain := []string{s.Name}
+		for at := s.Fallback; at != ""; at = next[at] {
+			chain = append(chain, at)
+			if at == s.Name {
+				w.errorf(key, "fallbacks form a cycle: %s", strings.Join(chain, " → "))
+				break
+			}
+			if len(chain) > len(svcs) {
+				break // a cycle further on, reported from a service on it
+			}
+		}
+	}
+}
+
+// passwordFile resolves a password_file path against the config file's
+// directory and checks now that it can be read, so that a typo is a
+// located error at load rather than a backend down at run time. The
+// content is not kept: each probe reads the file, so a rotated password
+// needs no reload.
+func (w *walker) passwordFile(key, p string) string {
+	if p == "" {
+		return ""
+	}
+	if !filepath.IsAbs(p) && w.file != "" {
+		p = filepath.Join(filepath.Dir(w.file), p)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		w.errorf(key, "cannot read the password file: %v", err)
+		return p
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		w.errorf(key, "%s is not a regular file", p)
+	} else if _, err := f.Read(make([]byte, 1)); err != nil {
+		w.errorf(key, "cannot read the password file %s: %v", p, err)
+	}
+	return p
 }
 
 // tableSize reads table_size: a prime, since Maglev's permutations cover
@@ -466,7 +660,7 @@ func isPrime(n int) bool {
 }
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
-	s := Service{Name: name, Settings: w.settings(t, defaults)}
+	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
 	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")
@@ -512,6 +706,8 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
 			Health:        w.health(bt.sub("health"), s.Health),
 			ProxyProtocol: bt.oneOf("proxy_protocol", s.ProxyProtocol, ProxyVersions...),
+			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
+			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
@@ -536,6 +732,12 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
+		if h := b.Health; h.Role != "any" && !slices.Contains(roleChecks, h.Check) {
+			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
+		}
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != "pgsql") {
+			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
+		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")
 		} else if first, dup := seen[b.Name]; dup {
@@ -550,6 +752,99 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			s.TableSize, len(s.Backends))
 	}
 	return s
+}
+
+// selfLoops reports each backend through which connections would come back
+// to the same service: an address that is one of fulcrum's own listen
+// addresses (directly, or covered by a wildcard listen) of the same service,
+// or of a service that leads back to it. Each such connection would be
+// accepted again and dialled again until descriptors run out. A chain that
+// ends (an outer service in front of an inner one) is fine.
+func (w *walker) selfLoops(svcs []Service, listeners map[netip.AddrPort]string) {
+	var local map[netip.Addr]bool // the host's addresses, read when a wildcard listen needs them
+	// owner returns the key of the listen address b reaches, or "".
+	owner := func(b netip.AddrPort) string {
+		for l, key := range listeners {
+			if l.Port() != b.Port() || l.Port() == 0 {
+				continue
+			}
+			if l.Addr() == b.Addr() {
+				return key
+			}
+			if l.Addr().IsUnspecified() && (l.Addr().Is6() || b.Addr().Is4()) {
+				if local == nil {
+					local = localAddrs()
+				}
+				if b.Addr().IsLoopback() || local[b.Addr()] {
+					return key
+				}
+			}
+		}
+		return ""
+	}
+	type edge struct {
+		backend int
+		to      string // the service reached
+		via     string // its listen key
+	}
+	edges := map[string][]edge{}
+	for _, s := range svcs {
+		for i, b := range s.Backends {
+			if !b.Addr.IsValid() {
+				continue
+			}
+			if key := owner(b.Addr); key != "" {
+				to := strings.TrimPrefix(key, "services.")
+				to = to[:strings.IndexByte(to, '.')]
+				edges[s.Name] = append(edges[s.Name], edge{i, to, key})
+			}
+		}
+	}
+	// reaches reports whether from leads to target through edges.
+	reaches := func(from, target string) bool {
+		seen := map[string]bool{}
+		stack := []string{from}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if n == target {
+				return true
+			}
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			for _, e := range edges[n] {
+				stack = append(stack, e.to)
+			}
+		}
+		return false
+	}
+	for _, s := range svcs {
+		for _, e := range edges[s.Name] {
+			if reaches(e.to, s.Name) {
+				w.errorf(fmt.Sprintf("services.%s.backends[%d].address", s.Name, e.backend),
+					"%s is fulcrum's own listen address (%s), which leads back to this service: each connection would loop through fulcrum until descriptors run out",
+					s.Backends[e.backend].Address, e.via)
+			}
+		}
+	}
+}
+
+// localAddrs returns the addresses of this host's interfaces; a variable
+// so that tests can name some.
+var localAddrs = func() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return out // loopback is still caught; other addresses are not
+	}
+	for _, a := range as {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out
 }
 
 // overlaps reports whether binding both a and b would clash: the same

@@ -162,6 +162,7 @@ func (m *Manager) refresh() {
 	}
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
 	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -277,14 +278,16 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		b.SetAddressError(err, start)
 	}
 	m.dns = dns
+	awaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
 	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
 	m.startChecks(p.jobs)
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
-	if m.cur != nil && m.cur.Admin != cfg.Admin {
+	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
@@ -358,7 +361,8 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
-				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
+				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol],
+				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
 			if aerr != nil {
 				t.Weight = 0 // no address: never picked, whatever its health says
 			}
@@ -390,6 +394,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
+			KeepAliveIdle:     cs.KeepAliveIdle,
+			KeepAliveInterval: cs.KeepAliveInterval,
+			KeepAliveCount:    cs.KeepAliveCount,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
@@ -399,6 +406,8 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
+		svc.HoldTimeout, svc.UserTimeout = cs.HoldTimeout, cs.UserTimeout
+		svc.SplitBrain, svc.RefuseSplitBrain = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
 			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
@@ -417,6 +426,11 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 		for _, a := range svc.Listen {
 			listen[a] = svc
+		}
+	}
+	for i, cs := range cfg.Services {
+		if cs.Fallback != "" {
+			services[i].Fallback = services[slices.IndexFunc(services, func(s *sched.Service) bool { return s.Name == cs.Fallback })] // conf checked the name
 		}
 	}
 	p.table = sched.NewTable(gen, services, listen)
@@ -515,7 +529,8 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 			addr = net.JoinHostPort(b.CheckHost, strconv.Itoa(int(b.CheckAddr.Port())))
 		}
 	}
-	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
+	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
+		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
 	if h.Check == "send-expect" {
 		p.Send = []byte(h.Send)
 		p.Expect = regexp.MustCompile(h.Expect) // validated by conf
