@@ -164,6 +164,20 @@ func TestCheckQuiet(t *testing.T) {
 	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len() != 0 || errOut.Len() != 0 {
 		t.Errorf("-check -q on a valid file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
 	}
+	// A file others may write is valid but unsafe: -check says so, -q does not.
+	if err := os.Chmod(good, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-config", good}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "warning: "+good+" is writable by others") {
+		t.Errorf("-check on a 0666 file = %d, stderr %q; want 0 and a warning", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len()+errOut.Len() != 0 {
+		t.Errorf("-check -q on a 0666 file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
 	bad := writeFile(t, "bad.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\", wieght = 2 }]\n")
 	if code := run([]string{"-check", "-q", "-config", bad}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `did you mean "weight"`) {
 		t.Errorf("-check -q on an invalid file = %d, stderr %q; want 1 and the problem", code, errOut.String())
@@ -714,6 +728,26 @@ backends = [{ address = %q }]
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hi\n" {
 		t.Fatalf("after the limit was lifted: %q, %v; want the greeting", got, err)
+	}
+}
+
+// TestAdminUnreachable: nothing listening at the admin address says what
+// to check, including an [admin] listen changed since the daemon started.
+func TestAdminUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused from now on
+	for _, cmd := range []string{"status", "drain", "healthz"} {
+		var errOut bytes.Buffer
+		if code := run([]string{cmd, "-admin", addr}, io.Discard, &errOut); code != 1 {
+			t.Errorf("%s against a closed port = %d; want 1", cmd, code)
+		}
+		if !strings.Contains(errOut.String(), "connection refused") || !strings.Contains(errOut.String(), "is fulcrum running?") {
+			t.Errorf("%s: %q; want the refusal and what to check", cmd, errOut.String())
+		}
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/systemd"
 )
@@ -70,26 +69,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	resolveTick := time.NewTicker(time.Hour)
 	defer resolveTick.Stop()
 	r.resetResolve(resolveTick)
-	// Health: transitions rebuild the table; passive marks expire on time;
-	// slow start steps weights up.
-	passive := time.NewTimer(time.Hour)
-	passive.Stop()
-	defer passive.Stop()
-	ramp := time.NewTimer(time.Hour)
-	ramp.Stop()
-	defer ramp.Stop()
-	schedule := func() {
-		now := time.Now()
-		if next := m.expirePassive(now); !next.IsZero() {
-			passive.Reset(next.Sub(now))
-		}
-		if cfg := m.current(); cfg != nil {
-			if d := ramping(cfg, m.ptr.Load(), now); d > 0 {
-				ramp.Reset(d)
-			}
-		}
-	}
-	schedule()
+	// Health runs beside this loop: transitions rebuild the table through
+	// refresh, which takes m.mu like a reload.
+	hctx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() { m.health.Run(hctx); close(healthDone) }() // exits when stopHealth is called, as Run returns
+	defer func() { stopHealth(); <-healthDone }()
 	var watchdog <-chan time.Time
 	if m.Watchdog > 0 {
 		t := time.NewTicker(m.Watchdog)
@@ -121,32 +106,9 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			r.writing = false // its close may be among the lost events
 			r.rewatch()       // so may a directory's removal
 			debounce.Reset(r.cfg.Debounce)
-		case b := <-m.changes:
-			b.Seen() // before the rebuild reads its state: a later change reports again
-			changed := []*backend.Backend{b}
-			for more := true; more; { // the whole burst, then one rebuild
-				select {
-				case b := <-m.changes:
-					b.Seen()
-					changed = append(changed, b)
-				default:
-					more = false
-				}
-			}
-			m.refresh()
-			for _, b := range changed { // logged once the table reflects it
-				m.healthChanged(b)
-			}
-			schedule()
-		case <-passive.C:
-			schedule() // expiries report changes, which rebuild
-		case <-ramp.C:
-			m.refresh()
-			schedule()
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-recheck.C:
 			if !r.writing { // a writer at work: its close brings the read
 				r.check(false)
@@ -156,12 +118,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		case res := <-r.ld.out:
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
-			schedule()
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-watchdog:
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
@@ -173,38 +133,6 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 		}
 	}
-}
-
-// healthChanged logs one backend's transition, once, and applies its
-// on_down / on_up (see cut).
-func (m *Manager) healthChanged(b *backend.Backend) {
-	_, reason, _ := b.Health()
-	st, role := b.State()
-	switch st {
-	case backend.StateUp:
-		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend up")
-	case backend.StateWrongRole:
-		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
-	default:
-		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
-	}
-	m.cut(b, st)
-}
-
-// expirePassive lifts the passive marks that are due and returns when the
-// next one is, or zero.
-func (m *Manager) expirePassive(now time.Time) time.Time {
-	var next time.Time
-	if t := m.ptr.Load(); t != nil {
-		for _, s := range t.Services {
-			for _, tg := range s.All() {
-				if n := tg.B.ExpirePassive(now); !n.IsZero() && (next.IsZero() || n.Before(next)) {
-					next = n
-				}
-			}
-		}
-	}
-	return next
 }
 
 // runner is the state of Run's loop, touched only by its goroutine.
