@@ -187,6 +187,32 @@ func (o Options) tableSize() int {
 	return o.TableSize
 }
 
+// HashKeys lists the values of Options.HashKey ("" means "ip").
+var HashKeys = []string{"ip", "ip_port"}
+
+// CheckTableSize says why n cannot be mh's table size, or nil: Maglev's
+// permutations cover every slot only when the size is a prime, and no
+// larger than MaxTableSize.
+func CheckTableSize(n int) error {
+	if n < 2 || n > MaxTableSize {
+		return fmt.Errorf("%d is not between 2 and %d", n, MaxTableSize)
+	}
+	if !isPrime(n) {
+		return fmt.Errorf("%d is not a prime (65537 and 655373 are)", n)
+	}
+	return nil
+}
+
+// CheckBackends says why a service of n backends cannot use scheduler name
+// with options o, or nil: mh needs a table larger than the number of
+// backends.
+func CheckBackends(name string, o Options, n int) error {
+	if name == "mh" && o.tableSize() <= n {
+		return fmt.Errorf("%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced", o.tableSize(), n)
+	}
+	return nil
+}
+
 // withPort reports whether the hash key includes the client port.
 func (o Options) withPort() (bool, error) {
 	switch o.HashKey {
