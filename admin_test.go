@@ -123,7 +123,7 @@ backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weigh
 			t.Errorf("%s%v = %v; want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	for _, name := range []string{"go_goroutines", "process_open_fds", "fulcrum_config_last_reload_timestamp_seconds"} {
+	for _, name := range []string{"go_goroutines", "process_open_fds", "fulcrum_config_last_reload_timestamp_seconds", "fulcrum_build_info"} {
 		if _, ok := families[name]; !ok {
 			t.Errorf("no %s", name)
 		}

@@ -4,11 +4,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"fulcrum/admin"
 	"fulcrum/conf"
@@ -17,22 +19,27 @@ import (
 // adminCommand parses the flags of a subcommand that asks the admin
 // listener: -config and -admin, plus those more adds. It returns the admin
 // address, or "" and the exit status to return.
-func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+func adminCommand(name string, args []string, stdout, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
 	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
 	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
 	if more != nil {
 		more(fs)
 	}
-	if err := fs.Parse(args); err != nil {
+	if code, ok := parseFlags(fs, args, stdout, stderr, subUsage); !ok {
+		return "", code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fulcrum %s: unexpected argument %q\n", name, fs.Arg(0))
 		return "", 2
 	}
 	if addr != "" {
 		return addr, 0
 	}
 	cfg, err := conf.Load(*path)
-	if err == nil && !cfg.Admin.Listen.IsValid() {
+	if err != nil {
+		err = configError(*path, err)
+	} else if !cfg.Admin.Listen.IsValid() {
 		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
 	}
 	if err != nil {
@@ -42,10 +49,26 @@ func adminCommand(name string, args []string, stderr io.Writer, more func(*flag.
 	return cfg.Admin.Listen.String(), 0
 }
 
+// unreachable adds what an operator should check when nothing answers at
+// the admin address: the daemon may be down, or its [admin] listen may have
+// changed in the file since it started (the table applies at start only).
+func unreachable(err error) error {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w (is fulcrum running? [admin] listen applies only at start: after changing it, restart, or pass -admin with the running address)", err)
+	}
+	return err
+}
+
+// subUsage prints a subcommand's usage: its name and flags.
+func subUsage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\n", fs.Name())
+	fs.PrintDefaults()
+}
+
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
 	var raw *bool
-	addr, code := adminCommand("status", args, stderr, func(fs *flag.FlagSet) {
+	addr, code := adminCommand("status", args, stdout, stderr, func(fs *flag.FlagSet) {
 		raw = fs.Bool("json", false, "print the JSON as served")
 	})
 	if addr == "" {
@@ -53,7 +76,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 	}
 	resp, err := adminClient.Get("http://" + addr + "/status")
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()
@@ -74,7 +97,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 // prints its one-line answer.
 func drain(args []string, stdout, stderr io.Writer) int {
 	var undo *bool
-	addr, code := adminCommand("drain", args, stderr, func(fs *flag.FlagSet) {
+	addr, code := adminCommand("drain", args, stdout, stderr, func(fs *flag.FlagSet) {
 		undo = fs.Bool("undo", false, "undrain: put the instance back in rotation")
 	})
 	if addr == "" {
@@ -86,7 +109,7 @@ func drain(args []string, stdout, stderr io.Writer) int {
 	}
 	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()
@@ -107,13 +130,13 @@ func drain(args []string, stdout, stderr io.Writer) int {
 // probes, keepalived without curl) while the admin listener stays on
 // loopback.
 func healthz(args []string, stdout, stderr io.Writer) int {
-	addr, code := adminCommand("healthz", args, stderr, nil)
+	addr, code := adminCommand("healthz", args, stdout, stderr, nil)
 	if addr == "" {
 		return code
 	}
 	resp, err := adminClient.Get("http://" + addr + "/healthz")
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()

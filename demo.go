@@ -33,11 +33,10 @@ var demoBackends = []string{"alpha", "bravo", "charlie"}
 // (weights 5/3/2), a burst of connections, and then service until ctx ends.
 func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("fulcrum demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:7000", "address of the balancer")
 	burst := fs.Int("n", 20, "connections in the burst")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args, stdout, stderr, subUsage); !ok {
+		return code
 	}
 
 	echo := &echoServers{}
@@ -66,7 +65,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	defer m.Shutdown()
+	defer m.Shutdown(context.Background())
 	lb := srv.Addr(cfg.Services[0].Listen[0]).String()
 
 	fmt.Fprintf(stdout, "fulcrum demo: balancer on %s (scheduler %s)\n", lb, cfg.Services[0].Scheduler)
@@ -84,8 +83,9 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		c := counts[b.Name]
 		fmt.Fprintf(stdout, "  %-8s weight %d  %3d connections  %s\n", b.Name, b.Weight, c, strings.Repeat("#", c))
 	}
-	fmt.Fprintf(stdout, "\nfulcrum is serving on %s; try:  nc %s\n(each backend greets with its name, then echoes what you type)\nCtrl-C stops.\n",
-		lb, strings.Replace(lb, ":", " ", 1))
+	host, port, _ := net.SplitHostPort(lb)
+	fmt.Fprintf(stdout, "\nfulcrum is serving on %s; try:  nc %s %s\n(without nc, in bash: exec 3<>/dev/tcp/%s/%s; head -1 <&3)\n"+
+		"(each backend greets with its name, then echoes what you type)\nCtrl-C stops.\n", lb, host, port, host, port)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nstopping...")
 	return 0

@@ -2,8 +2,8 @@
 // picks a backend with an LVS-style scheduler and splices bytes both ways.
 //
 //	fulcrum [-config /etc/fulcrum/fulcrum.toml]   run
-//	fulcrum -check [-config PATH]                  validate, print a summary, exit 0 or 1
-//	fulcrum -version
+//	fulcrum -check [-q] [-config PATH]             validate, print a summary (-q: nothing), exit 0 or 1
+//	fulcrum version                                version, commit, Go version, build date (also -version)
 //	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
 //	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
@@ -14,14 +14,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"syscall"
@@ -39,8 +42,19 @@ import (
 	"fulcrum/systemd"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = ""
+// Set at build time by the Makefile:
+//
+//	go build -ldflags "-X main.version=v0.2.0 -X main.commit=3a93fd5… -X main.date=2026-12-01T04:00:00Z"
+//
+// Empty values fall back to what the Go toolchain stamped (see buildInfo).
+var version, commit, date = "", "", ""
+
+// Log timestamps carry milliseconds, in RFC 3339, so that lines from the
+// same second keep their order and match a database's own log. Set once,
+// before any logger exists: zerolog reads it as a global.
+func init() {
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
+}
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -57,40 +71,53 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return healthz(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "demo" {
-		ctx, stop := signalContext()
+		ctx, stop := signalContext(func() { fmt.Fprintln(stderr, "fulcrum demo: second signal, exiting now") })
 		defer stop()
 		return demo(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "version" {
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "fulcrum version: unexpected argument %q\n", args[1])
+			return 2
+		}
+		writeVersion(stdout)
+		return 0
+	}
 	fs := flag.NewFlagSet("fulcrum", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := fs.String("config", conf.DefaultPath, "configuration `file`")
 	check := fs.Bool("check", false, "validate the configuration, print a summary and exit (0 valid, 1 not)")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: fulcrum [-config FILE] [-check] [-version]\n       fulcrum status [-config FILE | -admin ADDR] [-json]\n"+
-			"       fulcrum drain [-undo] [-config FILE | -admin ADDR]\n       fulcrum healthz [-config FILE | -admin ADDR]\n"+
-			"       fulcrum demo [-listen ADDR]\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	quiet := fs.Bool("q", false, "with -check: print nothing when the configuration is valid")
+	showVersion := fs.Bool("version", false, "print version, commit, Go version and build date, and exit")
+	if code, ok := parseFlags(fs, args, stdout, stderr, mainUsage); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fulcrum: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
+		fs.SetOutput(stderr)
+		mainUsage(fs)
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(stdout, "fulcrum", versionString())
+		writeVersion(stdout)
 		return 0
 	}
 	cfg, err := conf.Load(*path)
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum: configuration is invalid:\n%v\n", err)
+		fmt.Fprintf(stderr, "fulcrum: %v\n", configError(*path, err))
 		return 1
 	}
 	if *check {
-		cfg.WriteSummary(stdout)
+		// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
+		// DNS lookups to slow them (the daemon resolves and logs on its own).
+		if !*quiet {
+			cfg.WriteSummary(stdout)
+			if why := conf.Exposed(*path); why != "" {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
+			}
+			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			}
+		}
 		return 0
 	}
 	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
@@ -98,7 +125,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(usr)
 	log := newLogger(cfg.Log, stderr)
-	ctx, stop := signalContext()
+	mlog := log.With().Str("component", "main").Logger() // main's own lines
+	mlog.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
+	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
 	defer stop()
 	var ptr atomic.Pointer[sched.Table]
 	inst := cluster.New(ptr.Load, log)
@@ -117,12 +146,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
-		log.Error().Err(err).Msg("cannot start")
+		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
 	for _, so := range socks {
 		a := srv.Inherit(so.Listener)
-		log.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
+		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
 		if so.Name != "" {
 			if m.Sockets == nil {
 				m.Sockets = map[string][]netip.AddrPort{}
@@ -130,48 +159,51 @@ func run(args []string, stdout, stderr io.Writer) int {
 			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
 		}
 	}
-	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
 	if os.Geteuid() == 0 {
-		log.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
+		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
 	}
 	if why := conf.Exposed(*path); why != "" {
-		log.Warn().Msg(why)
+		mlog.Warn().Msg(why)
 	}
 	if a := cfg.Admin.Listen; a.IsValid() {
 		ln, err := net.Listen("tcp", a.String())
 		if err != nil {
-			log.Error().Err(err).Msg("cannot start the admin listener")
+			mlog.Error().Err(err).Msg("cannot start the admin listener")
 			return 1
 		}
-		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString()}
+		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
+			Hosts: cfg.Admin.Hosts}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
-		defer func() {                                                    // after the drain, so that it can be watched
+		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
+		defer func() {                                                                             // after the drain, so that it can be watched
 			stopAdmin()
 			if err := <-done; err != nil {
-				log.Warn().Err(err).Msg("admin listener")
+				mlog.Warn().Err(err).Msg("admin listener")
 			}
 		}()
 	}
 	if err := m.Run(ctx, cfg); err != nil {
-		log.Error().Err(err).Msg("cannot start")
+		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
-	log.Info().Msg("stopped")
+	mlog.Info().Msg("stopped")
 	return 0
 }
 
 // adminClient bounds every request to the admin listener.
 var adminClient = http.Client{Timeout: 5 * time.Second}
 
-// signalContext ends on the first SIGINT or SIGTERM, which starts a graceful
-// shutdown; a second one exits at once.
-func signalContext() (context.Context, func()) {
+// signalContext ends on the first SIGINT, SIGTERM or SIGQUIT, which starts a
+// graceful shutdown; a second one calls second (to log it in the chosen
+// format) and exits at once. SIGQUIT is nginx's graceful stop, and operators
+// used to it send it; Go's default for it (dump every goroutine, exit 2)
+// would drop every connection.
+func signalContext(second func()) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 	done := make(chan struct{})
 	go func() { // exits when stop is called
 		select {
@@ -182,7 +214,7 @@ func signalContext() (context.Context, func()) {
 		}
 		select {
 		case <-ch:
-			fmt.Fprintln(os.Stderr, "fulcrum: second signal, exiting now")
+			second()
 			os.Exit(1)
 		case <-done:
 		}
@@ -229,47 +261,128 @@ func setLevel(lc conf.Log) {
 	zerolog.SetGlobalLevel(level)
 }
 
-// newLogger builds the root logger from the [log] table.
+// newLogger builds the root logger from the [log] table. Console lines
+// are coloured only on a terminal, and never when NO_COLOR is set
+// (https://no-color.org).
 func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
-	console := lc.Format == "console"
-	if lc.Format == "auto" {
-		if f, ok := w.(*os.File); ok {
-			_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-			console = err == nil
-		}
-	}
-	if console {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	tty := isTerminal(w)
+	if lc.Format == "console" || lc.Format == "auto" && tty {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "2006-01-02 15:04:05.000", NoColor: !tty || os.Getenv("NO_COLOR") != ""}
 	}
 	setLevel(lc)
 	return zerolog.New(w).With().Timestamp().Logger()
 }
 
-func versionString() string {
-	if version != "" {
-		return version
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		rev, dirty := "", ""
-		for _, s := range bi.Settings {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// parseFlags parses args into fs. -h, -help and --help print usage to
+// stdout and end with 0; a bad flag prints the error and usage to stderr
+// and ends with 2. ok is true when the caller should go on.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, usage func(*flag.FlagSet)) (code int, ok bool) {
+	fs.SetOutput(stderr)
+	fs.Usage = func() {} // printed below, to the stream that fits
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		fs.Usage = func() { usage(fs) }
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		usage(fs)
+		return 0, false
+	default:
+		usage(fs)
+		return 2, false
+	}
+}
+
+func mainUsage(fs *flag.FlagSet) {
+	fmt.Fprint(fs.Output(), `usage: fulcrum [-config FILE]                 run (default /etc/fulcrum/fulcrum.toml)
+       fulcrum -check [-q] [-config FILE]    validate; -q prints nothing when valid
+       fulcrum version                       version, commit, Go version, build date
+       fulcrum status [-config FILE | -admin ADDR] [-json]
+       fulcrum drain [-undo] [-config FILE | -admin ADDR]
+       fulcrum healthz [-config FILE | -admin ADDR]
+       fulcrum demo [-listen ADDR] [-n N]
+
+Signals: SIGHUP reloads, SIGTERM drains and stops, SIGUSR1/SIGUSR2 drain/undrain the instance.
+See fulcrum(8) and fulcrum.toml(5).
+
+`)
+	fs.PrintDefaults()
+}
+
+// configError rewords a missing configuration file, which is a newcomer's
+// first contact, not an invalid file.
+func configError(path string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("no configuration at %s; pass -config FILE, start from the example in systemd/fulcrum.toml, or try `fulcrum demo`", path)
+	}
+	var ce *conf.Error
+	if errors.As(err, &ce) {
+		return fmt.Errorf("configuration is invalid:\n%w", err)
+	}
+	return err
+}
+
+// versionString is the version alone, as /status and the start line show it.
+func versionString() string {
+	return buildInfo()["version"]
+}
+
+// buildInfo describes this binary: version, commit, Go version and build
+// date, from the Makefile's -ldflags or else from what the Go toolchain
+// stamped (the commit's time stands in for a build date).
+func buildInfo() map[string]string {
+	bi := map[string]string{"version": version, "commit": commit, "date": date, "go": runtime.Version()}
+	dirty := false
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				if s.Value == "true" {
-					dirty = "+dirty"
+				if bi["commit"] == "" {
+					bi["commit"] = s.Value
 				}
+			case "vcs.time":
+				if bi["date"] == "" {
+					bi["date"] = s.Value
+				}
+			case "vcs.modified":
+				dirty = s.Value == "true"
 			}
 		}
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		if rev != "" {
-			return "dev-" + rev + dirty
-		}
-		if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			return bi.Main.Version
+		if bi["version"] == "" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			bi["version"] = info.Main.Version
 		}
 	}
-	return "dev"
+	if bi["version"] == "" {
+		bi["version"] = "dev"
+		if c := bi["commit"]; c != "" {
+			bi["version"] = "dev-" + c[:min(len(c), 12)]
+			if dirty {
+				bi["version"] += "+dirty"
+			}
+		}
+	}
+	for k, v := range bi {
+		if v == "" {
+			bi[k] = "unknown"
+		}
+	}
+	return bi
+}
+
+// writeVersion prints what `fulcrum version` shows, as haproxy -vv and
+// nginx -V do: enough to say exactly which build is running.
+func writeVersion(w io.Writer) {
+	bi := buildInfo()
+	fmt.Fprintf(w, "fulcrum %s\ncommit: %s\ngo: %s %s/%s\nbuilt: %s\n", bi["version"], bi["commit"], bi["go"], runtime.GOOS, runtime.GOARCH, bi["date"])
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/conf"
 	"fulcrum/listener/listenertest"
 )
 
@@ -109,10 +111,196 @@ scheduler = "wlcx"
 }
 
 func TestVersion(t *testing.T) {
-	var out bytes.Buffer
-	if code := run([]string{"-version"}, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "fulcrum ") {
-		t.Errorf("-version = %d, %q", code, out.String())
+	for _, args := range [][]string{{"-version"}, {"version"}} {
+		var out bytes.Buffer
+		if code := run(args, &out, io.Discard); code != 0 || !strings.HasPrefix(out.String(), "fulcrum ") {
+			t.Errorf("%v = %d, %q", args, code, out.String())
+		}
+		for _, want := range []string{"\ncommit: ", "\ngo: " + runtime.Version(), "\nbuilt: "} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v printed %q; want %q in it", args, out.String(), want)
+			}
+		}
 	}
+	// What the Makefile stamps with -ldflags -X.
+	defer func(v, c, d string) { version, commit, date = v, c, d }(version, commit, date)
+	version, commit, date = "v1.2.3-4-gabcdef0", "abcdef0123456789", "2026-12-01T04:00:00Z"
+	var out bytes.Buffer
+	run([]string{"version"}, &out, io.Discard)
+	want := "fulcrum v1.2.3-4-gabcdef0\ncommit: abcdef0123456789\ngo: " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\nbuilt: 2026-12-01T04:00:00Z\n"
+	if out.String() != want {
+		t.Errorf("version = %q; want %q", out.String(), want)
+	}
+	if code := run([]string{"version", "extra"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("version extra = %d; want 2", code)
+	}
+}
+
+// TestHelp: -h and --help are a request, not a mistake: usage on stdout, exit 0.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"status", "-h"}, {"drain", "--help"}, {"healthz", "-h"}, {"demo", "-h"}} {
+		var out, errOut bytes.Buffer
+		if code := run(args, &out, &errOut); code != 0 {
+			t.Errorf("%v = %d; want 0", args, code)
+		}
+		if !strings.HasPrefix(out.String(), "usage: fulcrum") || errOut.Len() != 0 {
+			t.Errorf("%v: stdout %q, stderr %q; want usage on stdout only", args, out.String(), errOut.String())
+		}
+	}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-nosuchflag"}, &out, &errOut); code != 2 {
+		t.Errorf("-nosuchflag = %d; want 2", code)
+	}
+	if out.Len() != 0 || !strings.Contains(errOut.String(), "-nosuchflag") || !strings.Contains(errOut.String(), "usage: fulcrum") {
+		t.Errorf("-nosuchflag: stdout %q, stderr %q; want the error and usage on stderr", out.String(), errOut.String())
+	}
+}
+
+// TestCheckQuiet: -check -q is for units' ExecStartPre= and ExecReload=,
+// which put everything printed into the journal.
+func TestCheckQuiet(t *testing.T) {
+	good := writeFile(t, "good.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\" }]\n")
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len() != 0 || errOut.Len() != 0 {
+		t.Errorf("-check -q on a valid file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
+	// A file others may write is valid but unsafe: -check says so, -q does not.
+	if err := os.Chmod(good, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-config", good}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "warning: "+good+" is writable by others") {
+		t.Errorf("-check on a 0666 file = %d, stderr %q; want 0 and a warning", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len()+errOut.Len() != 0 {
+		t.Errorf("-check -q on a 0666 file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
+	bad := writeFile(t, "bad.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\", wieght = 2 }]\n")
+	if code := run([]string{"-check", "-q", "-config", bad}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `did you mean "weight"`) {
+		t.Errorf("-check -q on an invalid file = %d, stderr %q; want 1 and the problem", code, errOut.String())
+	}
+}
+
+// TestMissingConfig: no file is not an invalid file; say what to do.
+func TestMissingConfig(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "fulcrum.toml")
+	for _, args := range [][]string{{"-config", missing}, {"-check", "-config", missing}, {"status", "-config", missing}} {
+		var errOut bytes.Buffer
+		if code := run(args, io.Discard, &errOut); code != 1 {
+			t.Errorf("%v = %d; want 1", args, code)
+		}
+		for _, want := range []string{"no configuration at " + missing, "-config FILE", "fulcrum demo"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("%v: %q lacks %q", args, errOut.String(), want)
+			}
+		}
+		if strings.Contains(errOut.String(), "invalid") {
+			t.Errorf("%v: %q calls a missing file invalid", args, errOut.String())
+		}
+	}
+}
+
+// TestLogFormat: JSON times carry milliseconds; console lines carry no
+// colour off a terminal.
+func TestLogFormat(t *testing.T) {
+	var buf bytes.Buffer
+	log := newLogger(conf.Log{Level: "info", Format: "json"}, &buf)
+	log.Info().Msg("hello")
+	var m map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("%q: %v", buf.String(), err)
+	}
+	if ts, _ := m["time"].(string); !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}(Z|[+-]\d\d:\d\d)$`).MatchString(ts) {
+		t.Errorf("time %q; want RFC 3339 with milliseconds", ts)
+	} else if _, err := time.Parse(time.RFC3339Nano, ts); err != nil {
+		t.Errorf("time %q: %v", ts, err)
+	}
+
+	for _, format := range []string{"console", "auto"} {
+		buf.Reset()
+		log = newLogger(conf.Log{Level: "info", Format: format}, &buf)
+		log.Warn().Str("k", "v").Msg("hello")
+		line := buf.String()
+		if strings.Contains(line, "\x1b[") {
+			t.Errorf("format %s off a terminal wrote colour: %q", format, line)
+		}
+		if format == "console" && !regexp.MustCompile(`^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} WRN hello k=v\n$`).MatchString(line) {
+			t.Errorf("console line %q; want date, time with milliseconds, level, message, fields", line)
+		}
+		if format == "auto" && json.Unmarshal([]byte(line), &m) != nil {
+			t.Errorf("auto off a terminal wrote %q; want JSON", line)
+		}
+	}
+
+	// The milliseconds are real, not a fixed .000: over lines logged across
+	// more than a millisecond, the fraction changes.
+	buf.Reset()
+	log = newLogger(conf.Log{Level: "info", Format: "console"}, &buf)
+	fractions := map[string]bool{}
+	for deadline := time.Now().Add(5 * time.Second); len(fractions) < 2 && time.Now().Before(deadline); {
+		buf.Reset()
+		log.Info().Msg("x")
+		fractions[buf.String()[20:23]] = true
+		time.Sleep(time.Millisecond) // not for correctness: to let the clock move on
+	}
+	if len(fractions) < 2 {
+		t.Errorf("console timestamps never changed their milliseconds: %v", fractions)
+	}
+}
+
+// TestLogColour: on a terminal console lines are coloured, unless NO_COLOR is set.
+func TestLogColour(t *testing.T) {
+	tty := openPTY(t)
+	for _, noColor := range []string{"", "1"} {
+		t.Setenv("NO_COLOR", noColor)
+		log := newLogger(conf.Log{Level: "info", Format: "auto"}, tty.slave)
+		log.Info().Msg("hello")
+		line := tty.readLine(t)
+		if coloured := strings.Contains(line, "\x1b["); coloured != (noColor == "") {
+			t.Errorf("NO_COLOR=%q: line %q coloured %v", noColor, line, coloured)
+		}
+	}
+}
+
+type pty struct {
+	master, slave *os.File
+	r             *bufio.Reader
+}
+
+func (p *pty) readLine(t *testing.T) string {
+	t.Helper()
+	p.master.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := p.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("read the terminal: %v", err)
+	}
+	return line
+}
+
+// openPTY opens a pseudo-terminal pair, so that a test can write to a terminal.
+func openPTY(t *testing.T) *pty {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { master.Close() })
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slave.Close() })
+	return &pty{master: master, slave: slave, r: bufio.NewReader(master)}
 }
 
 // syncBuffer is a bytes.Buffer that a test can read while another goroutine writes.
@@ -189,6 +377,9 @@ type daemon struct {
 	lines chan map[string]any // its JSON log lines
 	exit  chan struct{}       // closed when the process has exited
 	err   error               // its exit status, once exit is closed
+
+	mu    sync.Mutex // protects other
+	other []string   // stderr lines that are not JSON
 }
 
 func startDaemon(t *testing.T, config string) *daemon {
@@ -219,11 +410,15 @@ func startDaemonArgs(t *testing.T, args, env []string, files []*os.File) *daemon
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				select {
-				case d.lines <- m:
-				default: // nobody is reading; drop
-				}
+			if json.Unmarshal(sc.Bytes(), &m) != nil {
+				d.mu.Lock()
+				d.other = append(d.other, sc.Text())
+				d.mu.Unlock()
+				continue
+			}
+			select {
+			case d.lines <- m:
+			default: // nobody is reading; drop
 			}
 		}
 		close(d.lines)
@@ -534,4 +729,146 @@ backends = [{ address = %q }]
 	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hi\n" {
 		t.Fatalf("after the limit was lifted: %q, %v; want the greeting", got, err)
 	}
+}
+
+// TestAdminUnreachable: nothing listening at the admin address says what
+// to check, including an [admin] listen changed since the daemon started.
+func TestAdminUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused from now on
+	for _, cmd := range []string{"status", "drain", "healthz"} {
+		var errOut bytes.Buffer
+		if code := run([]string{cmd, "-admin", addr}, io.Discard, &errOut); code != 1 {
+			t.Errorf("%s against a closed port = %d; want 1", cmd, code)
+		}
+		if !strings.Contains(errOut.String(), "connection refused") || !strings.Contains(errOut.String(), "is fulcrum running?") {
+			t.Errorf("%s: %q; want the refusal and what to check", cmd, errOut.String())
+		}
+	}
+}
+
+// TestDaemonConnectionLimit: with its descriptor table nearly full, the
+// daemon stops accepting at the limit it derived from RLIMIT_NOFILE instead
+// of failing dials with EMFILE (which used to mark a healthy backend down
+// and close clients with "no backend"): every client is served, the later
+// ones as soon as earlier ones end.
+func TestDaemonConnectionLimit(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // greets, then holds the connection until the client ends it
+		c.Write([]byte("hi\n"))
+		io.Copy(io.Discard, c)
+	}).Addr
+	path := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
+[log]
+format = "json"
+[services.s]
+listen = ["127.0.0.1:0"]
+backends = [{ address = %q }]
+`, be))
+	const nofile = 300 // a limit of (300 - 128) / 2 = 86 connections
+	d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec prlimit --nofile=%d %s -config %s", nofile, os.Args[0], path)}, nil, nil)
+	addr := d.await(t, "listening")["addr"].(string)
+
+	const clients = 150 // 300 descriptors: more than the table holds
+	conns := make([]net.Conn, 0, clients)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	greeted := make(chan int, clients)
+	for i := range clients {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second) // completes in the kernel backlog
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		conns = append(conns, c)
+		go func() { // exits when the greeting comes or the connection is closed
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			if got, err := bufio.NewReader(c).ReadString('\n'); err == nil && got == "hi\n" {
+				greeted <- i
+			} else {
+				greeted <- -1
+			}
+		}()
+	}
+	line := d.awaitMatch(t, "the connection limit", func(m map[string]any) bool {
+		return strings.HasPrefix(fmt.Sprint(m["message"]), "connection limit reached")
+	}, "backend down")
+	max := int(line["max_conns"].(float64))
+	if max != 86 {
+		t.Errorf("max_conns = %d; want 86 for a table of %d", max, nofile)
+	}
+	served := map[int]bool{}
+	for len(served) < max {
+		i := <-greeted
+		if i < 0 {
+			t.Fatalf("a client was closed without its greeting after %d were served", len(served))
+		}
+		served[i] = true
+	}
+	// End the served ones: the waiting ones are accepted and served.
+	for i := range served {
+		conns[i].Close()
+	}
+	for len(served) < clients {
+		i := <-greeted
+		if i < 0 {
+			t.Fatalf("a waiting client was closed without its greeting (%d served)", len(served))
+		}
+		served[i] = true
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	for m := range d.lines { // every line until it exits: no backend was ever marked down
+		if m["message"] == "backend down" || m["end"] == "no backend" {
+			t.Errorf("logged %v", m)
+		}
+	}
+}
+
+// TestDaemonSIGQUITStopsGracefully: nginx users send SIGQUIT for a graceful
+// stop, so fulcrum treats it as SIGTERM: it stops accepting, a connection in
+// flight still completes, and the process exits 0 (Go's default would dump
+// every goroutine and exit 2, dropping the connection).
+func TestDaemonSIGQUITStopsGracefully(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // echoes until EOF
+		io.Copy(c, listenertest.User(c))
+		c.CloseWrite()
+	}).Addr
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.echo]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "echo", address = %q }]
+`, be))
+	addr := d.await(t, "listening")["addr"].(string)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	d.await(t, "stopped accepting; draining connections")
+	if _, err := c.Write([]byte("pong")); err != nil {
+		t.Fatalf("write after SIGQUIT: %v", err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if b, err := io.ReadAll(c); err != nil || string(b) != "pong" {
+		t.Fatalf("echo after SIGQUIT = %q, %v; want \"pong\"", b, err)
+	}
+	d.expectExit(t, 10*time.Second)
 }

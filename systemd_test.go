@@ -344,4 +344,16 @@ func TestSecondSignal(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a second SIGTERM did not end the drain")
 	}
+	// Its message is a log line in the chosen format, like every other.
+	if m := d.await(t, "second signal, exiting now"); m["level"] != "warn" {
+		t.Errorf("second signal logged %v; want at warn", m)
+	}
+	if ee, ok := d.err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Errorf("exit after a second signal: %v; want status 1", d.err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.other) > 0 {
+		t.Errorf("lines outside the JSON format: %q", d.other)
+	}
 }

@@ -21,41 +21,95 @@ type key struct{ service, name string }
 // Get returns the backend for (service, name), creating it if needed. A
 // backend still draining after its removal is returned as it is, counters and
 // open connections included; the caller undrains it once a snapshot that
-// names it is live, so a reload that fails changes nothing.
+// names it is live. Get adds to the pool at once: a reload builds through a
+// Draft instead, so that a reload that fails adds nothing.
 func (p *Pool) Get(service, name string) *Backend {
+	d := p.Draft()
+	b := d.Get(service, name)
+	d.Commit()
+	return b
+}
+
+// Group returns the live state shared by the service's backends, creating
+// it if needed.
+func (p *Pool) Group(service string) *Group {
+	d := p.Draft()
+	g := d.Group(service)
+	d.Commit()
+	return g
+}
+
+// Draft is a pending change of a Pool: the backends and groups a new
+// configuration names, the existing ones as they are and new ones created
+// but not yet in the pool. Commit adds them; a draft that is dropped
+// leaves the pool as it was. Drafts are not safe for concurrent use, and
+// two drafts of one pool must not be committed out of order (reload
+// serialises them).
+type Draft struct {
+	p      *Pool
+	bs     map[key]*Backend
+	groups map[string]*Group
+}
+
+// Draft starts a pending change of p.
+func (p *Pool) Draft() *Draft {
+	return &Draft{p: p, bs: map[key]*Backend{}, groups: map[string]*Group{}}
+}
+
+// Get returns the backend for (service, name): the pool's, or a new one
+// that Commit will add.
+func (d *Draft) Get(service, name string) *Backend {
+	k := key{service, name}
+	if b, ok := d.bs[k]; ok {
+		return b
+	}
+	d.p.mu.Lock()
+	b, ok := d.p.m[k]
+	d.p.mu.Unlock()
+	if !ok {
+		b = New(service, name)
+		b.changes = d.p.Changes
+		b.group = d.Group(service)
+	}
+	d.bs[k] = b
+	return b
+}
+
+// Group returns the service's shared state: the pool's, or a new one that
+// Commit will add.
+func (d *Draft) Group(service string) *Group {
+	if g, ok := d.groups[service]; ok {
+		return g
+	}
+	d.p.mu.Lock()
+	g, ok := d.p.groups[service]
+	d.p.mu.Unlock()
+	if !ok {
+		g = newGroup(service)
+	}
+	d.groups[service] = g
+	return g
+}
+
+// Commit puts every backend and group the draft handed out into the pool.
+// One that a finished drain forgot meanwhile is put back: the new snapshot
+// names it, so it is live again.
+func (d *Draft) Commit() {
+	p := d.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
 		p.m = map[key]*Backend{}
 	}
-	k := key{service, name}
-	b, ok := p.m[k]
-	if !ok {
-		b = New(service, name)
-		b.changes = p.Changes
-		b.group = p.group(service)
-		p.m[k] = b
-	}
-	return b
-}
-
-// Group returns the live state shared by the service's backends.
-func (p *Pool) Group(service string) *Group {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.group(service)
-}
-
-func (p *Pool) group(service string) *Group {
 	if p.groups == nil {
 		p.groups = map[string]*Group{}
 	}
-	g, ok := p.groups[service]
-	if !ok {
-		g = newGroup(service)
-		p.groups[service] = g
+	for k, b := range d.bs {
+		p.m[k] = b
 	}
-	return g
+	for s, g := range d.groups {
+		p.groups[s] = g
+	}
 }
 
 // Forget removes b once its drain has finished, unless it was re-added
@@ -66,19 +120,6 @@ func (p *Pool) Forget(b *Backend) {
 	k := key{b.Service, b.Name}
 	if p.m[k] == b && b.Draining() {
 		delete(p.m, k)
-	}
-}
-
-// Each calls f for every backend in the pool, draining ones included.
-func (p *Pool) Each(f func(*Backend)) {
-	p.mu.Lock()
-	bs := make([]*Backend, 0, len(p.m))
-	for _, b := range p.m {
-		bs = append(bs, b)
-	}
-	p.mu.Unlock()
-	for _, b := range bs {
-		f(b)
 	}
 }
 

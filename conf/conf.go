@@ -2,8 +2,9 @@
 //
 // It owns the schema, the defaults and every validation rule. Decoding is
 // strict: an unknown key is an error, and Load reports every problem in the
-// file at once, each as "file:line: key: reason". conf does no network I/O
-// beyond resolving backend host names.
+// file at once, each as "file:line: key: reason". conf does no network I/O:
+// a backend named by a host name keeps the name (Backend.Host), and the
+// daemon resolves it.
 //
 // Typical use:
 //
@@ -17,13 +18,15 @@ package conf
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"fulcrum/sched"
+	"io"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -35,19 +38,6 @@ import (
 
 // DefaultPath is where the daemon looks for its file without -config.
 const DefaultPath = "/etc/fulcrum/fulcrum.toml"
-
-// Schedulers lists the scheduler names a service may use. The sched package
-// implements each; a test in reload keeps the two in step.
-var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
-
-// HashKeys lists the values of hash_key (sh, mh).
-var HashKeys = []string{"ip", "ip_port"}
-
-// Limits of the scheduler parameters; sched enforces the same.
-const (
-	MaxChoices   = 16        // p2c choices
-	MaxTableSize = 1<<24 - 3 // mh table_size, the largest prime below 2^24
-)
 
 // MaxRetries bounds retries: a connection never tries more backends than this plus one.
 const MaxRetries = 15
@@ -78,6 +68,16 @@ type Log struct {
 type Admin struct {
 	Listen      netip.AddrPort // zero: no admin listener (the default)
 	AllowRemote bool           // a non-loopback Listen is refused unless set
+	// Hosts are the host names, besides "localhost" and the listen address
+	// itself, that a request's Host header may name (any port); others get
+	// 421, so that a DNS name rebound to the admin address (DNS
+	// rebinding) cannot reach it from a browser. Default none. Lower case.
+	Hosts []string
+}
+
+// Equal reports whether a and b are the same settings.
+func (a Admin) Equal(b Admin) bool {
+	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts)
 }
 
 // Cluster is the [cluster] table: what an instance that shares a floating
@@ -93,17 +93,21 @@ type Cluster struct {
 type Reload struct {
 	Debounce time.Duration // quiet time after the last file event before reading; default 200ms
 	Recheck  time.Duration // re-read the file this often in case events were lost; default 30s, 0 = never
+	// ResolveInterval is how often backend host names are resolved again
+	// (also on SIGHUP); an address that changed is applied like a reload.
+	// Default 30s, 0 = only at load and on SIGHUP.
+	ResolveInterval time.Duration
 }
 
 // Settings are the per-service values that [defaults] supplies and a service
 // may override.
 type Settings struct {
-	Scheduler      string        // one of Schedulers; default "wrr"
+	Scheduler      string        // one of sched.Names; default "wrr"
 	ConnectTimeout time.Duration // per dial attempt; default 3s, never 0
 	IdleTimeout    time.Duration // no byte either way for this long closes the connection; 0 (default) = never
 	Retries        int           // further backends tried after a failed connect; default 2
 	DrainTimeout   time.Duration // how long a removed backend's connections (or all, at shutdown) may run on; default 5m, 0 = no limit
-	Choices        int           // p2c: backends drawn per pick, 1..MaxChoices; default 2
+	Choices        int           // p2c: backends drawn per pick, 1..sched.MaxChoices; default 2
 	HashKey        string        // sh, mh: "ip" (default) or "ip_port"
 	TableSize      int           // mh: lookup table size, a prime larger than the number of backends; default 65537
 
@@ -113,8 +117,13 @@ type Settings struct {
 	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
 	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
+	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
+	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
+	SplitBrain   string        // "refuse" (default) | "first": what a service whose checks want role "primary" does when more than one backend claims it
+	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
+	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
-	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
+	ProxyProtocol     int            // the PROXY header version sent to backends (proxy_protocol "none", "v1", "v2"): 0 (default) = none, 1 or 2; a backend may override
 	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
 	ProxyTimeout      time.Duration  // for that header to arrive; default 3s
 	Allow             []netip.Prefix // if set, only these client addresses may connect
@@ -123,26 +132,56 @@ type Settings struct {
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
 	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
+
+	// TCP keepalive on both legs of every connection: a peer silent for
+	// KeepAliveIdle (spread ±20% per socket, so that connections opened
+	// together never probe together) is probed every KeepAliveInterval, and
+	// the connection is reset after KeepAliveCount unanswered probes.
+	// Defaults 1m, 15s, 4: a vanished peer is found within about 2 minutes.
+	// KeepAliveIdle 0 turns keepalive off.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
+
+	// HalfCloseTimeout ends a connection one direction of which has closed
+	// (a FIN was passed on) while the other moves no byte for this long, as
+	// HAProxy's timeout client-fin/server-fin do; default 2m, 0 = never.
+	HalfCloseTimeout time.Duration
+
+	// PrereadTimeout, on an address routed by name (sni), bounds the wait
+	// for the client's first message (docs/routing.md); default 5s.
+	PrereadTimeout time.Duration
 }
 
 // Health is a [health] table: how to check that a backend is up.
 type Health struct {
-	Check    string        // none (default) | tcp | send-expect | pgsql | redis | mysql | http
-	Interval time.Duration // between checks; default 2s
-	Timeout  time.Duration // for one check; default 1s, at most Interval
-	Rise     int           // consecutive successes to come up; default 2
-	Fall     int           // consecutive failures to go down; default 3
-	Port     int           // check this port on the backend's host; 0 = the backend's port
-	Address  string        // check this host:port instead of the backend ("" = the backend)
-	Send     string        // send-expect: bytes to send first
-	Expect   string        // send-expect: a regular expression the answer must match
-	Path     string        // http: the path to GET; default "/"
-	Status   int           // http: the status that means up; default 200
-	User     string        // pgsql: the user name in the startup packet; default "fulcrum"
+	Check    string         // none (default) | tcp | send-expect | pgsql | redis | mysql | http
+	Interval time.Duration  // between checks; default 2s
+	Timeout  time.Duration  // for one check; default 1s, at most Interval
+	Rise     int            // consecutive successes to come up; default 2
+	Fall     int            // consecutive failures to go down; default 3
+	Port     int            // check this port on the backend's host; 0 = the backend's port
+	Address  string         // check this host:port instead of the backend ("" = the backend)
+	Send     string         // send-expect: bytes to send first
+	Expect   *regexp.Regexp // send-expect: what the answer must match (compiled); nil = none
+	Path     string         // http: the path to GET; default "/"
+	Status   int            // http: the status that means up; default 200
+	User     string         // pgsql, mysql: the user to log in as; default "fulcrum"
+
+	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
+	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
+	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
+	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
 }
 
 // Checks is the list of check kinds.
 var Checks = []string{"none", "tcp", "send-expect", "pgsql", "redis", "mysql", "http"}
+
+// Roles are the values of [health] role.
+var Roles = []string{"any", "primary", "replica"}
+
+// roleChecks are the check kinds that tell a primary from a replica.
+var roleChecks = []string{"pgsql", "mysql", "redis"}
 
 // Service is one [services.NAME] table.
 type Service struct {
@@ -150,13 +189,25 @@ type Service struct {
 	Listen   []netip.AddrPort // an unspecified address ([::]) listens on every address
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
+	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
+
+	// SNI routes by name (docs/routing.md): the server names this service
+	// takes on its listen addresses, which it may then share with other
+	// routed services. Exact names, "*.suffix" one-label wildcards, or "*",
+	// the default route; lowercased. nil (default): the service owns its
+	// addresses alone.
+	SNI []string
+	// ALPN narrows SNI: the client must offer one of these protocols. nil
+	// (default): any protocol, or none.
+	ALPN []string
 }
 
 // Backend is one [[services.NAME.backends]] entry.
 type Backend struct {
 	Name    string         // stable identity across reloads; default: Address
 	Address string         // host:port as written
-	Addr    netip.AddrPort // Address resolved at load time
+	Host    string         // the host name to resolve; "" when Address is an IP address
+	Addr    netip.AddrPort // Address when it is an IP address; for a host name only the port is set
 	Weight  int            // 0..MaxWeight; default 1; 0 takes no new connections (drain)
 
 	Backup        bool           // serves only while no primary backend of the service is up
@@ -165,15 +216,20 @@ type Backend struct {
 	MaxFails      int            // from the service unless set here
 	FailTimeout   time.Duration  // from the service unless set here
 	Health        Health         // the service's [health] with this backend's overrides
-	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port
-	ProxyProtocol string         // from the service unless set here
+	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
+	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
+	ProxyProtocol int            // from the service unless set here
+	OnDown        string         // from the service unless set here
+	OnUp          string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled"}
+		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
+		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
+		PrereadTimeout: 5 * time.Second}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -189,13 +245,42 @@ func Exposed(path string) string {
 	return ""
 }
 
+// MaxSize is the largest configuration file Read accepts: 16 MiB, some
+// thousand times a large real one, and far below what would hold the reload
+// loop for seconds and grow the process by hundreds of megabytes.
+const MaxSize = 16 << 20
+
+// ErrTooLarge is returned by Read for a file larger than MaxSize.
+var ErrTooLarge = errors.New("configuration file too large")
+
 // Load reads and validates the file at path.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := Read(path)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(path, data)
+}
+
+// Read reads the file at path, refusing one larger than MaxSize before
+// reading it (and, should it grow while read, after MaxSize+1 bytes).
+func Read(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > MaxSize {
+		return nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d (16 MiB)", path, ErrTooLarge, fi.Size(), MaxSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxSize {
+		return nil, fmt.Errorf("%s: %w: more than %d bytes (16 MiB)", path, ErrTooLarge, MaxSize)
+	}
+	return data, nil
 }
 
 // Parse validates data; name is used in error messages and may be "".
@@ -239,6 +324,10 @@ func Parse(name string, data []byte) (*Config, error) {
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// hostName is a DNS name or an IP literal as a Host header carries it,
+// without the port.
+var hostName = regexp.MustCompile(`^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$`)
+
 func (w *walker) config(root *table) *Config {
 	cfg := &Config{}
 	lt := root.sub("log")
@@ -253,12 +342,17 @@ func (w *walker) config(root *table) *Config {
 	cfg.Reload = Reload{
 		Debounce: rt.duration("debounce", 200*time.Millisecond, 10*time.Millisecond),
 		Recheck:  rt.duration("recheck", 30*time.Second, 0),
+
+		ResolveInterval: rt.duration("resolve_interval", 30*time.Second, 0),
 	}
 	if cfg.Reload.Debounce > 10*time.Second {
 		w.errorf(rt.key("debounce"), "must be at most 10s, have %s", cfg.Reload.Debounce)
 	}
 	if r := cfg.Reload.Recheck; r > 0 && r < time.Second {
 		w.errorf(rt.key("recheck"), "must be 0 (off) or at least 1s, have %s", r)
+	}
+	if r := cfg.Reload.ResolveInterval; r > 0 && r < time.Second {
+		w.errorf(rt.key("resolve_interval"), "must be 0 (off) or at least 1s, have %s", r)
 	}
 	rt.done()
 
@@ -272,6 +366,15 @@ func (w *walker) config(root *table) *Config {
 		}
 	}
 	cfg.Admin.AllowRemote = at.boolean("allow_remote", false)
+	hosts, _ := at.strs("hosts")
+	for i, h := range hosts {
+		h = strings.ToLower(strings.TrimSuffix(h, "."))
+		if !hostName.MatchString(h) {
+			w.errorf(fmt.Sprintf("%s[%d]", at.key("hosts"), i), "%q is not a host name (no port, no scheme), such as \"lb1.example.net\"", hosts[i])
+			continue
+		}
+		cfg.Admin.Hosts = append(cfg.Admin.Hosts, h)
+	}
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -300,6 +403,7 @@ func (w *walker) config(root *table) *Config {
 		return w.order[a] - w.order[b]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
+	w.claims = map[netip.AddrPort][]claim{}
 	for _, name := range names {
 		svc := st.sub(name)
 		if !serviceName.MatchString(name) {
@@ -309,6 +413,9 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	w.checkRoutes()
+	w.selfLoops(cfg.Services, listeners)
+	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
@@ -322,13 +429,13 @@ func (w *walker) config(root *table) *Config {
 
 func (w *walker) settings(t *table, base Settings) Settings {
 	return Settings{
-		Scheduler:      t.oneOf("scheduler", base.Scheduler, Schedulers...),
+		Scheduler:      t.oneOf("scheduler", base.Scheduler, sched.Names...),
 		ConnectTimeout: t.duration("connect_timeout", base.ConnectTimeout, time.Millisecond),
 		IdleTimeout:    t.duration("idle_timeout", base.IdleTimeout, 0),
 		Retries:        int(t.integer("retries", int64(base.Retries), 0, MaxRetries)),
 		DrainTimeout:   t.duration("drain_timeout", base.DrainTimeout, 0),
-		Choices:        int(t.integer("choices", int64(base.Choices), 1, MaxChoices)),
-		HashKey:        t.oneOf("hash_key", base.HashKey, HashKeys...),
+		Choices:        int(t.integer("choices", int64(base.Choices), 1, sched.MaxChoices)),
+		HashKey:        t.oneOf("hash_key", base.HashKey, sched.HashKeys...),
 		TableSize:      w.tableSize(t, base.TableSize),
 
 		Health:       w.health(t.sub("health"), base.Health),
@@ -337,8 +444,13 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
 		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
+		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
+		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
+		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, "refuse", "first"),
+		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
+		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
-		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
+		ProxyProtocol:     proxyVersion(t, base.ProxyProtocol),
 		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
 		ProxyTimeout:      t.duration("proxy_timeout", base.ProxyTimeout, time.Millisecond),
 		Allow:             w.prefixes(t, "allow", base.Allow),
@@ -347,11 +459,48 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
 		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
+
+		KeepAliveIdle:     w.keepAliveDuration(t, "keepalive_idle", base.KeepAliveIdle, 0),
+		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
+		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
+		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
+		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
 	}
 }
 
-// ProxyVersions are the values of proxy_protocol.
+// maxKeepAlive is the longest keepalive idle time or interval Linux accepts
+// (TCP_KEEPIDLE, TCP_KEEPINTVL: 32767 seconds).
+const maxKeepAlive = 32767 * time.Second
+
+// keepAliveDuration reads a keepalive time: whole seconds (the socket
+// options' unit), at least min, at most maxKeepAlive.
+func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) time.Duration {
+	d := t.duration(k, def, min)
+	switch {
+	case d%time.Second != 0:
+		w.errorf(t.key(k), "must be whole seconds (the kernel's unit), have %s", d)
+		return def
+	case d > maxKeepAlive:
+		w.errorf(t.key(k), "must be at most %s, have %s", maxKeepAlive, d)
+		return def
+	}
+	return d
+}
+
+// OnDowns and OnUps are the values of on_down and on_up.
+var (
+	OnDowns = []string{"keep", "close"}
+	OnUps   = []string{"keep", "close-backups"}
+)
+
+// ProxyVersions are the values of proxy_protocol, by PROXY version.
 var ProxyVersions = []string{"none", "v1", "v2"}
+
+// proxyVersion reads proxy_protocol as the PROXY version it names: 0 for
+// "none", 1 or 2.
+func proxyVersion(t *table, def int) int {
+	return slices.Index(ProxyVersions, t.oneOf("proxy_protocol", ProxyVersions[def], ProxyVersions...))
+}
 
 // prefixes reads a list of CIDR prefixes; a bare address is a /32 or /128.
 func (w *walker) prefixes(t *table, k string, base []netip.Prefix) []netip.Prefix {
@@ -393,20 +542,30 @@ func (w *walker) health(ht *table, base Health) Health {
 		Port:     int(ht.integer("port", int64(base.Port), 0, 65535)),
 		Address:  ht.str("address", base.Address),
 		Send:     ht.str("send", base.Send),
-		Expect:   ht.str("expect", base.Expect),
+		Expect:   base.Expect,
 		Path:     ht.str("path", base.Path),
 		Status:   int(ht.integer("status", int64(base.Status), 100, 599)),
 		User:     ht.str("user", base.User),
+
+		Role:         ht.oneOf("role", base.Role, Roles...),
+		PasswordFile: ht.str("password_file", base.PasswordFile),
+		Database:     ht.str("database", base.Database),
+		MaxLag:       ht.duration("max_lag", base.MaxLag, 0),
+	}
+	if ht.has("password_file") {
+		h.PasswordFile = w.passwordFile(ht.key("password_file"), h.PasswordFile)
 	}
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
 	}
 	if ht.has("expect") {
-		if _, err := regexp.Compile(h.Expect); err != nil {
+		re, err := regexp.Compile(ht.str("expect", ""))
+		if err != nil {
 			w.errorf(ht.key("expect"), "not a regular expression: %v", err)
 		}
+		h.Expect = re
 	}
-	if h.Check == "send-expect" && h.Expect == "" && ht.has("check") {
+	if h.Check == "send-expect" && h.Expect == nil && ht.has("check") {
 		w.errorf(ht.key("expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 	}
 	if ht.has("path") && !strings.HasPrefix(h.Path, "/") {
@@ -416,32 +575,75 @@ func (w *walker) health(ht *table, base Health) Health {
 	return h
 }
 
-// tableSize reads table_size: a prime, since Maglev's permutations cover
-// every slot only when the size is prime.
+// fallbacks checks that each fallback names another service and that no
+// chain of fallbacks comes back to where it started.
+func (w *walker) fallbacks(svcs []Service) {
+	next := map[string]string{}
+	for _, s := range svcs {
+		next[s.Name] = s.Fallback
+	}
+	for _, s := range svcs {
+		if s.Fallback == "" {
+			continue
+		}
+		key := "services." + s.Name + ".fallback"
+		if _, ok := next[s.Fallback]; !ok {
+			w.errorf(key, "no service is called %q", s.Fallback)
+			continue
+		}
+		chain := []string{s.Name}
+		for at := s.Fallback; at != ""; at = next[at] {
+			chain = append(chain, at)
+			if at == s.Name {
+				w.errorf(key, "fallbacks form a cycle: %s", strings.Join(chain, " → "))
+				break
+			}
+			if len(chain) > len(svcs) {
+				break // a cycle further on, reported from a service on it
+			}
+		}
+	}
+}
+
+// passwordFile resolves a password_file path against the config file's
+// directory and checks now that it can be read, so that a typo is a
+// located error at load rather than a backend down at run time. The
+// content is not kept: each probe reads the file, so a rotated password
+// needs no reload.
+func (w *walker) passwordFile(key, p string) string {
+	if p == "" {
+		return ""
+	}
+	if !filepath.IsAbs(p) && w.file != "" {
+		p = filepath.Join(filepath.Dir(w.file), p)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		w.errorf(key, "cannot read the password file: %v", err)
+		return p
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		w.errorf(key, "%s is not a regular file", p)
+	} else if _, err := f.Read(make([]byte, 1)); err != nil {
+		w.errorf(key, "cannot read the password file %s: %v", p, err)
+	}
+	return p
+}
+
+// tableSize reads table_size, as sched.CheckTableSize allows.
 func (w *walker) tableSize(t *table, def int) int {
-	n := int(t.integer("table_size", int64(def), 2, MaxTableSize))
-	if !isPrime(n) {
-		w.errorf(t.key("table_size"), "%d is not a prime (65537 and 655373 are)", n)
+	n := int(t.integer("table_size", int64(def), 2, sched.MaxTableSize))
+	if err := sched.CheckTableSize(n); err != nil {
+		w.errorf(t.key("table_size"), "%v", err)
 		return def
 	}
 	return n
 }
 
-// isPrime reports whether n is prime, by trial division (n ≤ MaxTableSize).
-func isPrime(n int) bool {
-	if n < 2 {
-		return false
-	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
-}
-
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
-	s := Service{Name: name, Settings: w.settings(t, defaults)}
+	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
+	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -456,11 +658,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		// Port 0 binds a fresh port, so it overlaps nothing; but a listener
 		// is known by its address as written, so the same one twice clashes.
+		// The very same address may be shared by routed services: that is
+		// for checkRoutes to judge.
 		for other, owner := range listeners {
-			if overlaps(other, ap) && (ap.Port() != 0 || other == ap) {
+			if other != ap && overlaps(other, ap) && ap.Port() != 0 {
 				w.errorf(key, "%s is also listened on by %s", a, owner)
 			}
 		}
+		w.claims[ap] = append(w.claims[ap], claim{svc: t.path, listen: key, sni: s.SNI, alpn: s.ALPN, acceptProxy: s.AcceptProxy, proxyTimeout: s.ProxyTimeout})
 		if _, dup := listeners[ap]; !dup {
 			listeners[ap] = key
 		}
@@ -482,30 +687,38 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			MaxFails:      int(bt.integer("max_fails", int64(s.MaxFails), 0, 1000)),
 			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
 			Health:        w.health(bt.sub("health"), s.Health),
-			ProxyProtocol: bt.oneOf("proxy_protocol", s.ProxyProtocol, ProxyVersions...),
+			ProxyProtocol: proxyVersion(bt, s.ProxyProtocol),
+			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
+			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
 		if b.Address == "" {
 			w.errorf(bt.key("address"), `missing; want host:port such as "127.0.0.1:5432"`)
-		} else if ap, err := resolve(b.Address); err != nil {
+		} else if host, ap, err := endpoint(b.Address); err != nil {
 			w.errorf(bt.key("address"), "%v", err)
 		} else {
-			b.Addr = ap
-			b.CheckAddr = ap
+			b.Host, b.Addr = host, ap
+			b.CheckHost, b.CheckAddr = host, ap
 			if b.Health.Port != 0 {
 				b.CheckAddr = netip.AddrPortFrom(ap.Addr(), uint16(b.Health.Port))
 			}
 		}
 		if b.Health.Address != "" && b.Health.Check != "none" {
-			if ap, err := resolve(b.Health.Address); err != nil {
+			if host, ap, err := endpoint(b.Health.Address); err != nil {
 				w.errorf(bt.key("health.address"), "%v", err)
 			} else {
-				b.CheckAddr = ap
+				b.CheckHost, b.CheckAddr = host, ap
 			}
 		}
-		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
+		if b.Health.Check == "send-expect" && b.Health.Expect == nil {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
+		}
+		if h := b.Health; h.Role != "any" && !slices.Contains(roleChecks, h.Check) {
+			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
+		}
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != "pgsql") {
+			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
 		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")
@@ -516,11 +729,103 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		s.Backends = append(s.Backends, b)
 	}
-	if s.Scheduler == "mh" && s.TableSize <= len(s.Backends) {
-		w.errorf(t.key("table_size"), "%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced",
-			s.TableSize, len(s.Backends))
+	if err := sched.CheckBackends(s.Scheduler, sched.Options{Choices: s.Choices, HashKey: s.HashKey, TableSize: s.TableSize}, len(s.Backends)); err != nil {
+		w.errorf(t.key("table_size"), "%v", err)
 	}
 	return s
+}
+
+// selfLoops reports each backend through which connections would come back
+// to the same service: an address that is one of fulcrum's own listen
+// addresses (directly, or covered by a wildcard listen) of the same service,
+// or of a service that leads back to it. Each such connection would be
+// accepted again and dialled again until descriptors run out. A chain that
+// ends (an outer service in front of an inner one) is fine.
+func (w *walker) selfLoops(svcs []Service, listeners map[netip.AddrPort]string) {
+	var local map[netip.Addr]bool // the host's addresses, read when a wildcard listen needs them
+	// owner returns the key of the listen address b reaches, or "".
+	owner := func(b netip.AddrPort) string {
+		for l, key := range listeners {
+			if l.Port() != b.Port() || l.Port() == 0 {
+				continue
+			}
+			if l.Addr() == b.Addr() {
+				return key
+			}
+			if l.Addr().IsUnspecified() && (l.Addr().Is6() || b.Addr().Is4()) {
+				if local == nil {
+					local = localAddrs()
+				}
+				if b.Addr().IsLoopback() || local[b.Addr()] {
+					return key
+				}
+			}
+		}
+		return ""
+	}
+	type edge struct {
+		backend int
+		to      string // the service reached
+		via     string // its listen key
+	}
+	edges := map[string][]edge{}
+	for _, s := range svcs {
+		for i, b := range s.Backends {
+			if !b.Addr.IsValid() {
+				continue
+			}
+			if key := owner(b.Addr); key != "" {
+				to := strings.TrimPrefix(key, "services.")
+				to = to[:strings.IndexByte(to, '.')]
+				edges[s.Name] = append(edges[s.Name], edge{i, to, key})
+			}
+		}
+	}
+	// reaches reports whether from leads to target through edges.
+	reaches := func(from, target string) bool {
+		seen := map[string]bool{}
+		stack := []string{from}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if n == target {
+				return true
+			}
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			for _, e := range edges[n] {
+				stack = append(stack, e.to)
+			}
+		}
+		return false
+	}
+	for _, s := range svcs {
+		for _, e := range edges[s.Name] {
+			if reaches(e.to, s.Name) {
+				w.errorf(fmt.Sprintf("services.%s.backends[%d].address", s.Name, e.backend),
+					"%s is fulcrum's own listen address (%s), which leads back to this service: each connection would loop through fulcrum until descriptors run out",
+					s.Backends[e.backend].Address, e.via)
+			}
+		}
+	}
+}
+
+// localAddrs returns the addresses of this host's interfaces; a variable
+// so that tests can name some.
+var localAddrs = func() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return out // loopback is still caught; other addresses are not
+	}
+	for _, a := range as {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out
 }
 
 // overlaps reports whether binding both a and b would clash: the same
@@ -556,35 +861,68 @@ func parseListen(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 }
 
-// lookup resolves host names; a variable so that tests need no DNS.
-var lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-}
-
-// resolve parses a backend's host:port, resolving a name to its first address.
-func resolve(s string) (netip.AddrPort, error) {
-	host, port, err := net.SplitHostPort(s)
+// endpoint parses a backend's host:port. An IP address gives the final
+// address; a host name is returned as host, with only the port in ap, for
+// the daemon to resolve.
+func endpoint(s string) (host string, ap netip.AddrPort, err error) {
+	h, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%q is not host:port", s)
+		return "", ap, fmt.Errorf("%q is not host:port", s)
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
 	if err != nil || p == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
+		return "", ap, fmt.Errorf("%q: port %q is not a number from 1 to 65535", s, port)
 	}
-	if ip, err := netip.ParseAddr(host); err == nil {
+	if ip, err := netip.ParseAddr(h); err == nil {
 		if ip.IsUnspecified() {
-			return netip.AddrPort{}, fmt.Errorf("%q: cannot connect to the unspecified address", s)
+			return "", ap, fmt.Errorf("%q: cannot connect to the unspecified address", s)
 		}
-		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+		if ip.Zone() != "" {
+			return "", ap, fmt.Errorf("%q: an address with a zone is not supported", s)
+		}
+		return "", netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 	}
-	if host == "" {
-		return netip.AddrPort{}, fmt.Errorf("%q: host is missing", s)
+	if h == "" {
+		return "", ap, fmt.Errorf("%q: host is missing", s)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ips, err := lookup(ctx, host)
-	if err != nil || len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("%q: cannot resolve %q: %v", s, host, err)
+	if !validHostname(h) {
+		return "", ap, fmt.Errorf("%q: %q is neither an IP address nor a host name", s, h)
 	}
-	return netip.AddrPortFrom(ips[0].Unmap(), uint16(p)), nil
+	return h, netip.AddrPortFrom(netip.Addr{}, uint16(p)), nil
+}
+
+// validHostname checks the syntax of a DNS name: dot-separated labels of
+// letters, digits, '-' and '_', none empty or longer than 63, 253 in all.
+func validHostname(h string) bool {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(h, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Names returns the host names the configuration's backends and checks
+// name, each once, in file order.
+func (cfg *Config) Names() []string {
+	var names []string
+	for _, s := range cfg.Services {
+		for _, b := range s.Backends {
+			for _, h := range []string{b.Host, b.CheckHost} {
+				if h != "" && !slices.Contains(names, h) {
+					names = append(names, h)
+				}
+			}
+		}
+	}
+	return names
 }

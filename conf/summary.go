@@ -31,9 +31,11 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  backend\taddress\tweight\t")
 		for _, b := range s.Backends {
-			addr := b.Addr.String()
-			if addr != b.Address {
-				addr = b.Address + " (" + addr + ")"
+			addr := b.Address
+			if b.Host != "" {
+				addr += " (resolved by the daemon)"
+			} else if a := b.Addr.String(); a != b.Address {
+				addr += " (" + a + ")"
 			}
 			weight := fmt.Sprint(b.Weight)
 			if b.Weight == 0 {
@@ -43,6 +45,7 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 		}
 		tw.Flush()
 	}
+	cfg.writeRoutes(w)
 }
 
 func onOff(b bool) string {

@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -41,8 +42,11 @@ func (e *Error) Error() string {
 // problem instead of stopping at the first.
 type walker struct {
 	file  string
-	order map[string]int // service name → rank in file order, from toml's MetaData
-	errs  []*Error       // lines are filled in by locateErrors
+	order map[string]int  // service name → rank in file order, from toml's MetaData
+	errs  []*Error        // lines are filled in by locateErrors
+	keys  map[string]bool // when not nil, done records every key read here, as "table.key" (see Keys)
+
+	claims map[netip.AddrPort][]claim // listen address → the services on it, in file order (routes.go)
 }
 
 func (w *walker) errorf(key, format string, args ...any) {
@@ -110,6 +114,11 @@ func (t *table) has(k string) bool {
 
 // done reports keys of this table that nothing read.
 func (t *table) done() {
+	if t.w.keys != nil {
+		for _, k := range t.used {
+			t.w.keys[join(genericPath(t.path), k)] = true
+		}
+	}
 	var unknown []string
 	for k := range t.m {
 		if !t.isUsed(k) {

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -27,8 +29,18 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		closeFD(c)
-		s.wg.Done()
+		s.connDone()
 		return
+	}
+	ka := keepAliveFor(svc)
+	if err := setKeepAliveFD(c, ka); err != nil { // a socket that takes no option is not worth serving
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
+		closeFD(c)
+		s.connDone()
+		return
+	}
+	if err := setUserTimeoutFD(c, svc.UserTimeout); err != nil {
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("cannot set user_timeout on the client socket")
 	}
 	var r sched.Request
 	r.Client = unmap(peer)
@@ -41,10 +53,14 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
 		closeFD(c)
-		s.wg.Done()
+		s.connDone()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
 		reject(kind, err)
+		return
+	}
+	if refusesSplitBrain(svc) { // logged once per split by reload; counted here
+		reject(backend.RejectSplitBrain, errSplitBrain)
 		return
 	}
 	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
@@ -57,7 +73,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
-		s.wg.Done()
+		s.connDone()
 	}
 	if !admit(svc, start) {
 		svc.Group.Refused()
@@ -65,6 +81,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		return
 	}
 	bc, t, tries, err := s.connect(svc, &r, start)
+	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start)
+	}
 	if err != nil {
 		end := endConnect
 		switch {
@@ -140,7 +159,7 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
-	targets, picker := svc.Pool()
+	targets, picker := pool(svc)
 	spins := 0
 	var w *backend.Waiter
 	defer func() {
@@ -149,10 +168,6 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		}
 	}()
 	for tries <= svc.Retries {
-		var wake <-chan struct{}
-		if w != nil {
-			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
-		}
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
@@ -169,7 +184,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			if !w.Wait(start.Add(svc.QueueTimeout)) {
 				return -1, nil, tries, errFull
 			}
 			continue
@@ -190,12 +205,19 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		c, err := s.dial(t.Addr, svc.ConnectTimeout)
+		c, err := s.dial(svc, t.Addr)
 		if err == nil {
 			t.B.PassiveOK()
 			return c, t, tries, nil
 		}
 		t.B.Release()
+		if localError(err) {
+			// fulcrum's own shortage (descriptors, buffers, ports), not the
+			// backend's fault: never counted against it, and no other
+			// backend would fare better now.
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
+			return -1, nil, tries, err
+		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
@@ -203,6 +225,19 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
 	}
 	return -1, nil, tries, last
+}
+
+// localError reports whether a dial failed for want of a local resource:
+// descriptors (EMFILE, ENFILE), kernel memory (ENOBUFS, ENOMEM), local
+// ports (EADDRNOTAVAIL), or the socket could not be made at all.
+func localError(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "socket"
 }
 
 // errFull: every eligible backend, or the service, is at its max_conns.
@@ -236,24 +271,10 @@ func full(ts []sched.Target, r *sched.Request) bool {
 // admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
 // for one. It reports false when the connection must be refused.
 func admit(svc *sched.Service, start time.Time) bool {
-	g := svc.Group
-	if g.Acquire(svc.MaxConns) {
-		return true
-	}
 	if svc.QueueTimeout <= 0 {
-		return false
+		return svc.Group.Acquire(svc.MaxConns)
 	}
-	w := g.Enqueue()
-	defer w.Leave()
-	for {
-		wake := g.Wake()
-		if g.Acquire(svc.MaxConns) {
-			return true
-		}
-		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
-			return false
-		}
-	}
+	return svc.Group.Admit(svc.MaxConns, start.Add(svc.QueueTimeout))
 }
 
 // logsAccess reports whether access would write a line for svc now.

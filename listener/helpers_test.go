@@ -68,7 +68,7 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	for _, o := range opts {
 		o(p.srv)
 	}
-	ch, err := p.srv.Prepare([]netip.AddrPort{key})
+	ch, err := p.srv.Prepare([]netip.AddrPort{key}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,9 @@ package listener
 // the bridge back to a *net.TCPConn for the rare path that wants one.
 
 import (
+	"errors"
 	"fmt"
+	"fulcrum/sched"
 	"net"
 	"net/netip"
 	"os"
@@ -18,9 +20,9 @@ import (
 
 // acceptConn returns ln's socket as a *net.TCPConn on a duplicate
 // descriptor, and its RawConn, whose Read can wait for the socket to be
-// readable (a pending connection) where a listener's cannot. Go sets its
-// own keepalive on a conn it makes from a file: fulcrum's options are set
-// again, since accepted sockets inherit them from this socket.
+// readable (a pending connection) where a listener's cannot. TCP_NODELAY,
+// which accepted sockets inherit, is set again: Go sets it on such a conn
+// too, but that is its business, and an inherited socket may lack it.
 func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 	f, err := ln.File()
 	if err != nil {
@@ -38,7 +40,7 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 	}
 	rc, err := tc.SyscallConn()
 	if err == nil {
-		err = setListenOpts(rc)
+		err = setNoDelay(rc)
 	}
 	if err != nil {
 		tc.Close()
@@ -106,19 +108,20 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 	return rawAddrPort(&rsa)
 }
 
-// dial connects to a backend: a non-blocking connect on a raw socket with
-// fulcrum's socket options, then a wait of at most timeout (0: none) for its
-// outcome. A connect that is not done at once (always so but on loopback)
-// waits in an event loop's epoll, never in a thread of its own.
-func (s *Server) dial(a netip.AddrPort, timeout time.Duration) (int, error) {
-	fd, err := s.connectRaw(a, timeout)
+// dial connects to a backend of svc: a non-blocking connect on a raw socket
+// with TCP_NODELAY, svc's keepalive and user timeout, then a wait of at most
+// svc.ConnectTimeout (0: none) for its outcome. A connect that is not done
+// at once (always so but on loopback) waits in an event loop's epoll, never
+// in a thread of its own.
+func (s *Server) dial(svc *sched.Service, a netip.AddrPort) (int, error) {
+	fd, err := s.connectRaw(svc, a)
 	if err != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(a), Err: err}
 	}
 	return fd, nil
 }
 
-func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error) {
+func (s *Server) connectRaw(svc *sched.Service, a netip.AddrPort) (int, error) {
 	family := unix.AF_INET
 	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
@@ -127,7 +130,7 @@ func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
-	if err := setSockopts(fd); err != nil {
+	if err := setDialOpts(fd, svc); err != nil {
 		closeFD(fd)
 		return -1, err
 	}
@@ -143,7 +146,7 @@ func (s *Server) connectRaw(a netip.AddrPort, timeout time.Duration) (int, error
 	case connUp:
 		return fd, nil
 	case connPending:
-		if err := s.awaitConnect(fd, timeout); err != nil {
+		if err := s.awaitConnect(fd, svc.ConnectTimeout); err != nil {
 			closeFD(fd)
 			return -1, err
 		}
@@ -218,15 +221,35 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 	}
 }
 
-// setSockopts gives a dialled socket what a Go net.Conn has (TCP_NODELAY)
-// and fulcrum's keepalive. Accepted sockets inherit both from the listening
-// socket instead.
-func setSockopts(fd int) error {
+// setDialOpts gives a socket to be connected what a Go net.Conn has
+// (TCP_NODELAY), svc's keepalive, and its user timeout, set before the
+// connect so that it bounds the handshake's retransmissions too.
+func setDialOpts(fd int, svc *sched.Service) error {
 	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
-	return setKeepAliveFD(fd)
+	if err := setKeepAliveFD(fd, keepAliveFor(svc)); err != nil {
+		return err
+	}
+	return setUserTimeoutFD(fd, svc.UserTimeout)
 }
+
+// setUserTimeoutFD sets TCP_USER_TIMEOUT on fd (usertimeout.go); d <= 0
+// leaves it unset.
+func setUserTimeoutFD(fd int, d time.Duration) error {
+	if set := userTimeout(d); set != nil {
+		return set("", "", fdRawConn(fd))
+	}
+	return nil
+}
+
+// fdRawConn is a raw descriptor as a syscall.RawConn, for the option
+// setters written for one; it can only Control.
+type fdRawConn int
+
+func (c fdRawConn) Control(f func(fd uintptr)) error       { f(uintptr(c)); return nil }
+func (fdRawConn) Read(func(fd uintptr) (done bool)) error  { return errors.ErrUnsupported }
+func (fdRawConn) Write(func(fd uintptr) (done bool)) error { return errors.ErrUnsupported }
 
 // goConn returns a *net.TCPConn on a duplicate of fd, in Go's poller, for
 // code that reads with deadlines (the PROXY header); closing it leaves fd

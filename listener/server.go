@@ -5,7 +5,7 @@
 // Typical use (the reload package does this):
 //
 //	srv := listener.New(&ptr, logger) // ptr is an atomic.Pointer[sched.Table]
-//	ch, err := srv.Prepare(addrs)     // bind what is new; nothing accepts yet
+//	ch, err := srv.Prepare(addrs, false) // bind what is new; nothing accepts yet
 //	if err != nil { ... }             // Prepare closed what it had bound
 //	ptr.Store(next)
 //	ch.Commit()                       // start new accept loops, close removed ones
@@ -51,10 +51,13 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
-	mu       sync.Mutex // protects lns, spare and freebind
-	lns      map[netip.AddrPort]*socket
-	spare    map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
-	freebind bool                                // bind addresses this host does not hold (yet)
+	mu    sync.Mutex // protects lns and spare
+	lns   map[netip.AddrPort]*socket
+	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
+
+	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
+	atLimit atomic.Uint64 // times an accept loop waited for a slot
+	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
 
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
@@ -89,11 +92,9 @@ type socket struct {
 func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
+		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
-
-// keepAlive is applied to both legs of every connection.
-var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 10 * time.Second, Count: 6}
 
 // Inherit offers a listening socket passed by the service manager. Prepare
 // adopts it for the configured address it is bound to instead of binding
@@ -135,51 +136,21 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 	return true
 }
 
-// SetFreebind makes later binds succeed for addresses that are not on any
-// interface yet (IP_FREEBIND): a keepalived backup then listens on the
-// virtual address before the address moves to it. Sockets already bound are
-// unaffected.
-func (s *Server) SetFreebind(on bool) {
-	s.mu.Lock()
-	s.freebind = on
-	s.mu.Unlock()
-}
-
-// setListenOpts gives a listening socket what every socket it accepts
-// inherits (Linux copies both to each): keepAlive and TCP_NODELAY, so that
-// no accept costs a setsockopt.
-func setListenOpts(c syscall.RawConn) error {
+// setNoDelay sets TCP_NODELAY on a listening socket, which every socket
+// it accepts inherits (Linux copies it to each): no setsockopt per accept.
+func setNoDelay(c syscall.RawConn) error {
 	var serr error
-	err := c.Control(func(fd uintptr) {
-		serr = setKeepAliveFD(int(fd))
-		if serr == nil {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-		}
-	})
-	if err == nil {
-		err = serr
+	if err := c.Control(func(fd uintptr) { serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }); err != nil {
+		return err
 	}
-	return err
-}
-
-// setKeepAliveFD applies keepAlive to a socket: SO_KEEPALIVE and the TCP
-// idle, interval and count.
-func setKeepAliveFD(fd int) error {
-	for _, o := range []struct{ level, opt, v int }{
-		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
-	} {
-		if err := setsockoptInt(fd, o.level, o.opt, o.v); err != nil {
-			return fmt.Errorf("set keepalive: %w", err)
-		}
+	if serr != nil {
+		return fmt.Errorf("set TCP_NODELAY: %w", serr)
 	}
 	return nil
 }
 
-// freebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
-func freebind(network, _ string, c syscall.RawConn) error {
+// setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
+func setFreebind(network, _ string, c syscall.RawConn) error {
 	level, opt := unix.IPPROTO_IP, unix.IP_FREEBIND
 	if network == "tcp6" {
 		level, opt = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
@@ -223,23 +194,26 @@ type Change struct {
 }
 
 // Prepare binds every address in want that is not open yet, adopting an
-// inherited socket bound to that address where there is one. Nothing is
-// accepted until Commit; connections wait in the kernel backlog. On error it
-// closes what it bound and leaves the open set as it was.
-func (s *Server) Prepare(want []netip.AddrPort) (*Change, error) {
+// inherited socket bound to that address where there is one. With freebind
+// it binds addresses this host does not hold yet (IP_FREEBIND): a keepalived
+// backup then listens on the virtual address before the address moves to
+// it; sockets already bound are unaffected. Nothing is accepted until
+// Commit; connections wait in the kernel backlog. On error it closes what it
+// bound and leaves the open set as it was.
+func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) {
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Keepalive and TCP_NODELAY are set once on the listening socket, which
-	// accepted sockets inherit (Linux copies them to each): five setsockopt
-	// calls fewer per connection.
+	// Go is told to set no keepalive per accept: each accepted socket gets
+	// its service's own, with its idle time spread (keepalive.go).
+	// TCP_NODELAY is inherited from the listening socket.
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
-		if s.freebind {
-			if err := freebind(network, address, c); err != nil {
+		if freebind {
+			if err := setFreebind(network, address, c); err != nil {
 				return err
 			}
 		}
-		return setListenOpts(c)
+		return setNoDelay(c)
 	}}
 	for _, a := range want {
 		c.want[a] = true
@@ -273,13 +247,6 @@ func (c *Change) abort() {
 		}
 	}
 	c.opened = nil
-}
-
-// Abort closes what Prepare bound.
-func (c *Change) Abort() {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	c.abort()
 }
 
 // Commit starts accepting on the new sockets and takes out of service those
@@ -427,16 +394,19 @@ func (s *Server) accept(so *socket) {
 			return
 		default:
 		}
+		if !s.takeSlot(so) {
+			return
+		}
 		fd, peer, err := acceptRaw(rc)
 		so.beat.Store(time.Now().UnixNano())
+		if err != nil {
+			<-s.slots // not taken after all
+		}
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
-			if so.inherited { // its options are systemd's, not ours
-				setSockopts(fd) // best effort, as Go's own per-accept setsockopt was
-			}
 			s.wg.Add(1)
-			go s.handle(fd, peer, so.key) // exits when the connection ends
+			go s.handle(fd, peer, so.key) // exits when the connection ends; its slot is freed by connDone
 			continue
 		}
 		select {

@@ -436,7 +436,7 @@ func BenchmarkReload10k(b *testing.B) {
 	var ptr atomic.Pointer[sched.Table]
 	srv := listener.New(&ptr, zerolog.Nop())
 	m := New("", &ptr, srv, zerolog.Nop())
-	defer m.Shutdown()
+	defer m.Shutdown(b.Context())
 	cfg, err := conf.Parse("big.toml", files[0])
 	if err != nil {
 		b.Fatal(err)

@@ -21,9 +21,10 @@ package reload
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
-	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/health"
 	"fulcrum/listener"
 	"fulcrum/sched"
 	"fulcrum/systemd"
@@ -52,24 +54,32 @@ type Manager struct {
 	// WATCHDOG_USEC). A ping is sent only when the accept loops have
 	// answered the Server's heartbeat and this loop is running.
 	Watchdog time.Duration
+	// Lookup, if set before Run or the first Apply, resolves backend host
+	// names; nil is the system resolver.
+	Lookup LookupFunc
+	// ResolveTimeout, if set before Run or the first Apply, bounds one round
+	// of name resolution (every name at once); 0 is DefaultResolveTimeout.
+	ResolveTimeout time.Duration
 	// Sockets, if set before the first Apply, names the listening sockets
 	// passed by systemd (FileDescriptorName= → addresses): a service of that
 	// name also listens on them, whatever its listen list says.
 	Sockets map[string][]netip.AddrPort
 
-	path string
-	ptr  *atomic.Pointer[sched.Table]
-	srv  *listener.Server
-	log  zerolog.Logger
-	pool backend.Pool
+	path   string
+	ptr    *atomic.Pointer[sched.Table]
+	srv    *listener.Server
+	log    zerolog.Logger
+	pool   backend.Pool
+	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 
-	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur and stopChecks
+	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
 	cur        *conf.Config
+	dns        names // the host name resolutions the running table uses
 	drains     sync.WaitGroup
-	checks     sync.WaitGroup     // health check goroutines
-	stopChecks context.CancelFunc // ends the running configuration's checks
-	stopped    bool               // Shutdown has run
-	changes    chan *backend.Backend
+	stopped    bool            // Shutdown has run
+	drainCtx   context.Context // parent of every drain; ended by stopDrains when Shutdown's context ends
+	stopDrains context.CancelFunc
+	seq        atomic.Uint64 // the last Table.Seq handed out
 
 	statusMu sync.Mutex // protects status
 	status   Status
@@ -87,42 +97,11 @@ type Status struct {
 
 // New returns a Manager for the file at path.
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
-	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
-		changes: make(chan *backend.Backend, 4096)}
-	m.pool.Changes = m.changes
+	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
+	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
+	m.health = health.New(log, ptr.Load, m.refresh)
+	m.pool.Changes = m.health.Changes()
 	return m
-}
-
-// startChecks ends the running checks and starts jobs, one goroutine each.
-// A backend whose checks are now off is no longer held down by them.
-// Called with m.mu held.
-func (m *Manager) startChecks(jobs []checkJob) {
-	if m.stopChecks != nil {
-		m.stopChecks()
-		m.stopChecks = nil
-	}
-	checked := map[*backend.Backend]bool{}
-	if len(jobs) > 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		m.stopChecks = cancel
-		for _, j := range jobs {
-			checked[j.b] = true
-			m.checks.Add(1)
-			go func() { // exits when the next configuration (or Shutdown) cancels ctx
-				defer m.checks.Done()
-				j.b.RunChecks(ctx, j.spec)
-			}()
-		}
-	}
-	if t := m.ptr.Load(); t != nil && !m.stopped {
-		for _, s := range t.Services {
-			for _, tg := range s.All() {
-				if !checked[tg.B] {
-					tg.B.ClearActive()
-				}
-			}
-		}
-	}
 }
 
 // current returns the running configuration.
@@ -133,7 +112,8 @@ func (m *Manager) current() *conf.Config {
 }
 
 // refresh rebuilds the running configuration's table at the same
-// generation: effective weights follow health and slow start.
+// generation (and a new Seq): effective weights follow health and slow
+// start.
 func (m *Manager) refresh() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -141,12 +121,14 @@ func (m *Manager) refresh() {
 	if m.stopped || m.cur == nil || old == nil {
 		return
 	}
-	next, _, err := m.build(m.cur, old, old.Gen, time.Now())
+	p, err := m.build(m.cur, m.dns, old, old.Gen, time.Now())
 	if err != nil {
 		m.log.Error().Err(err).Msg("cannot rebuild the table after a health change")
 		return
 	}
-	m.ptr.Store(next)
+	p.draft.Commit() // nothing new: the running configuration's backends all exist
+	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -190,10 +172,44 @@ func (m *Manager) notify(state string) {
 	}
 }
 
-// Apply makes cfg the running configuration: build the next table, bind the
-// new listeners, swap, close removed listeners, drain removed backends. On
-// error nothing changes: the old table and listeners keep serving.
+// Apply makes cfg the running configuration, as a transaction: build
+// computes the next table and all it needs without touching anything live,
+// the new listeners are bound, and only then is anything committed: the
+// swap, new backends into the pool, accept rates, removed listeners closed,
+// removed backends drained, health checks restarted. On error nothing
+// changes: the old table, listeners, pool and admission state keep serving
+// exactly as they were.
+//
+// Apply resolves cfg's host names itself, waiting up to ResolveTimeout;
+// Run resolves them off its loop and calls apply.
 func (m *Manager) Apply(cfg *conf.Config) error {
+	return m.apply(cfg, lookupAll(context.Background(), m.lookup(), cfg.Names(), m.resolved(), m.resolveTimeout()), "")
+}
+
+func (m *Manager) lookup() LookupFunc {
+	if m.Lookup != nil {
+		return m.Lookup
+	}
+	return defaultLookup
+}
+
+func (m *Manager) resolveTimeout() time.Duration {
+	if m.ResolveTimeout > 0 {
+		return m.ResolveTimeout
+	}
+	return DefaultResolveTimeout
+}
+
+// resolved returns the resolutions the running table uses.
+func (m *Manager) resolved() names {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.dns
+}
+
+// apply is Apply with cfg's host names already resolved (dns). trigger says
+// what started it, for the log ("" for a direct call).
+func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopped {
@@ -205,28 +221,40 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if old != nil {
 		gen = old.Gen + 1
 	}
-	next, jobs, err := m.build(cfg, old, gen, start)
+	p, err := m.build(cfg, dns, old, gen, start)
 	if err != nil {
 		return err
 	}
 	var want []netip.AddrPort
-	for _, s := range next.Services {
+	for _, s := range p.table.Services {
 		want = append(want, s.Listen...)
 	}
-	m.srv.SetFreebind(cfg.Cluster.Freebind) // before the binds: a reload may add a virtual address
-	ch, err := m.srv.Prepare(want)
+	ch, err := m.srv.Prepare(want, cfg.Cluster.Freebind)
 	if err != nil {
 		return err
 	}
-	d := diff(old, next) // before settle: removed backends still show their open connections
-	m.ptr.Store(next)
+
+	// Commit: from here nothing fails.
+	d := diff(old, p.table) // before settle: removed backends still show their open connections
+	p.draft.Commit()
+	for _, r := range p.rates {
+		r.g.SetRate(r.perSecond, r.burst)
+	}
+	for b, err := range p.addrErrs { // before the swap: a backend with no address is never eligible
+		b.SetAddressError(err, start)
+	}
+	m.dns = dns
+	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
+	m.ptr.Store(p.table)
+	m.swapped(old, p.table)
 	opened, closed := ch.Commit()
-	m.settle(old, next)
-	m.startChecks(jobs)
+	m.settle(old, p.table)
+	m.health.SetChecks(p.jobs)
+	m.health.Kick()
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
-	if m.cur != nil && m.cur.Admin != cfg.Admin {
+	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
@@ -240,44 +268,78 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 	if old != nil {
 		m.status.Reloads++
 	}
-	m.status.Generation, m.status.Applied = next.Gen, time.Now()
+	m.status.Generation, m.status.Applied = p.table.Gen, time.Now()
 	m.status.LastError, m.status.LastAttempt = "", m.status.Applied
 	m.statusMu.Unlock()
 
-	e := m.log.Info().Uint64("generation", next.Gen).Float64("took_ms", float64(took.Microseconds())/1000)
+	e := m.log.Info().Uint64("generation", p.table.Gen).Uint64("table", p.table.Seq).Float64("took_ms", float64(took.Microseconds())/1000)
+	if trigger != "" {
+		e = e.Str("trigger", trigger)
+	}
 	d.log(e, opened, closed)
 	if old == nil {
-		e.Int("services", len(next.Services)).Msg("configuration applied")
+		e.Int("services", len(p.table.Services)).Msg("configuration applied")
 	} else {
 		e.Msg("reload applied")
 	}
 	return nil
 }
 
-// build turns cfg into a table of generation gen. Backends are taken from
-// the pool by (service, name), so a kept backend keeps its live state.
+// plan is everything one configuration needs, computed by build without
+// touching live state; Apply commits it once the listeners are bound.
+type plan struct {
+	table *sched.Table
+	jobs  []health.Job
+	draft *backend.Draft // the backends and groups the table names, new ones not yet in the pool
+	rates []rateSpec     // each service's accept_rate, set on its group at commit
+	// addrErrs holds, for every backend named by a host name, why it has no
+	// address (nil: it has one); set on the backend at commit.
+	addrErrs map[*backend.Backend]error
+}
+
+// rateSpec is one service's accept_rate, to be set on its live group.
+type rateSpec struct {
+	g         *backend.Group
+	perSecond float64
+	burst     int
+}
+
+// build turns cfg into a plan for a table of generation gen. Backends are
+// taken from the pool by (service, name) through a draft, so a kept backend
+// keeps its live state and a new one joins the pool only at commit.
 // Weights are effective weights at now: 0 for a backend that is down (as
 // LVS quiesces one, so that weighted cycles share its slots fairly), and
-// ramped during slow start. It also returns the health checks the table's
-// backends need.
-func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time.Time) (*sched.Table, []checkJob, error) {
+// ramped during slow start. build reads live state (health) but changes
+// none.
+func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint64, now time.Time) (*plan, error) {
+	p := &plan{draft: m.pool.Draft(), addrErrs: map[*backend.Backend]error{}}
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
-	var jobs []checkJob
 	for _, cs := range cfg.Services {
+		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
+			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
+		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
-			bk := m.pool.Get(cs.Name, b.Name)
-			t := sched.Target{B: bk, Addr: b.Addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
+			bk := p.draft.Get(cs.Name, b.Name)
+			addr, aerr := dns.addr(b.Host, b.Addr)
+			if b.Host != "" {
+				p.addrErrs[bk] = aerr
+			}
+			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
-				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol]}
+				ProxyProtocol: b.ProxyProtocol,
+				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
+			if aerr != nil {
+				t.Weight = 0 // no address: never picked, whatever its health says
+			}
 			if b.Backup {
 				back = append(back, t)
 			} else {
 				prim = append(prim, t)
 			}
 			if b.Health.Check != "none" {
-				jobs = append(jobs, checkJob{b: bk, spec: checkSpec(b)})
+				p.jobs = append(p.jobs, health.Job{B: bk, Spec: checkSpec(b, dns)})
 			}
 		}
 		svc := &sched.Service{
@@ -290,7 +352,7 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			DrainTimeout:   cs.DrainTimeout,
 			MaxConns:       cs.MaxConns,
 			QueueTimeout:   cs.QueueTimeout,
-			Group:          m.pool.Group(cs.Name),
+			Group:          p.draft.Group(cs.Name),
 			AccessLog:      cfg.Log.Access,
 
 			AcceptProxy:       cs.AcceptProxy,
@@ -299,8 +361,11 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
+			KeepAliveIdle:     cs.KeepAliveIdle,
+			KeepAliveInterval: cs.KeepAliveInterval,
+			KeepAliveCount:    cs.KeepAliveCount,
 		}
-		svc.Group.SetRate(cs.AcceptRate, cs.AcceptBurst)
+		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
 		if old != nil {
 			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler && ps.Options == svc.Options {
@@ -308,13 +373,15 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
+		svc.HoldTimeout, svc.UserTimeout = cs.HoldTimeout, cs.UserTimeout
+		svc.SplitBrain, svc.RefuseSplitBrain = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
-			return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
+			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
 		}
 		if len(back) > 0 {
 			if svc.Backups, svc.BackupPicker, err = picker(cs.Scheduler, svc.Options, back, prevB); err != nil {
-				return nil, nil, fmt.Errorf("service %s: %w", cs.Name, err)
+				return nil, fmt.Errorf("service %s: %w", cs.Name, err)
 			}
 		}
 		services = append(services, svc)
@@ -328,7 +395,14 @@ func (m *Manager) build(cfg *conf.Config, old *sched.Table, gen uint64, now time
 			listen[a] = svc
 		}
 	}
-	return sched.NewTable(gen, services, listen), jobs, nil
+	for i, cs := range cfg.Services {
+		if cs.Fallback != "" {
+			services[i].Fallback = services[slices.IndexFunc(services, func(s *sched.Service) bool { return s.Name == cs.Fallback })] // conf checked the name
+		}
+	}
+	p.table = sched.NewTable(gen, services, listen)
+	p.table.Seq = m.seq.Add(1)
+	return p, nil
 }
 
 // picker builds the scheduler over targets, or keeps prev's when its
@@ -345,77 +419,23 @@ func picker(name string, opt sched.Options, targets []sched.Target, prev *sched.
 	return targets, p, err
 }
 
-// effectiveWeight is b's weight as the schedulers see it at now: 0 while
-// it is down, and from 10% up to 100% of it during slow start after it came
-// up (never below 1).
-func effectiveWeight(b conf.Backend, bk *backend.Backend, now time.Time) int {
-	if b.Weight == 0 {
-		return 0
-	}
-	up, _, since := bk.Health()
-	if !up {
-		return 0
-	}
-	if b.SlowStart <= 0 || since.IsZero() {
-		return b.Weight
-	}
-	elapsed := now.Sub(since)
-	if elapsed >= b.SlowStart {
-		return b.Weight
-	}
-	frac := 0.1 + 0.9*float64(elapsed)/float64(b.SlowStart)
-	return max(1, int(float64(b.Weight)*frac+0.5))
-}
-
-// ramping reports how soon t's weight should be stepped up again, or 0.
-func ramping(cfg *conf.Config, t *sched.Table, now time.Time) time.Duration {
-	var next time.Duration
-	for _, cs := range cfg.Services {
-		for _, b := range cs.Backends {
-			if b.SlowStart <= 0 || b.Weight == 0 {
-				continue
-			}
-			svc := t.Service(cs.Name)
-			if svc == nil {
-				continue
-			}
-			bk := findBackend(svc, b.Name)
-			if bk == nil {
-				continue
-			}
-			if up, _, since := bk.Health(); up && !since.IsZero() && now.Sub(since) < b.SlowStart {
-				step := max(b.SlowStart/20, 100*time.Millisecond)
-				if next == 0 || step < next {
-					next = step
-				}
-			}
-		}
-	}
-	return next
-}
-
-// findBackend finds a service's backend by name, among primaries and backups.
-func findBackend(s *sched.Service, name string) *backend.Backend {
-	for _, t := range s.All() {
-		if t.B.Name == name {
-			return t.B
-		}
-	}
-	return nil
-}
-
-// checkJob is one backend's active health check.
-type checkJob struct {
-	b    *backend.Backend
-	spec backend.CheckSpec
-}
-
-func checkSpec(b conf.Backend) backend.CheckSpec {
+// checkSpec is b's active check. A check host name without an address is
+// dialled by name, so the probe fails (or succeeds) in its own goroutine.
+func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 	h := b.Health
-	p := backend.Probe{Kind: h.Check, Addr: b.CheckAddr.String(), Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User}
+	addr := b.CheckAddr.String()
+	if b.CheckHost != "" {
+		if a, err := dns.addr(b.CheckHost, b.CheckAddr); err == nil {
+			addr = a.String()
+		} else {
+			addr = net.JoinHostPort(b.CheckHost, strconv.Itoa(int(b.CheckAddr.Port())))
+		}
+	}
+	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
+		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
 	if h.Check == "send-expect" {
 		p.Send = []byte(h.Send)
-		p.Expect = regexp.MustCompile(h.Expect) // validated by conf
+		p.Expect = h.Expect
 	}
 	return backend.CheckSpec{Probe: p, Interval: h.Interval, Rise: h.Rise, Fall: h.Fall}
 }
@@ -446,15 +466,15 @@ func (m *Manager) settle(old, next *sched.Table) {
 }
 
 // drain stops new connections to b and closes what is still open after
-// timeout (0 = wait for them to end).
+// timeout (0 = wait for them to end), or as soon as Shutdown's context ends.
 func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 	b.StopNew() // at once, not when the goroutine gets to run
 	m.drains.Add(1)
 	go func() { // exits when b's sessions have ended or been closed
 		defer m.drains.Done()
-		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		ctx, cancel := context.WithCancel(m.drainCtx)
 		if timeout > 0 {
-			ctx, cancel = context.WithTimeout(ctx, timeout)
+			ctx, cancel = context.WithTimeout(m.drainCtx, timeout)
 		}
 		defer cancel()
 		active := b.Active()
@@ -470,17 +490,18 @@ func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 }
 
 // Shutdown stops accepting on every listener and drains every backend, each
-// for its service's drain_timeout, then waits for all sessions to end.
-// Later Apply calls fail.
-func (m *Manager) Shutdown() {
+// for its service's drain_timeout, then waits for all sessions to end. When
+// ctx ends first, every session still open is closed at once and Shutdown
+// returns ctx's error once they are gone (as http.Server.Shutdown does).
+// Later Apply calls fail; a second Shutdown waits like the first.
+func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if !m.stopped {
 		m.stopped = true
 		m.notify(systemd.Stopping)
 		m.srv.Close()
 		m.log.Info().Msg("stopped accepting; draining connections")
-		m.startChecks(nil)
+		m.health.Stop()
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
 				for _, tg := range s.All() {
@@ -489,7 +510,19 @@ func (m *Manager) Shutdown() {
 			}
 		}
 	}
-	m.checks.Wait()
-	m.drains.Wait()
-	m.srv.Wait()
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() { // exits when every check, drain and session has ended
+		m.drains.Wait()
+		m.srv.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		m.stopDrains() // each drain closes what is left of its backend's sessions
+		<-done
+		return ctx.Err()
+	}
 }

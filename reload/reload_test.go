@@ -1,14 +1,17 @@
 package reload
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"slices"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -16,31 +19,6 @@ import (
 	"fulcrum/listener"
 	"fulcrum/sched"
 )
-
-// TestSchedulerNames keeps conf's list of scheduler names and sched's
-// implementations in step.
-func TestSchedulerNames(t *testing.T) {
-	if !slices.Equal(conf.Schedulers, sched.Names) {
-		t.Errorf("conf.Schedulers = %v; sched.Names = %v", conf.Schedulers, sched.Names)
-	}
-	for _, n := range conf.Schedulers {
-		if _, err := sched.New(n, nil, nil, sched.Options{}); err != nil {
-			t.Errorf("sched.New(%q): %v", n, err)
-		}
-	}
-	if conf.MaxChoices != sched.MaxChoices || conf.MaxTableSize != sched.MaxTableSize {
-		t.Errorf("conf limits %d, %d; sched limits %d, %d", conf.MaxChoices, conf.MaxTableSize, sched.MaxChoices, sched.MaxTableSize)
-	}
-	cfg := config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")
-	if s := cfg.Services[0]; s.Choices != sched.DefaultChoices || s.TableSize != sched.DefaultTableSize || s.HashKey != "ip" {
-		t.Errorf("conf defaults %+v; sched's are choices %d, table_size %d, hash_key ip", s.Settings, sched.DefaultChoices, sched.DefaultTableSize)
-	}
-	for _, k := range conf.HashKeys {
-		if _, err := sched.New("sh", nil, nil, sched.Options{HashKey: k}); err != nil {
-			t.Errorf("hash_key %q: %v", k, err)
-		}
-	}
-}
 
 type harness struct {
 	t   *testing.T
@@ -54,7 +32,7 @@ func newHarness(t *testing.T) *harness {
 	log := zerolog.New(io.Discard)
 	h.srv = listener.New(&h.ptr, log)
 	h.m = New("", &h.ptr, h.srv, log)
-	t.Cleanup(h.m.Shutdown)
+	t.Cleanup(func() { h.m.Shutdown(context.Background()) })
 	return h
 }
 
@@ -190,5 +168,136 @@ func TestApplyBindFailure(t *testing.T) {
 		t.Errorf("the failed reload left %s bound: %v", freeAddr, err)
 	} else {
 		l.Close()
+	}
+}
+
+// state is what a refused reload must leave exactly as it was: the table,
+// the pool, each service's admission state and the reload history.
+type state struct {
+	table  *sched.Table
+	pool   int
+	rates  map[string][2]float64
+	status Status
+}
+
+func (h *harness) state() state {
+	st := state{table: h.ptr.Load(), pool: h.m.pool.Len(), rates: map[string][2]float64{}, status: h.m.Status()}
+	for _, s := range st.table.Services {
+		r, b := s.Group.Rate()
+		st.rates[s.Name] = [2]float64{r, float64(b)}
+	}
+	return st
+}
+
+// TestApplyRefusedChangesNothing: a reload refused at the bind leaves the
+// running service's accept rate, the pool's membership and the table as
+// they were; the same file without the busy address then applies all of it.
+func TestApplyRefusedChangesNothing(t *testing.T) {
+	h := newHarness(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	// file is the running configuration, or with a second listen address
+	// the next one: an accept_rate and a new backend.
+	file := func(listen ...string) *conf.Config {
+		text := "[services.s]\nlisten = [\"" + strings.Join(listen, `", "`) + "\"]\n"
+		if len(listen) > 1 {
+			text += "accept_rate = 0.001\n[[services.s.backends]]\naddress = \"127.0.0.1:2\"\n"
+		}
+		text += "[[services.s.backends]]\naddress = \"127.0.0.1:1\"\n"
+		cfg, err := conf.Parse("test.toml", []byte(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	if err := h.m.Apply(file("127.0.0.1:0")); err != nil {
+		t.Fatal(err)
+	}
+	before := h.state()
+	if err := h.m.Apply(file("127.0.0.1:0", busy.Addr().String())); err == nil {
+		t.Fatal("Apply with a busy address succeeded")
+	}
+	if after := h.state(); !reflect.DeepEqual(before, after) {
+		t.Errorf("a refused reload changed the running state:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if !h.ptr.Load().Services[0].Group.AllowAccept() {
+		t.Error("the running service is rate limited after a refused reload")
+	}
+	busy.Close()
+	if err := h.m.Apply(file("127.0.0.1:0", busy.Addr().String())); err != nil {
+		t.Fatal(err)
+	}
+	if after := h.state(); after.pool != 2 || after.rates["s"][0] != 0.001 || after.table.Gen != before.table.Gen+1 {
+		t.Errorf("applied reload: pool %d, rate %v, gen %d; want 2, 0.001, %d", after.pool, after.rates["s"], after.table.Gen, before.table.Gen+1)
+	}
+}
+
+// TestTableSeq: a health rebuild keeps the generation but every table has
+// its own number.
+func TestTableSeq(t *testing.T) {
+	h := newHarness(t)
+	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")); err != nil {
+		t.Fatal(err)
+	}
+	t1 := h.ptr.Load()
+	h.m.refresh()
+	t2 := h.ptr.Load()
+	if t2 == t1 || t2.Gen != t1.Gen || t2.Seq == t1.Seq {
+		t.Errorf("refresh: gen %d → %d, seq %d → %d; want the same gen and a new seq", t1.Gen, t2.Gen, t1.Seq, t2.Seq)
+	}
+}
+
+// TestShutdownDeadline: with drain_timeout 0 (wait for ever), Shutdown's
+// context bounds the wait: open sessions are closed when it ends.
+func TestShutdownDeadline(t *testing.T) {
+	h := &harness{t: t}
+	h.srv = listener.New(&h.ptr, zerolog.Nop())
+	h.m = New("", &h.ptr, h.srv, zerolog.Nop())
+	be, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	go func() { // exits when be is closed; holds each connection open
+		for {
+			c, err := be.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	cfg, err := conf.Parse("t.toml", []byte(fmt.Sprintf("[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"0s\"\n[[services.s.backends]]\naddress = %q\n", be.Addr())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", h.srv.Addr(netip.MustParseAddrPort("127.0.0.1:0")).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := h.ptr.Load().Services[0].Targets[0].B
+	for deadline := time.Now().Add(10 * time.Second); b.Active() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session never started")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := h.m.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown = %v; want the context's deadline", err)
+	}
+	if n := b.Active(); n != 0 {
+		t.Errorf("%d sessions still open after Shutdown returned", n)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("the client's connection is still open")
 	}
 }

@@ -1,7 +1,7 @@
 // Package sched holds the immutable snapshot that the connection path reads
 // (Table, Service, Target) and the schedulers that pick a backend for each new
-// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh and
-// mh (see Names and New; each type names the reference it follows).
+// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh, mh
+// and first (see Names and New; each type names the reference it follows).
 //
 // A scheduler is built from an immutable []Target and lives inside the
 // snapshot that reload swaps atomically. Pick is safe for concurrent use,
@@ -16,7 +16,7 @@
 //     *backend.Backend (nginx resets them on reload);
 //   - the others have no cursor: lc, wlc, sed, nq and p2c read live counts,
 //     random and wrandom draw, sh and mh are functions of the client and
-//     the configuration.
+//     the configuration, first takes the first eligible target in order.
 //
 // reload reuses a service's picker, cursor included, when its targets and
 // options are unchanged.
@@ -71,6 +71,10 @@ type Target struct {
 	ProxyProtocol int           // PROXY header sent to this backend before any client byte: 0 none, 1 or 2
 	MaxFails      int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
 	FailTimeout   time.Duration // passive checks: the window, and how long it stays down
+	SlowStart     time.Duration // after it comes up its weight ramps from 10% of Base to Base over this; 0 = at once
+
+	CutOnDown      bool // on_down = "close": its sessions end when it goes down or into the wrong role
+	CutBackupsOnUp bool // on_up = "close-backups": when it (a primary target) comes up, sessions on the backups end
 }
 
 // Up reports whether t takes new connections as far as configuration,
@@ -183,6 +187,32 @@ func (o Options) tableSize() int {
 	return o.TableSize
 }
 
+// HashKeys lists the values of Options.HashKey ("" means "ip").
+var HashKeys = []string{"ip", "ip_port"}
+
+// CheckTableSize says why n cannot be mh's table size, or nil: Maglev's
+// permutations cover every slot only when the size is a prime, and no
+// larger than MaxTableSize.
+func CheckTableSize(n int) error {
+	if n < 2 || n > MaxTableSize {
+		return fmt.Errorf("%d is not between 2 and %d", n, MaxTableSize)
+	}
+	if !isPrime(n) {
+		return fmt.Errorf("%d is not a prime (65537 and 655373 are)", n)
+	}
+	return nil
+}
+
+// CheckBackends says why a service of n backends cannot use scheduler name
+// with options o, or nil: mh needs a table larger than the number of
+// backends.
+func CheckBackends(name string, o Options, n int) error {
+	if name == "mh" && o.tableSize() <= n {
+		return fmt.Errorf("%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced", o.tableSize(), n)
+	}
+	return nil
+}
+
 // withPort reports whether the hash key includes the client port.
 func (o Options) withPort() (bool, error) {
 	switch o.HashKey {
@@ -235,12 +265,14 @@ func New(name string, targets []Target, prev Picker, o Options) (Picker, error) 
 			return nil, err
 		}
 		return NewMaglev(targets, o.tableSize(), wp)
+	case "first":
+		return NewFirst(targets), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
 
 // Names lists the schedulers New knows, in the README's order.
-var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
+var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
 // Service is one service in a snapshot: its backends, scheduler and settings.
 type Service struct {
@@ -266,6 +298,23 @@ type Service struct {
 	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
 	AccessLog         bool           // one log line per finished connection
 	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
+
+	// TCP keepalive on both legs of each connection (listener.keepAliveFor):
+	// the idle time before the first probe (spread ±20% per socket), 0 = off;
+	// the interval between probes; unanswered probes before a reset.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
+	// SplitBrain names the backends that claim the primary role at once in
+	// a service whose checks want a primary; nil when at most one does.
+	// While it is set, with RefuseSplitBrain every target has weight 0 and
+	// new connections are refused with reason split-brain; without it only
+	// the first claimant in file order keeps its weight.
+	SplitBrain       []string
+	RefuseSplitBrain bool
+	HoldTimeout      time.Duration // how long a new connection waits for an eligible backend when none is; 0 = close at once
+	UserTimeout      time.Duration // TCP_USER_TIMEOUT on the client and backend sockets; 0 = the kernel's default
+	Fallback         *Service      // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an
@@ -325,12 +374,14 @@ func (s *Service) Pool() ([]Target, Picker) {
 // current one once per connection.
 type Table struct {
 	Gen      uint64     // 1 for the first configuration, +1 per applied reload
+	Seq      uint64     // this table's own number, unique: health and DNS rebuilds keep Gen but take a new Seq
 	Services []*Service // in config order
 
 	listen map[netip.AddrPort]*Service
 }
 
 // NewTable returns a table routing each listen address to its service.
+// Seq is for the builder to set before the table is published.
 func NewTable(gen uint64, services []*Service, listen map[netip.AddrPort]*Service) *Table {
 	return &Table{Gen: gen, Services: services, listen: listen}
 }

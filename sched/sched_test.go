@@ -365,3 +365,29 @@ func itoa(n int) string {
 		}
 	}
 }
+
+// TestNamesBuild: every name sched.Names lists (the list conf offers)
+// builds a scheduler, and every hash key is accepted.
+func TestNamesBuild(t *testing.T) {
+	for _, n := range Names {
+		if _, err := New(n, nil, nil, Options{}); err != nil {
+			t.Errorf("New(%q): %v", n, err)
+		}
+	}
+	for _, k := range HashKeys {
+		if _, err := New("sh", nil, nil, Options{HashKey: k}); err != nil {
+			t.Errorf("hash_key %q: %v", k, err)
+		}
+	}
+	for _, c := range []struct {
+		n  int
+		ok bool
+	}{{65537, true}, {65536, false}, {1, false}, {MaxTableSize, true}, {MaxTableSize + 2, false}} {
+		if err := CheckTableSize(c.n); (err == nil) != c.ok {
+			t.Errorf("CheckTableSize(%d) = %v; want ok %v", c.n, err, c.ok)
+		}
+	}
+	if err := CheckBackends("mh", Options{TableSize: 7}, 7); err == nil {
+		t.Error("CheckBackends accepted an mh table no larger than the backends")
+	}
+}

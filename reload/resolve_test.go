@@ -1,0 +1,156 @@
+package reload
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"fulcrum/listener/listenertest"
+)
+
+// dnsStub is a resolver the test controls: names it knows answer at once,
+// names it does not fail, and with hang set every lookup waits until its
+// context ends, like a DNS server that never answers.
+type dnsStub struct {
+	mu    sync.Mutex // protects addrs, hang and calls
+	addrs map[string]netip.Addr
+	hang  bool
+	calls int
+}
+
+func (d *dnsStub) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	d.mu.Lock()
+	a, ok := d.addrs[host]
+	hang := d.hang
+	d.calls++
+	d.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	if !ok {
+		return nil, errors.New("no such host")
+	}
+	return []netip.Addr{a}, nil
+}
+
+func (d *dnsStub) set(host string, a netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.addrs == nil {
+		d.addrs = map[string]netip.Addr{}
+	}
+	d.addrs[host] = a
+}
+
+// TestUnresolvableBackend: a name that does not resolve takes only its
+// backend down, with the reason, while the rest of the file applies; once
+// the name resolves (here on SIGHUP) the backend takes connections.
+func TestUnresolvableBackend(t *testing.T) {
+	a := listenertest.NewServer(t, greetEcho("a"))
+	b := listenertest.NewServer(t, greetEcho("b"))
+	dns := &dnsStub{}
+	bPort := b.Addr[strings.LastIndex(b.Addr, ":"):]
+	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{
+		{name: "a", addr: a.Addr, weight: 1}, {name: "b", addr: "b.test" + bPort, weight: 1}}})
+	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	bk := r.ptr.Load().Services[0].Targets[1].B
+	if up, reason, _ := bk.Health(); up || !strings.HasPrefix(reason, "resolve: ") {
+		t.Fatalf("backend b: up %v, reason %q; want down with a resolve reason", up, reason)
+	}
+	addr := r.addr("127.0.0.1:0")
+	for i := range 4 {
+		if got, err := greeting(addr); err != nil || got != "a" {
+			t.Fatalf("connection %d reached %q (%v); want a, the only backend with an address", i, got, err)
+		}
+	}
+	dns.set("b.test", netip.MustParseAddr("127.0.0.1"))
+	r.hup <- struct{}{}
+	r.expectGen(2, 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for seen := map[string]bool{}; !seen["b"]; {
+		got, err := greeting(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[got] = true
+		if time.Now().After(deadline) {
+			t.Fatalf("backend b never served after its name resolved (health %v)", bk.Down())
+		}
+	}
+}
+
+// TestLoopNeverBlocks: while a reload waits on a DNS server that never
+// answers, Run's loop still pings the watchdog, rebuilds the table on a
+// health change and returns promptly when its context ends.
+func TestLoopNeverBlocks(t *testing.T) {
+	a := listenertest.NewServer(t, greetEcho("a"))
+	dns := &dnsStub{}
+	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}})
+	r := startRun(t, t.TempDir(), text, func(m *Manager) {
+		m.Lookup = dns.lookup
+		m.ResolveTimeout = time.Hour
+		m.Watchdog = 200 * time.Millisecond
+	})
+	dns.mu.Lock()
+	dns.hang = true
+	dns.mu.Unlock()
+	renameOver(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{
+		{name: "a", addr: a.Addr, weight: 1}, {name: "slow", addr: "slow.test:1", weight: 1}}}))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		dns.mu.Lock()
+		calls := dns.calls
+		dns.mu.Unlock()
+		if calls > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the edit never reached the resolver")
+		}
+	}
+	// Three watchdog pings while the lookup hangs.
+	timeout := time.After(10 * time.Second)
+	for pings := 0; pings < 3; {
+		select {
+		case s := <-r.events:
+			if strings.HasPrefix(s, "WATCHDOG=1") {
+				pings++
+			}
+		case <-timeout:
+			t.Fatalf("%d watchdog pings in 10 s while a reload waited on DNS; want 3", pings)
+		}
+	}
+	// A health change is served: the table is rebuilt (new Seq, same Gen).
+	before := r.ptr.Load()
+	bk := before.Services[0].Targets[0].B
+	for range 3 {
+		bk.PassiveFail(3, time.Hour, time.Now())
+	}
+	for deadline := time.Now().Add(10 * time.Second); r.ptr.Load().Seq == before.Seq; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the table was not rebuilt after a health change while a reload waited on DNS")
+		}
+	}
+	if g := r.ptr.Load().Gen; g != before.Gen {
+		t.Errorf("generation %d; want %d: the hanging reload must not have applied", g, before.Gen)
+	}
+	// SIGTERM: Run returns at once, the hanging lookup abandoned.
+	start := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		r.done <- nil
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10 s of its context ending while a lookup hung")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Run took %v to stop", d)
+	}
+}
