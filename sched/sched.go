@@ -24,7 +24,8 @@
 // Shared rules. Weight 0 excludes a target from new picks (drain). No
 // targets, or total weight 0, gives ErrNoBackend. One eligible target is
 // returned without drawing. A backend that is full (Target.MaxConns) or
-// draining (and, once health checks exist, down), or already tried by this
+// draining or down (health checks, passive failures, no address, the wrong
+// role), or already tried by this
 // connection, is skipped at pick
 // time by the one function eligible(), which reads atomics only, so nothing
 // is rebuilt per connection: sequence schedulers pass over its slot,
@@ -231,42 +232,42 @@ func (o Options) withPort() (bool, error) {
 func New(name string, targets []Target, prev Picker, o Options) (Picker, error) {
 	switch name {
 	case "rr":
-		return NewRoundRobin(targets, prev), nil
+		return newRoundRobin(targets, prev), nil
 	case "wrr":
-		return NewWeightedRoundRobin(targets, prev), nil
+		return newWeightedRoundRobin(targets, prev), nil
 	case "swrr":
-		return NewSmoothWeightedRoundRobin(targets, prev), nil
+		return newSmoothWeightedRoundRobin(targets, prev), nil
 	case "random":
-		return NewRandom(targets, o.Source), nil
+		return newRandomSched(targets, o.Source), nil
 	case "wrandom":
-		return NewWeightedRandom(targets, o.Source), nil
+		return newWeightedRandom(targets, o.Source), nil
 	case "lc":
-		return NewLeastConn(targets), nil
+		return newLeastConnSched(targets), nil
 	case "wlc":
-		return NewWeightedLeastConn(targets), nil
+		return newWeightedLeastConn(targets), nil
 	case "sed":
-		return NewShortestExpectedDelay(targets), nil
+		return newShortestExpectedDelay(targets), nil
 	case "nq":
-		return NewNeverQueue(targets), nil
+		return newNeverQueue(targets), nil
 	case "p2c":
 		if c := o.choices(); c < 1 || c > MaxChoices {
 			return nil, fmt.Errorf("p2c choices %d is not between 1 and %d", c, MaxChoices)
 		}
-		return NewP2C(targets, o.choices(), o.Source), nil
+		return newP2cSched(targets, o.choices(), o.Source), nil
 	case "sh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewSourceHash(targets, wp), nil
+		return newSourceHash(targets, wp), nil
 	case "mh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewMaglev(targets, o.tableSize(), wp)
+		return newMaglevSched(targets, o.tableSize(), wp)
 	case "first":
-		return NewFirst(targets), nil
+		return newFirstSched(targets), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
