@@ -25,10 +25,9 @@
 // targets, or total weight 0, gives ErrNoBackend. One eligible target is
 // returned without drawing. A backend that is full (Target.MaxConns) or
 // draining or down (health checks, passive failures, no address, the wrong
-// role), or already tried by this
-// connection, is skipped at pick
-// time by the one function eligible(), which reads atomics only, so nothing
-// is rebuilt per connection: sequence schedulers pass over its slot,
+// role), or already tried by this connection, is skipped at pick time by
+// the one function eligible(), which reads atomics only, so nothing is
+// rebuilt per connection: sequence schedulers pass over its slot,
 // random ones draw again, the lc family and p2c leave it out, and the
 // hashing ones fall back to other slots deterministically. Every fast path
 // is bounded and ends in an exact scan, so a connection is refused only
