@@ -160,6 +160,16 @@ func routes(src Source) *http.ServeMux {
 		if src.Instance != nil {
 			ok, why = src.Instance.Healthy()
 		}
+		// A split brain is reported but does not fail the check: every
+		// instance sees the same backends, so moving traffic to another
+		// instance would not help.
+		if t := src.Table(); t != nil {
+			for _, s := range t.Services {
+				if len(s.SplitBrain) > 0 {
+					why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+				}
+			}
+		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
 		if !ok {
@@ -359,7 +369,11 @@ type ServiceStatus struct {
 	Queued    uint64            `json:"queued"`
 	Refused   uint64            `json:"refused"`
 	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
-	Backends  []BackendStatus   `json:"backends"`
+	// SplitBrain names the backends claiming primary at once; absent when
+	// at most one does. SplitBrains counts how often that began.
+	SplitBrain  []string        `json:"split_brain,omitempty"`
+	SplitBrains uint64          `json:"split_brains"`
+	Backends    []BackendStatus `json:"backends"`
 }
 
 // BackendStatus is one backend: its settings in this generation and its live
@@ -370,7 +384,8 @@ type BackendStatus struct {
 	Weight       int    `json:"weight"` // effective: 0 while down, ramping during slow start
 	Configured   int    `json:"configured_weight"`
 	Backup       bool   `json:"backup,omitempty"`
-	State        string `json:"state"` // up | down | draining
+	State        string `json:"state"`          // up | down | wrong role | draining
+	Role         string `json:"role,omitempty"` // primary | replica, as its role check last saw it
 	Reason       string `json:"reason,omitempty"`
 	Active       int64  `json:"active"`
 	Total        uint64 `json:"total"`
@@ -378,6 +393,7 @@ type BackendStatus struct {
 	BytesOut     uint64 `json:"bytes_out"`
 	ConnectFails uint64 `json:"connect_failures"`
 	DrainClosed  uint64 `json:"drain_closed"`
+	CutClosed    uint64 `json:"cut_closed"` // sessions ended by on_down / on_up
 }
 
 // ListenStatus is one listening socket.
@@ -399,10 +415,11 @@ func Snapshot(src Source) Status {
 	if t := src.Table(); t != nil {
 		st.Generation = t.Gen
 		for _, s := range t.Services {
-			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler}
+			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler, SplitBrain: s.SplitBrain}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+				ss.SplitBrains = g.Splits
 				for kind, n := range s.Group.Rejected() {
 					if ss.Rejected == nil {
 						ss.Rejected = map[string]uint64{}
@@ -415,19 +432,17 @@ func Snapshot(src Source) Status {
 			}
 			for i, tg := range s.All() {
 				b := tg.B.Stats()
-				up, reason, _ := tg.B.Health()
-				state := "up"
-				switch {
-				case b.Draining:
+				_, reason, _ := tg.B.Health()
+				hs, role := tg.B.State()
+				state := hs.String()
+				if b.Draining {
 					state = "draining"
-				case !up:
-					state = "down"
 				}
 				ss.Backends = append(ss.Backends, BackendStatus{
 					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, Configured: tg.Base, Backup: i >= len(s.Targets),
-					State: state, Reason: reason,
+					State: state, Role: role, Reason: reason,
 					Active: b.Active, Total: b.Total, BytesIn: b.BytesIn, BytesOut: b.BytesOut,
-					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed,
+					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed, CutClosed: b.CutClosed,
 				})
 			}
 			st.Services = append(st.Services, ss)

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,7 +20,9 @@ var (
 	backendFails    = prometheus.NewDesc("fulcrum_backend_connect_failures_total", "Dials to the backend that failed.", bLabels, nil)
 	backendDrained  = prometheus.NewDesc("fulcrum_backend_drain_closed_total", "Connections closed because a drain deadline passed.", bLabels, nil)
 	backendUp       = prometheus.NewDesc("fulcrum_backend_up", "1 if the backend takes new connections (up and not draining), else 0.", bLabels, nil)
-	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in.", append(bLabels, "state"), nil)
+	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in (up, down, wrong_role, draining).", append(bLabels, "state"), nil)
+	backendRole     = prometheus.NewDesc("fulcrum_backend_role", "1 for the role (primary, replica) the backend's role check last observed; absent without one.", append(bLabels, "role"), nil)
+	backendCut      = prometheus.NewDesc("fulcrum_backend_sessions_cut_total", "Sessions ended because the backend went down or into the wrong role (on_down = close), or, on a backup, because a primary came up (on_up = close-backups).", bLabels, nil)
 	backendWeight   = prometheus.NewDesc("fulcrum_backend_weight", "The backend's effective weight in the current snapshot.", bLabels, nil)
 	sLabels         = []string{"service"}
 	serviceActive   = prometheus.NewDesc("fulcrum_service_active_connections", "Connections holding a slot of the service.", sLabels, nil)
@@ -26,6 +30,8 @@ var (
 	serviceQueued   = prometheus.NewDesc("fulcrum_service_queued_total", "Connections that had to wait for a slot.", sLabels, nil)
 	serviceRefused  = prometheus.NewDesc("fulcrum_service_refused_total", "Connections closed for want of a slot: max_conns reached, at once or after queue_timeout.", sLabels, nil)
 	serviceRejected = prometheus.NewDesc("fulcrum_service_rejected_total", "Connections turned away before any dial: reason=\"denied\" (allow/deny), \"rate\" (accept_rate), \"per_source\" (max_conns_per_source), \"proxy\" (PROXY header missing, malformed or untrusted).", []string{"service", "reason"}, nil)
+	serviceSplit    = prometheus.NewDesc("fulcrum_service_split_brain", "1 while more than one backend of the service claims the primary role.", sLabels, nil)
+	serviceSplits   = prometheus.NewDesc("fulcrum_service_split_brains_total", "Times more than one backend of the service began to claim the primary role.", sLabels, nil)
 	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
@@ -40,8 +46,8 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
-		backendState, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
+	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+		backendState, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
 	}
@@ -62,6 +68,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(serviceQueued, float64(s.Queued), s.Name)
 		counter(serviceRefused, float64(s.Refused), s.Name)
 		counter(serviceRetries, float64(s.Retries), s.Name)
+		gauge(serviceSplit, boolf(len(s.SplitBrain) > 0), s.Name)
+		counter(serviceSplits, float64(s.SplitBrains), s.Name)
 		for reason, n := range s.Rejected {
 			counter(serviceRejected, float64(n), s.Name, reason)
 		}
@@ -74,9 +82,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(backendFails, float64(b.ConnectFails), l...)
 			counter(backendDrained, float64(b.DrainClosed), l...)
 			gauge(backendUp, boolf(b.State == "up"), l...)
-			for _, state := range []string{"up", "down", "draining"} {
-				gauge(backendState, boolf(b.State == state), s.Name, b.Name, state)
+			for _, state := range []string{"up", "down", "wrong role", "draining"} {
+				gauge(backendState, boolf(b.State == state), s.Name, b.Name, strings.ReplaceAll(state, " ", "_"))
 			}
+			if b.Role != "" {
+				for _, role := range []string{"primary", "replica"} {
+					gauge(backendRole, boolf(b.Role == role), s.Name, b.Name, role)
+				}
+			}
+			counter(backendCut, float64(b.CutClosed), l...)
 			gauge(backendWeight, float64(b.Weight), l...)
 		}
 	}

@@ -29,10 +29,16 @@ func WriteTable(w io.Writer, st Status) {
 	for _, s := range st.Services {
 		fmt.Fprintf(w, "\nservice %s  %s  listen %s  active %d  waiting %d  retries %d  refused %d\n", s.Name, s.Scheduler,
 			strings.Join(s.Listen, " "), s.Active, s.Waiting, s.Retries, s.Refused)
+		if len(s.SplitBrain) > 0 {
+			fmt.Fprintf(w, "  SPLIT BRAIN: %s claim primary\n", strings.Join(s.SplitBrain, ", "))
+		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tactive\tconns\tbytes in\tbytes out\tconnect fails")
 		for _, b := range s.Backends {
 			state := b.State
+			if b.Role != "" {
+				state += " (" + b.Role + ")"
+			}
 			if b.Backup {
 				state += " (backup)"
 			}

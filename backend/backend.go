@@ -38,6 +38,7 @@ type Backend struct {
 	bytesOut     atomic.Uint64 // backend → client
 	connectFails atomic.Uint64
 	drainClosed  atomic.Uint64 // sessions closed at a drain deadline
+	cutClosed    atomic.Uint64 // sessions closed by Cut (on_down, on_up)
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 
@@ -136,6 +137,7 @@ type Stats struct {
 	BytesOut     uint64 // backend → client
 	ConnectFails uint64
 	DrainClosed  uint64 // sessions closed because a drain deadline passed
+	CutClosed    uint64 // sessions closed by Cut: the backend went down or wrong-role (on_down), or a primary came back (on_up)
 	Draining     bool
 }
 
@@ -149,6 +151,7 @@ func (b *Backend) Stats() Stats {
 		BytesOut:     b.bytesOut.Load(),
 		ConnectFails: b.connectFails.Load(),
 		DrainClosed:  b.drainClosed.Load(),
+		CutClosed:    b.cutClosed.Load(),
 		Draining:     b.draining.Load(),
 	}
 }
@@ -202,6 +205,25 @@ func (b *Backend) closeAll() int {
 	}
 	b.mu.Unlock()
 	b.drainClosed.Add(uint64(len(open)))
+	for _, s := range open {
+		s.Close() // teardown: the session logs its own end
+	}
+	return len(open)
+}
+
+// Cut closes every open session at once and returns how many it closed:
+// on_down = "close" when the backend goes down or into the wrong role, and
+// on_up = "close-backups" on a backup when a primary backend comes back.
+// New connections are unaffected; the schedulers stop picking a backend
+// that is down on their own.
+func (b *Backend) Cut() int {
+	b.mu.Lock()
+	open := make([]io.Closer, 0, len(b.sessions))
+	for s := range b.sessions {
+		open = append(open, s)
+	}
+	b.mu.Unlock()
+	b.cutClosed.Add(uint64(len(open)))
 	for _, s := range open {
 		s.Close() // teardown: the session logs its own end
 	}

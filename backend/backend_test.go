@@ -136,3 +136,28 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// TestCut closes every tracked session at once and counts them, without
+// draining the backend.
+func TestCut(t *testing.T) {
+	b := New("s", "a")
+	sessions := []*closer{{}, {}, {}}
+	for _, s := range sessions {
+		b.Acquire(0)
+		b.Track(s)
+	}
+	if n := b.Cut(); n != 3 {
+		t.Fatalf("Cut = %d; want 3", n)
+	}
+	for i, s := range sessions {
+		if !s.closed.Load() {
+			t.Errorf("session %d still open", i)
+		}
+	}
+	if b.Draining() || !b.Acquire(0) {
+		t.Error("Cut drained the backend")
+	}
+	if s := b.Stats(); s.CutClosed != 3 {
+		t.Errorf("CutClosed = %d; want 3", s.CutClosed)
+	}
+}

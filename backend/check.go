@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -27,17 +29,94 @@ type Probe struct {
 	Path   string // http: request path; default "/"
 	Status int    // http: expected status; default 200
 
-	User string // pgsql: user name in the startup packet; default "fulcrum"
+	User string // pgsql, mysql: the user to log in as; default "fulcrum"
+
+	// Role is the role the backend must answer in: "primary", "replica",
+	// or "" / "any" for either. pgsql, mysql and redis tell roles apart;
+	// with a role set they log in for real (see the check_*.go files).
+	Role string
+	// PasswordFile is a file holding the password (pgsql, mysql, redis
+	// AUTH), read at each probe so that a rotated password needs no
+	// reload; one trailing newline is ignored. "" = no password.
+	PasswordFile string
+	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
+	MaxLag       time.Duration // pgsql, role "replica": a replica further behind than this is down; 0 = no limit
+
+	dialer *net.Dialer // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
 }
 
-// Run performs the probe once. A nil error means up; an error says why not.
+func (p *Probe) netDialer() *net.Dialer {
+	if p.dialer != nil {
+		return p.dialer
+	}
+	return &net.Dialer{}
+}
+
+// Roles a check may observe and require.
+const (
+	RolePrimary = "primary"
+	RoleReplica = "replica"
+)
+
+// WrongRoleError is the result of a check that reached the backend and
+// logged in, and found it in the other role. It makes the backend
+// StateWrongRole rather than StateDown.
+type WrongRoleError struct {
+	Observed, Want string
+}
+
+func (e *WrongRoleError) Error() string {
+	return "answers as " + e.Observed + ", want " + e.Want
+}
+
+// roleWanted reports whether the probe must tell roles apart.
+func (p *Probe) roleWanted() bool { return p.Role == RolePrimary || p.Role == RoleReplica }
+
+// verdict turns what Check returned into the probe's result: a
+// *WrongRoleError when the backend answered in the other role.
+func (p *Probe) verdict(role string, err error) error {
+	if err != nil || !p.roleWanted() || role == p.Role {
+		return err
+	}
+	return &WrongRoleError{Observed: role, Want: p.Role}
+}
+
+// Run performs the probe once. A nil error means up; a *WrongRoleError
+// means it answered in the other role; any other error says why it is down.
 func (p *Probe) Run(ctx context.Context) error {
+	role, err := p.Check(ctx)
+	return p.verdict(role, err)
+}
+
+// password reads PasswordFile; "" when none is set.
+func (p *Probe) password() (string, error) {
+	if p.PasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(p.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("password_file: %w", err)
+	}
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	return string(b), nil
+}
+
+// Check performs the probe once and returns the role the backend answered
+// in ("" when the check does not tell roles apart). A nil error means it
+// answered as a working server of its kind, whatever its role.
+func (p *Probe) Check(ctx context.Context) (role string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", p.Addr)
+	switch {
+	case p.Kind == "pgsql" && (p.roleWanted() || p.PasswordFile != ""):
+		return p.pgsqlLogin(ctx)
+	case p.Kind == "mysql":
+		return p.mysqlLogin(ctx)
+	}
+	c, err := p.netDialer().DialContext(ctx, "tcp", p.Addr)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { c.Close() })() // a cancelled probe unblocks at once
@@ -46,19 +125,17 @@ func (p *Probe) Run(ctx context.Context) error {
 	}
 	switch p.Kind {
 	case "tcp":
-		return nil
+		return "", nil
 	case "send-expect":
-		return sendExpect(c, p.Send, p.Expect)
+		return "", sendExpect(c, p.Send, p.Expect)
 	case "pgsql":
-		return pgsql(c, p.User)
+		return "", pgsql(c.(*net.TCPConn), p.User, p.Database)
 	case "redis":
-		return redisPing(c)
-	case "mysql":
-		return mysqlGreeting(c)
+		return p.redis(c)
 	case "http":
-		return httpStatus(c, p.Addr, p.Path, p.Status)
+		return "", httpStatus(c, p.Addr, p.Path, p.Status)
 	}
-	return fmt.Errorf("unknown check %q", p.Kind)
+	return "", fmt.Errorf("unknown check %q", p.Kind)
 }
 
 // sendExpect writes send, then reads until the answer matches expect.
@@ -86,15 +163,25 @@ func sendExpect(c net.Conn, send []byte, expect *regexp.Regexp) error {
 	return fmt.Errorf("answer does not match %q in 64 KiB", expect)
 }
 
-// pgsql asks the way a client starts: an SSLRequest, then a startup packet.
-// A PostgreSQL server that can take connections answers the startup packet
-// with an authentication request ('R') or, for a user it will not let in,
-// an error of class 28 (authorization) — both prove it is up. An error of
-// class 57P (shutting down, starting up, in recovery and not accepting) or
-// 53 (out of resources) means down.
-func pgsql(c net.Conn, user string) error {
+// pgsql asks the way a client starts, without credentials: an SSLRequest
+// (and TLS if the server offers it), then a startup packet. A PostgreSQL
+// server that can take connections answers with an authentication request
+// ('R') or, for a user it will not let in, an error of class 28
+// (authorization) — both prove it is up. An error of class 57P (shutting
+// down, starting up, in recovery and not accepting) or 53 (out of
+// resources) means down.
+//
+// It leaves the way a client does, so that the server logs nothing: asked
+// for a password, it half-closes (PostgreSQL ends such a session without a
+// log line); let in (trust), it waits for ReadyForQuery and sends
+// Terminate. Either way it reads to EOF before closing, so no unread byte
+// turns the close into a reset ("could not receive data from client").
+func pgsql(c *net.TCPConn, user, database string) error {
 	if user == "" {
 		user = "fulcrum"
+	}
+	if database == "" {
+		database = "postgres"
 	}
 	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil { // SSLRequest 80877103
 		return err
@@ -106,39 +193,71 @@ func pgsql(c net.Conn, user string) error {
 	if b[0] != 'N' && b[0] != 'S' {
 		return fmt.Errorf("answer to SSLRequest is %q, not a PostgreSQL server", b[0])
 	}
+	var rw io.ReadWriter = c
+	closeWrite := c.CloseWrite
 	if b[0] == 'S' {
-		return nil // it speaks PostgreSQL and wants TLS next; that is as far as a plain probe goes
+		// A liveness probe sends no secret, so it need not verify the
+		// certificate; it speaks TLS only so that the server sees a client.
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
+		if err := tc.Handshake(); err != nil {
+			return fmt.Errorf("TLS with the server: %w", err)
+		}
+		rw = tc
+		closeWrite = func() error { tc.CloseWrite(); return c.CloseWrite() }
 	}
-	params := "user\x00" + user + "\x00database\x00postgres\x00application_name\x00fulcrum-health\x00\x00"
+	params := "user\x00" + user + "\x00database\x00" + database + "\x00application_name\x00fulcrum-health\x00\x00"
 	pkt := binary.BigEndian.AppendUint32(nil, uint32(8+len(params)))
 	pkt = binary.BigEndian.AppendUint32(pkt, 3<<16) // protocol 3.0
 	pkt = append(pkt, params...)
-	if _, err := c.Write(pkt); err != nil {
+	if _, err := rw.Write(pkt); err != nil {
 		return err
 	}
-	var hdr [5]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return fmt.Errorf("no answer to the startup packet: %w", err)
+	// leave ends the session the way the server expects, then waits for
+	// its close.
+	leave := func(terminate bool) {
+		if terminate {
+			rw.Write([]byte{'X', 0, 0, 0, 4}) // Terminate; the server closes without a word
+		}
+		closeWrite()
+		io.Copy(io.Discard, io.LimitReader(rw, 64<<10)) // to EOF or the probe's deadline
 	}
-	switch hdr[0] {
-	case 'R':
-		return nil
-	case 'E':
+	var hdr [5]byte
+	for range 64 { // AuthenticationOk, a dozen ParameterStatus, BackendKeyData, ReadyForQuery
+		if _, err := io.ReadFull(rw, hdr[:]); err != nil {
+			return fmt.Errorf("no answer to the startup packet: %w", err)
+		}
 		n := int(binary.BigEndian.Uint32(hdr[1:])) - 4
 		if n < 0 || n > 8192 {
-			return fmt.Errorf("malformed error message")
+			return fmt.Errorf("malformed message %q from the server", hdr[0])
 		}
 		body := make([]byte, n)
-		if _, err := io.ReadFull(c, body); err != nil {
+		if _, err := io.ReadFull(rw, body); err != nil {
 			return err
 		}
-		code, msg := pgError(body)
-		if strings.HasPrefix(code, "57P") || strings.HasPrefix(code, "53") {
-			return fmt.Errorf("postgresql %s: %s", code, msg)
+		switch hdr[0] {
+		case 'R':
+			if n >= 4 && binary.BigEndian.Uint32(body) == 0 {
+				continue // AuthenticationOk: trust let us in; wait for ReadyForQuery
+			}
+			leave(false) // asked for a password: up, and a client that leaves now is not logged
+			return nil
+		case 'S', 'K', 'N': // ParameterStatus, BackendKeyData, NoticeResponse
+			continue
+		case 'Z':
+			leave(true)
+			return nil
+		case 'E':
+			leave(false)
+			code, msg := pgError(body)
+			if strings.HasPrefix(code, "57P") || strings.HasPrefix(code, "53") {
+				return fmt.Errorf("postgresql %s: %s", code, msg)
+			}
+			return nil // e.g. 28000 no pg_hba.conf entry: the server is up
+		default:
+			return fmt.Errorf("unexpected answer %q to the startup packet", hdr[0])
 		}
-		return nil // e.g. 28000 no pg_hba.conf entry: the server is up
 	}
-	return fmt.Errorf("unexpected answer %q to the startup packet", hdr[0])
+	return fmt.Errorf("no ReadyForQuery after 64 messages")
 }
 
 // pgError reads the SQLSTATE ('C') and message ('M') fields of an ErrorResponse.
@@ -159,52 +278,6 @@ func pgError(body []byte) (code, msg string) {
 		body = body[2+end:]
 	}
 	return code, msg
-}
-
-// redisPing sends PING. +PONG is up, and so is -NOAUTH (a live Redis that
-// wants a password); -LOADING and other errors are down.
-func redisPing(c net.Conn) error {
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReaderSize(c, 256).ReadString('\n')
-	if err != nil {
-		return fmt.Errorf("no answer to PING: %w", err)
-	}
-	line = strings.TrimSpace(line)
-	if line == "+PONG" || strings.HasPrefix(line, "-NOAUTH") {
-		return nil
-	}
-	return fmt.Errorf("redis answered %q", clip([]byte(line)))
-}
-
-// mysqlGreeting reads the server's first packet: protocol 10 is a MySQL or
-// MariaDB server ready for a login; an error packet (0xff: too many
-// connections, host blocked) is down.
-func mysqlGreeting(c net.Conn) error {
-	var hdr [4]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		return fmt.Errorf("no greeting: %w", err)
-	}
-	n := int(hdr[0]) | int(hdr[1])<<8 | int(hdr[2])<<16
-	if n < 1 || n > 1<<16 {
-		return fmt.Errorf("malformed greeting")
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(c, body); err != nil {
-		return err
-	}
-	switch body[0] {
-	case 10:
-		return nil
-	case 0xff:
-		msg := ""
-		if len(body) > 3 {
-			msg = string(body[3:])
-		}
-		return fmt.Errorf("mysql refused: %s", clip([]byte(msg)))
-	}
-	return fmt.Errorf("greeting protocol %d, not MySQL", body[0])
 }
 
 // httpStatus sends GET path and compares the status, as Patroni's REST API

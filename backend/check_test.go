@@ -81,18 +81,14 @@ func TestProbeHTTP(t *testing.T) {
 	}
 }
 
-// TestProbeMySQL uses scripted greetings: MySQL itself is not on the test
-// machine, and the greeting is all the probe reads.
+// TestProbeMySQL uses scripted greetings for what a real server rarely
+// does; TestMariaDBRoles logs in to a real one.
 func TestProbeMySQL(t *testing.T) {
 	greet := func(payload []byte) func(*net.TCPConn) {
 		return func(c *net.TCPConn) {
 			n := len(payload)
 			c.Write(append([]byte{byte(n), byte(n >> 8), byte(n >> 16), 0}, payload...))
 		}
-	}
-	v10 := append([]byte{10}, "8.0.36\x00\x01\x00\x00\x00abcdefgh\x00"...)
-	if err := probe("mysql", listenertest.NewServer(t, greet(v10)).Addr).Run(t.Context()); err != nil {
-		t.Errorf("mysql greeting v10: %v", err)
 	}
 	tooMany := append([]byte{0xff, 0x10, 0x04}, "Too many connections"...)
 	if err := probe("mysql", listenertest.NewServer(t, greet(tooMany)).Addr).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "Too many connections") {
@@ -292,5 +288,85 @@ func TestRunChecksStops(t *testing.T) {
 	}
 	if b.Down() {
 		t.Error("a cancelled probe marked the backend down")
+	}
+}
+
+// TestWrongRole: fall answers in the wrong role make the backend
+// StateWrongRole, not down, and never eligible; a failure that follows
+// makes it down; rise answers in the right role bring it back. Each change
+// of state is reported.
+func TestWrongRole(t *testing.T) {
+	changes := make(chan *Backend, 10)
+	p := Pool{Changes: changes}
+	b := p.Get("s", "a")
+	now := time.Now()
+	wrong := &WrongRoleError{Observed: RoleReplica, Want: RolePrimary}
+	b.observed(RoleReplica)
+	for range 3 {
+		b.checked(wrong, 2, 3, now)
+	}
+	if st, role := b.State(); st != StateWrongRole || role != RoleReplica || !b.Down() {
+		t.Fatalf("State = %v, %q, Down %v; want wrong role, replica, true", st, role, b.Down())
+	}
+	if up, reason, _ := b.Health(); up || !strings.Contains(reason, "answers as replica, want primary") {
+		t.Errorf("Health = %v, %q", up, reason)
+	}
+	report := func(what string) {
+		t.Helper()
+		select {
+		case <-changes:
+			b.Seen()
+		default:
+			t.Errorf("no report of %s", what)
+		}
+	}
+	report("up → wrong role")
+	b.checked(fmt.Errorf("connection refused"), 2, 3, now)
+	if st, _ := b.State(); st != StateDown {
+		t.Fatalf("State after a failure = %v; want down", st)
+	}
+	report("wrong role → down")
+	b.checked(wrong, 2, 3, now)
+	if st, _ := b.State(); st != StateWrongRole {
+		t.Fatalf("State after a wrong-role answer = %v; want wrong role", st)
+	}
+	report("down → wrong role")
+	b.observed(RolePrimary)
+	b.checked(nil, 2, 3, now)
+	b.checked(nil, 2, 3, now)
+	if st, role := b.State(); st != StateUp || role != RolePrimary || b.Down() {
+		t.Fatalf("State = %v, %q; want up, primary", st, role)
+	}
+	report("wrong role → up")
+	if StateWrongRole.String() != "wrong role" {
+		t.Errorf("StateWrongRole = %q", StateWrongRole)
+	}
+}
+
+// TestAwaitRole: a backend whose role was never checked is out of rotation
+// until its first check, which decides at once; once a role was seen,
+// AwaitRole does nothing.
+func TestAwaitRole(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	b.AwaitRole()
+	if !b.Down() {
+		t.Fatal("an unchecked backend is eligible")
+	}
+	b.observed(RolePrimary)
+	b.checked(nil, 3, 3, time.Now())
+	if b.Down() {
+		t.Fatal("the first passing role check did not bring it up at once")
+	}
+	b.AwaitRole()
+	if b.Down() {
+		t.Error("AwaitRole took down a backend whose role is known")
+	}
+	c := p.Get("s", "c")
+	c.AwaitRole()
+	c.observed(RoleReplica)
+	c.checked(&WrongRoleError{Observed: RoleReplica, Want: RolePrimary}, 3, 3, time.Now())
+	if st, _ := c.State(); st != StateWrongRole {
+		t.Errorf("first check in the wrong role: %v; want wrong role at once", st)
 	}
 }

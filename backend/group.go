@@ -27,6 +27,7 @@ type Group struct {
 	retries        atomic.Uint64 // dials tried after a failed one
 	queued         atomic.Uint64 // connections that had to wait
 	refused        atomic.Uint64 // connections closed for want of a slot (at once, or when their wait ran out)
+	splits         atomic.Uint64 // times more than one backend began to claim the primary role
 
 	mu        sync.Mutex   // protects queue, admitQ, each Waiter's notified and each admitter's granted
 	queue     list.List    // of *Waiter, waiting for a backend slot, in arrival order
@@ -241,6 +242,10 @@ func (g *Group) Retried() { g.retries.Add(1) }
 // Refused counts a connection closed for want of a slot.
 func (g *Group) Refused() { g.refused.Add(1) }
 
+// SplitBrainBegan counts the start of a split brain: more than one backend
+// claiming the primary role.
+func (g *Group) SplitBrainBegan() { g.splits.Add(1) }
+
 // GroupStats is a copy of a group's counters.
 type GroupStats struct {
 	Active  int64
@@ -248,25 +253,27 @@ type GroupStats struct {
 	Retries uint64
 	Queued  uint64
 	Refused uint64
+	Splits  uint64 // split brains begun
 }
 
 // Stats reads the counters.
 func (g *Group) Stats() GroupStats {
 	return GroupStats{Active: g.active.Load(), Waiting: g.waiting.Load(), Retries: g.retries.Load(),
-		Queued: g.queued.Load(), Refused: g.refused.Load()}
+		Queued: g.queued.Load(), Refused: g.refused.Load(), Splits: g.splits.Load()}
 }
 
 // Why connections were turned away before any backend was dialled.
 const (
-	RejectDenied    = iota // allow/deny lists
-	RejectRate             // accept_rate
-	RejectPerSource        // max_conns_per_source
-	RejectProxy            // a missing, malformed or untrusted PROXY header
+	RejectDenied     = iota // allow/deny lists
+	RejectRate              // accept_rate
+	RejectPerSource         // max_conns_per_source
+	RejectProxy             // a missing, malformed or untrusted PROXY header
+	RejectSplitBrain        // more than one backend claims the primary role, and split_brain = "refuse"
 	rejectKinds
 )
 
 // RejectNames names the Reject kinds, for logs and metrics.
-var RejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy"}
+var RejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy", "split_brain"}
 
 // limits are the per-service admission controls that survive reloads.
 type limits struct {

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -15,8 +16,41 @@ import (
 const (
 	downActive  = 1 << iota // active checks failed fall times in a row
 	downPassive             // max_fails connect failures within fail_timeout
+	downRole                // active checks found it answering in the wrong role fall times in a row
 	downResolve             // its host name has no address (yet)
 )
+
+// State is a backend's health as the schedulers and status views see it.
+// Anything but StateUp takes no new connections.
+type State uint8
+
+const (
+	StateUp        State = iota
+	StateDown            // checks failed, or passive failures
+	StateWrongRole       // answers, but as a primary where a replica is wanted or the other way round
+)
+
+// String is the state as status views and metrics name it.
+func (s State) String() string {
+	switch s {
+	case StateDown:
+		return "down"
+	case StateWrongRole:
+		return "wrong role"
+	}
+	return "up"
+}
+
+// stateOf maps the down bits to a State: a failure outranks a wrong role.
+func stateOf(bits int32) State {
+	switch {
+	case bits&(downActive|downPassive|downResolve) != 0:
+		return StateDown
+	case bits&downRole != 0:
+		return StateWrongRole
+	}
+	return StateUp
+}
 
 // healthState is the part of Backend that health checks and passive
 // failures change.
@@ -29,6 +63,9 @@ type healthState struct {
 	fails        int        // passive: connect failures in the current window
 	windowStart  time.Time  // passive: start of that window
 	passiveUntil time.Time  // passive: down until then
+	role         string     // the role the last successful check observed; "" if none did
+	roleChecked  bool       // a check has observed a role at least once
+	awaiting     bool       // set by AwaitRole: the first check result decides at once
 }
 
 // Down reports whether the backend is down, by checks or by passive
@@ -47,17 +84,32 @@ func (b *Backend) Health() (up bool, reason string, upSince time.Time) {
 	return up, b.health.reason, upSince
 }
 
+// State returns the backend's health state and the role its checks last
+// observed ("primary", "replica", or "" when no check tells roles apart).
+func (b *Backend) State() (s State, role string) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	return stateOf(b.down.Load()), b.health.role
+}
+
 // setBit sets or clears one down bit and reports a change of the overall
 // state. Called with health.mu held.
 func (b *Backend) setBit(bit int32, on bool, reason string, now time.Time) {
+	if on {
+		b.setBits(bit, 0, reason, now)
+	} else {
+		b.setBits(0, bit, reason, now)
+	}
+}
+
+// setBits sets the bits of set and clears those of clear, and reports a
+// change of State (up, down, wrong role). Called with health.mu held.
+func (b *Backend) setBits(set, clear int32, reason string, now time.Time) {
 	for {
 		old := b.down.Load()
-		next := old &^ bit
-		if on {
-			next = old | bit
-		}
+		next := old&^clear | set
 		if old == next || b.down.CompareAndSwap(old, next) {
-			if (old == 0) != (next == 0) {
+			if stateOf(old) != stateOf(next) {
 				b.health.reason = reason
 				if next == 0 {
 					b.health.upSince = now
@@ -154,8 +206,14 @@ type CheckSpec struct {
 // down after Fall failures in a row and up after Rise successes in a row.
 // The first check comes after a random fraction of Interval, so that the
 // checks of many backends do not align.
+//
+// A backend waiting for its first role check (AwaitRole) is probed at once.
 func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
-	t := time.NewTimer(time.Duration(rand.Int64N(int64(spec.Interval)) + 1))
+	first := time.Duration(rand.Int64N(int64(spec.Interval)) + 1)
+	if b.awaitingRole() {
+		first = time.Nanosecond
+	}
+	t := time.NewTimer(first)
 	defer t.Stop()
 	for {
 		select {
@@ -163,37 +221,81 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 			return
 		case <-t.C:
 		}
-		err := spec.Probe.Run(ctx)
+		role, err := spec.Probe.Check(ctx)
 		if ctx.Err() != nil {
 			return // stopped mid-probe: the result means nothing
 		}
-		b.checked(err, spec.Rise, spec.Fall, time.Now())
+		b.observed(role)
+		b.checked(spec.Probe.verdict(role, err), spec.Rise, spec.Fall, time.Now())
 		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
 		t.Reset(spec.Interval + jitter)
 	}
 }
 
-// checked applies one check result.
+// observed records the role a check saw ("" when it tells none).
+func (b *Backend) observed(role string) {
+	b.health.mu.Lock()
+	b.health.role = role
+	if role != "" {
+		b.health.roleChecked = true
+	}
+	b.health.mu.Unlock()
+}
+
+// AwaitRole keeps a backend whose role has never been checked out of
+// rotation until its first check: a service that wants a primary must not
+// send writes to a node it has not asked yet. That first result then
+// decides at once, without waiting for rise or fall. It does nothing to a
+// backend whose role a check has already seen.
+func (b *Backend) AwaitRole() {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.roleChecked || h.awaiting {
+		return
+	}
+	h.awaiting = true
+	b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+}
+
+// awaitingRole reports whether AwaitRole's first check is still to come.
+func (b *Backend) awaitingRole() bool {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	return b.health.awaiting
+}
+
+// checked applies one check result. An error that is a *WrongRoleError
+// counts toward fall like any failure, but the state it leads to is
+// StateWrongRole, not StateDown; whichever kind of failure comes last
+// decides between the two once fall is reached.
 func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	down := b.down.Load()&downActive != 0
+	if h.awaiting {
+		h.awaiting = false
+		rise, fall = 1, 1
+	}
 	if err == nil {
 		h.checkOK++
 		h.checkFail = 0
 		if h.checkOK >= rise && b.down.Load() != 0 {
-			// Active checks outrank a passive mark: rise passes clear both.
-			for _, bit := range []int32{downPassive, downActive} {
-				b.setBit(bit, false, "check passed "+itoa(h.checkOK)+" times", now)
-			}
+			// Active checks outrank a passive mark: rise passes clear every bit.
+			b.setBits(0, downPassive|downActive|downRole, "check passed "+itoa(h.checkOK)+" times", now)
 		}
 		return
 	}
 	h.checkFail++
 	h.checkOK = 0
-	if !down && h.checkFail >= fall {
-		b.setBit(downActive, true, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	if h.checkFail < fall {
+		return
+	}
+	var wr *WrongRoleError
+	if errors.As(err, &wr) {
+		b.setBits(downRole, downActive, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	} else {
+		b.setBits(downActive, downRole, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
 	}
 }
 
@@ -216,7 +318,8 @@ func (b *Backend) ClearActive() {
 	b.health.mu.Lock()
 	defer b.health.mu.Unlock()
 	b.health.checkOK, b.health.checkFail = 0, 0
-	b.setBit(downActive, false, "checks off", time.Now())
+	b.health.role, b.health.awaiting = "", false
+	b.setBits(0, downActive|downRole, "checks off", time.Now())
 }
 
 func itoa(n int) string {

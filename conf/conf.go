@@ -25,6 +25,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -39,7 +40,7 @@ const DefaultPath = "/etc/fulcrum/fulcrum.toml"
 
 // Schedulers lists the scheduler names a service may use. The sched package
 // implements each; a test in reload keeps the two in step.
-var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
+var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
 // HashKeys lists the values of hash_key (sh, mh).
 var HashKeys = []string{"ip", "ip_port"}
@@ -128,6 +129,11 @@ type Settings struct {
 	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
 	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
+	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
+	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
+	SplitBrain   string        // "refuse" (default) | "first": what a service whose checks want role "primary" does when more than one backend claims it
+	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
+	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
 	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
 	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
@@ -168,11 +174,22 @@ type Health struct {
 	Expect   string        // send-expect: a regular expression the answer must match
 	Path     string        // http: the path to GET; default "/"
 	Status   int           // http: the status that means up; default 200
-	User     string        // pgsql: the user name in the startup packet; default "fulcrum"
+	User     string        // pgsql, mysql: the user to log in as; default "fulcrum"
+
+	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
+	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
+	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
+	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
 }
 
 // Checks is the list of check kinds.
 var Checks = []string{"none", "tcp", "send-expect", "pgsql", "redis", "mysql", "http"}
+
+// Roles are the values of [health] role.
+var Roles = []string{"any", "primary", "replica"}
+
+// roleChecks are the check kinds that tell a primary from a replica.
+var roleChecks = []string{"pgsql", "mysql", "redis"}
 
 // Service is one [services.NAME] table.
 type Service struct {
@@ -180,6 +197,7 @@ type Service struct {
 	Listen   []netip.AddrPort // an unspecified address ([::]) listens on every address
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
+	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -199,13 +217,15 @@ type Backend struct {
 	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
 	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
 	ProxyProtocol string         // from the service unless set here
+	OnDown        string         // from the service unless set here
+	OnUp          string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled",
+		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute}
 }
 
@@ -390,6 +410,7 @@ func (w *walker) config(root *table) *Config {
 	}
 	st.done()
 	w.selfLoops(cfg.Services, listeners)
+	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {
@@ -418,6 +439,11 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
 		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
+		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
+		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
+		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, "refuse", "first"),
+		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
+		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
 		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
 		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
@@ -454,6 +480,12 @@ func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) t
 	}
 	return d
 }
+
+// OnDowns and OnUps are the values of on_down and on_up.
+var (
+	OnDowns = []string{"keep", "close"}
+	OnUps   = []string{"keep", "close-backups"}
+)
 
 // ProxyVersions are the values of proxy_protocol.
 var ProxyVersions = []string{"none", "v1", "v2"}
@@ -502,6 +534,14 @@ func (w *walker) health(ht *table, base Health) Health {
 		Path:     ht.str("path", base.Path),
 		Status:   int(ht.integer("status", int64(base.Status), 100, 599)),
 		User:     ht.str("user", base.User),
+
+		Role:         ht.oneOf("role", base.Role, Roles...),
+		PasswordFile: ht.str("password_file", base.PasswordFile),
+		Database:     ht.str("database", base.Database),
+		MaxLag:       ht.duration("max_lag", base.MaxLag, 0),
+	}
+	if ht.has("password_file") {
+		h.PasswordFile = w.passwordFile(ht.key("password_file"), h.PasswordFile)
 	}
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
@@ -519,6 +559,62 @@ func (w *walker) health(ht *table, base Health) Health {
 	}
 	ht.done()
 	return h
+}
+
+// fallbacks checks that each fallback names another service and that no
+// chain of fallbacks comes back to where it started.
+func (w *walker) fallbacks(svcs []Service) {
+	next := map[string]string{}
+	for _, s := range svcs {
+		next[s.Name] = s.Fallback
+	}
+	for _, s := range svcs {
+		if s.Fallback == "" {
+			continue
+		}
+		key := "services." + s.Name + ".fallback"
+		if _, ok := next[s.Fallback]; !ok {
+			w.errorf(key, "no service is called %q", s.Fallback)
+			continue
+		}
+		chain := []string{s.Name}
+		for at := s.Fallback; at != ""; at = next[at] {
+			chain = append(chain, at)
+			if at == s.Name {
+				w.errorf(key, "fallbacks form a cycle: %s", strings.Join(chain, " → "))
+				break
+			}
+			if len(chain) > len(svcs) {
+				break // a cycle further on, reported from a service on it
+			}
+		}
+	}
+}
+
+// passwordFile resolves a password_file path against the config file's
+// directory and checks now that it can be read, so that a typo is a
+// located error at load rather than a backend down at run time. The
+// content is not kept: each probe reads the file, so a rotated password
+// needs no reload.
+func (w *walker) passwordFile(key, p string) string {
+	if p == "" {
+		return ""
+	}
+	if !filepath.IsAbs(p) && w.file != "" {
+		p = filepath.Join(filepath.Dir(w.file), p)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		w.errorf(key, "cannot read the password file: %v", err)
+		return p
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		w.errorf(key, "%s is not a regular file", p)
+	} else if _, err := f.Read(make([]byte, 1)); err != nil {
+		w.errorf(key, "cannot read the password file %s: %v", p, err)
+	}
+	return p
 }
 
 // tableSize reads table_size: a prime, since Maglev's permutations cover
@@ -546,7 +642,7 @@ func isPrime(n int) bool {
 }
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
-	s := Service{Name: name, Settings: w.settings(t, defaults)}
+	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -588,6 +684,8 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
 			Health:        w.health(bt.sub("health"), s.Health),
 			ProxyProtocol: bt.oneOf("proxy_protocol", s.ProxyProtocol, ProxyVersions...),
+			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
+			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
@@ -611,6 +709,12 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
+		}
+		if h := b.Health; h.Role != "any" && !slices.Contains(roleChecks, h.Check) {
+			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
+		}
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != "pgsql") {
+			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
 		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")

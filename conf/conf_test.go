@@ -149,9 +149,9 @@ backends = [{address = "127.0.0.1:2"}]
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
-		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
+		ProxyProtocol: "none", ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
-		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum"}}
+		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"}}
 	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
 		t.Errorf("settings = %+v; want %+v", got, want)
 	}
@@ -229,6 +229,26 @@ func TestErrors(t *testing.T) {
 		{"negative rate", ok + "accept_rate = -1\n", []string{`f.toml:4: services.s.accept_rate: must be between 0 and 1e+09, have -1`}},
 		{"remote admin", "[admin]\nlisten = \"0.0.0.0:9900\"\n" + ok, []string{"f.toml:2: admin.listen: 0.0.0.0:9900 is not a loopback address"}},
 		{"admin clashes", "[admin]\nlisten = \"127.0.0.1:1\"\n" + ok, []string{"f.toml:2: admin.listen: 127.0.0.1:1 is also listened on by services.s.listen[0]"}},
+		{"role without a role check", ok + "[services.s.health]\ncheck = \"tcp\"\nrole = \"primary\"\n",
+			[]string{`services.s.backends[0].health.role: role = "primary" needs check = "pgsql", "mysql" or "redis"`}},
+		{"bad role", ok + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"leader\"\n", []string{`f.toml:6: services.s.health.role: "leader" is not one of any, primary, replica`}},
+		{"missing password file", ok + "[services.s.health]\ncheck = \"pgsql\"\npassword_file = \"/nonexistent/pw\"\n",
+			[]string{`f.toml:6: services.s.health.password_file: cannot read the password file: open /nonexistent/pw: no such file or directory`}},
+		{"password file is a directory", ok + "[services.s.health]\ncheck = \"pgsql\"\npassword_file = \"/\"\n",
+			[]string{`f.toml:6: services.s.health.password_file: / is not a regular file`}},
+		{"max_lag on a primary", ok + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"primary\"\nmax_lag = \"10s\"\n",
+			[]string{`services.s.backends[0].health.max_lag: max_lag needs check = "pgsql" and role = "replica"`}},
+		{"bad on_down", ok + "on_down = \"shutdown\"\n", []string{`f.toml:4: services.s.on_down: "shutdown" is not one of keep, close`}},
+		{"bad backend on_up", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\non_up = \"close\"\n",
+			[]string{`f.toml:5: services.s.backends[0].on_up: "close" is not one of keep, close-backups`}},
+		{"unknown fallback", ok + "fallback = \"rw\"\n", []string{`f.toml:4: services.s.fallback: no service is called "rw"`}},
+		{"fallback cycle", "[services.a]\nlisten = [\"127.0.0.1:1\"]\nfallback = \"b\"\nbackends = [{address = \"127.0.0.1:2\"}]\n" +
+			"[services.b]\nlisten = [\"127.0.0.1:3\"]\nfallback = \"a\"\nbackends = [{address = \"127.0.0.1:2\"}]\n",
+			[]string{`f.toml:3: services.a.fallback: fallbacks form a cycle: a → b → a`, `f.toml:7: services.b.fallback: fallbacks form a cycle: b → a → b`}},
+		{"fallback to itself", ok + "fallback = \"s\"\n", []string{`f.toml:4: services.s.fallback: fallbacks form a cycle: s → s`}},
+		{"fallback in defaults", "[defaults]\nfallback = \"s\"\n" + ok, []string{`f.toml:2: defaults.fallback: unknown key`}},
+		{"bad split_brain", ok + "split_brain = \"both\"\n", []string{`f.toml:4: services.s.split_brain: "both" is not one of refuse, first`}},
+		{"negative hold", ok + "hold_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.hold_timeout: must not be negative`}},
 		{"cluster typo", "[cluster]\nfreebnd = true\n" + ok, []string{`f.toml:2: cluster.freebnd: unknown key`}},
 		{"cluster freebind type", "[cluster]\nfreebind = \"yes\"\n" + ok, []string{`f.toml:2: cluster.freebind: want true or false`}},
 		{"everything at once", `[log]
@@ -272,6 +292,63 @@ scheduler = "nope"
 				t.Errorf("errors.As(*Error) = %+v; want file and line set", e)
 			}
 		})
+	}
+}
+
+// TestDatabaseChecks: the role keys reach every backend, a backend may
+// override on_down and on_up, and a relative password_file is read from
+// the config file's directory.
+func TestDatabaseChecks(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pg.pw"), []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Parse(filepath.Join(dir, "fulcrum.toml"), []byte(`
+[defaults]
+user_timeout = "30s"
+[services.ro]
+listen = ["127.0.0.1:4"]
+fallback = "rw"
+hold_timeout = "10s"
+backends = [{address = "127.0.0.1:5"}]
+[services.rw]
+listen = ["127.0.0.1:1"]
+scheduler = "first"
+split_brain = "first"
+on_down = "close"
+on_up = "close-backups"
+[services.rw.health]
+check = "pgsql"
+role = "replica"
+user = "checker"
+database = "app"
+password_file = "pg.pw"
+max_lag = "10s"
+[[services.rw.backends]]
+address = "127.0.0.1:2"
+[[services.rw.backends]]
+address = "127.0.0.1:3"
+on_down = "keep"
+health = { role = "primary", max_lag = "0s" }
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, s := cfg.Services[0], cfg.Services[1]
+	if ro.Fallback != "rw" || ro.HoldTimeout != 10*time.Second || ro.UserTimeout != 30*time.Second || ro.SplitBrain != "refuse" {
+		t.Errorf("ro = fallback %q, hold %v, user_timeout %v, split_brain %q", ro.Fallback, ro.HoldTimeout, ro.UserTimeout, ro.SplitBrain)
+	}
+	if s.Scheduler != "first" || s.OnDown != "close" || s.OnUp != "close-backups" || s.SplitBrain != "first" || s.Fallback != "" {
+		t.Errorf("service = %s, %s, %s, %s", s.Scheduler, s.OnDown, s.OnUp, s.SplitBrain)
+	}
+	h := s.Backends[0].Health
+	want := Health{Check: "pgsql", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200,
+		User: "checker", Role: "replica", PasswordFile: filepath.Join(dir, "pg.pw"), Database: "app", MaxLag: 10 * time.Second}
+	if h != want {
+		t.Errorf("health = %+v; want %+v", h, want)
+	}
+	if b := s.Backends[1]; b.OnDown != "keep" || b.OnUp != "close-backups" || b.Health.Role != "primary" || b.Health.PasswordFile != want.PasswordFile {
+		t.Errorf("backend 1 = %+v", b)
 	}
 }
 

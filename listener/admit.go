@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -29,14 +31,14 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		c.Close()
-		s.wg.Done()
+		s.connDone()
 		return
 	}
 	ka := keepAliveFor(svc)
 	if err := setKeepAliveConn(c, ka); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		c.Close()
-		s.wg.Done()
+		s.connDone()
 		return
 	}
 	var r sched.Request
@@ -55,7 +57,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
 		c.Close()
-		s.wg.Done()
+		s.connDone()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
 		reject(kind, err)
@@ -71,7 +73,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		c.Close()
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
-		s.wg.Done()
+		s.connDone()
 	}
 	if !admit(svc, start) {
 		svc.Group.Refused()
@@ -208,6 +210,13 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			return c.(*net.TCPConn), t, tries, nil
 		}
 		t.B.Release()
+		if localError(err) {
+			// fulcrum's own shortage (descriptors, buffers, ports), not the
+			// backend's fault: never counted against it, and no other
+			// backend would fare better now.
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
+			return nil, nil, tries, err
+		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
@@ -215,6 +224,19 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
 	}
 	return nil, nil, tries, last
+}
+
+// localError reports whether a dial failed for want of a local resource:
+// descriptors (EMFILE, ENFILE), kernel memory (ENOBUFS, ENOMEM), local
+// ports (EADDRNOTAVAIL), or the socket could not be made at all.
+func localError(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "socket"
 }
 
 // errFull: every eligible backend, or the service, is at its max_conns.

@@ -55,6 +55,10 @@ type Server struct {
 	lns   map[netip.AddrPort]*socket
 	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 
+	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
+	atLimit atomic.Uint64 // times an accept loop waited for a slot
+	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
+
 	pipes  pipePool // splice pipes lent to sessions while they move data
 	mode   copyMode // how sessions copy; copyAuto but in tests
 	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
@@ -85,6 +89,7 @@ type socket struct {
 func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
+		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
 
@@ -356,13 +361,19 @@ func (s *Server) accept(so *socket) {
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			so.ln.SetDeadline(time.Now().Add(d))
 		}
+		if !s.takeSlot(so) {
+			return
+		}
 		c, err := so.ln.AcceptTCP()
 		so.beat.Store(time.Now().UnixNano())
+		if err != nil {
+			<-s.slots // not taken after all
+		}
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
 			s.wg.Add(1)
-			go s.handle(c, so.key) // exits when the connection ends
+			go s.handle(c, so.key) // exits when the connection ends; its slot is freed by connDone
 			continue
 		}
 		select {

@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/systemd"
 )
@@ -32,10 +31,7 @@ import (
 // the file is re-read. A Hup receive reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]dirID{}}
-	lctx, stopLoader := context.WithCancel(ctx)
 	r.ld = newLoader(m, cfg.Digest)
-	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
-	defer func() { stopLoader(); <-r.ld.done }()
 	if m.Watchdog > 0 {
 		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
 	}
@@ -55,8 +51,15 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		return err
 	}
 	defer m.Shutdown(context.Background())
+	// An edit made since main read the file, read here before the loader
+	// starts (so the loader's state stays its own) and before READY=1, as
+	// at any start: nothing is being served from the loop yet.
+	r.rewatch()
+	r.applyLoaded(r.ld.load(ctx, loadReq{file: true}))
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
-	r.check(false) // an edit made since main read the file
+	lctx, stopLoader := context.WithCancel(ctx)
+	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
+	defer func() { stopLoader(); <-r.ld.done }()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
@@ -66,26 +69,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	resolveTick := time.NewTicker(time.Hour)
 	defer resolveTick.Stop()
 	r.resetResolve(resolveTick)
-	// Health: transitions rebuild the table; passive marks expire on time;
-	// slow start steps weights up.
-	passive := time.NewTimer(time.Hour)
-	passive.Stop()
-	defer passive.Stop()
-	ramp := time.NewTimer(time.Hour)
-	ramp.Stop()
-	defer ramp.Stop()
-	schedule := func() {
-		now := time.Now()
-		if next := m.expirePassive(now); !next.IsZero() {
-			passive.Reset(next.Sub(now))
-		}
-		if cfg := m.current(); cfg != nil {
-			if d := ramping(cfg, m.ptr.Load(), now); d > 0 {
-				ramp.Reset(d)
-			}
-		}
-	}
-	schedule()
+	// Health runs beside this loop: transitions rebuild the table through
+	// refresh, which takes m.mu like a reload.
+	hctx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() { m.health.Run(hctx); close(healthDone) }() // exits when stopHealth is called, as Run returns
+	defer func() { stopHealth(); <-healthDone }()
 	onEvent := func(ev event) {
 		switch r.classify(ev) {
 		case evFile, evDirs:
@@ -123,32 +112,9 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 				continue
 			}
 			onErr(err)
-		case b := <-m.changes:
-			b.Seen() // before the rebuild reads its state: a later change reports again
-			changed := []*backend.Backend{b}
-			for more := true; more; { // the whole burst, then one rebuild
-				select {
-				case b := <-m.changes:
-					b.Seen()
-					changed = append(changed, b)
-				default:
-					more = false
-				}
-			}
-			m.refresh()
-			for _, b := range changed { // logged once the table reflects it
-				m.healthChanged(b)
-			}
-			schedule()
-		case <-passive.C:
-			schedule() // expiries report changes, which rebuild
-		case <-ramp.C:
-			m.refresh()
-			schedule()
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-recheck.C:
 			if !r.writing { // a writer at work: its close brings the read
 				r.check(false)
@@ -161,12 +127,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
-			schedule()
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-watchdog:
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
@@ -178,32 +142,6 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 		}
 	}
-}
-
-// healthChanged logs one backend's transition, once.
-func (m *Manager) healthChanged(b *backend.Backend) {
-	up, reason, _ := b.Health()
-	if up {
-		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend up")
-	} else {
-		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
-	}
-}
-
-// expirePassive lifts the passive marks that are due and returns when the
-// next one is, or zero.
-func (m *Manager) expirePassive(now time.Time) time.Time {
-	var next time.Time
-	if t := m.ptr.Load(); t != nil {
-		for _, s := range t.Services {
-			for _, tg := range s.All() {
-				if n := tg.B.ExpirePassive(now); !n.IsZero() && (next.IsZero() || n.Before(next)) {
-					next = n
-				}
-			}
-		}
-	}
-	return next
 }
 
 // runner is the state of Run's loop, touched only by its goroutine.

@@ -1,7 +1,7 @@
 // Package sched holds the immutable snapshot that the connection path reads
 // (Table, Service, Target) and the schedulers that pick a backend for each new
-// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh and
-// mh (see Names and New; each type names the reference it follows).
+// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh, mh
+// and first (see Names and New; each type names the reference it follows).
 //
 // A scheduler is built from an immutable []Target and lives inside the
 // snapshot that reload swaps atomically. Pick is safe for concurrent use,
@@ -16,7 +16,7 @@
 //     *backend.Backend (nginx resets them on reload);
 //   - the others have no cursor: lc, wlc, sed, nq and p2c read live counts,
 //     random and wrandom draw, sh and mh are functions of the client and
-//     the configuration.
+//     the configuration, first takes the first eligible target in order.
 //
 // reload reuses a service's picker, cursor included, when its targets and
 // options are unchanged.
@@ -71,6 +71,10 @@ type Target struct {
 	ProxyProtocol int           // PROXY header sent to this backend before any client byte: 0 none, 1 or 2
 	MaxFails      int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
 	FailTimeout   time.Duration // passive checks: the window, and how long it stays down
+	SlowStart     time.Duration // after it comes up its weight ramps from 10% of Base to Base over this; 0 = at once
+
+	CutOnDown      bool // on_down = "close": its sessions end when it goes down or into the wrong role
+	CutBackupsOnUp bool // on_up = "close-backups": when it (a primary target) comes up, sessions on the backups end
 }
 
 // Up reports whether t takes new connections as far as configuration,
@@ -235,12 +239,14 @@ func New(name string, targets []Target, prev Picker, o Options) (Picker, error) 
 			return nil, err
 		}
 		return NewMaglev(targets, o.tableSize(), wp)
+	case "first":
+		return NewFirst(targets), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
 
 // Names lists the schedulers New knows, in the README's order.
-var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh"}
+var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
 // Service is one service in a snapshot: its backends, scheduler and settings.
 type Service struct {
@@ -273,6 +279,16 @@ type Service struct {
 	KeepAliveIdle     time.Duration
 	KeepAliveInterval time.Duration
 	KeepAliveCount    int
+	// SplitBrain names the backends that claim the primary role at once in
+	// a service whose checks want a primary; nil when at most one does.
+	// While it is set, with RefuseSplitBrain every target has weight 0 and
+	// new connections are refused with reason split-brain; without it only
+	// the first claimant in file order keeps its weight.
+	SplitBrain       []string
+	RefuseSplitBrain bool
+	HoldTimeout      time.Duration // how long a new connection waits for an eligible backend when none is; 0 = close at once
+	UserTimeout      time.Duration // TCP_USER_TIMEOUT on the client and backend sockets; 0 = the kernel's default
+	Fallback         *Service      // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an

@@ -1,0 +1,120 @@
+package backend
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+)
+
+// redis probes a Redis server. Without a role or password it sends PING:
+// +PONG is up, and so is -NOAUTH (a live Redis that wants a password);
+// -LOADING and other errors are down. With a role or a password_file it
+// sends AUTH (if a password is set) and INFO replication: role:master is a
+// primary, role:slave a replica, which passes a role = "replica" check only
+// while master_link_status:up. Either way it ends with QUIT and reads to EOF, so
+// the server sees an orderly close.
+//
+// The commands are pipelined in one write and the replies read in order.
+func (p *Probe) redis(c net.Conn) (string, error) {
+	pw, err := p.password()
+	if err != nil {
+		return "", err
+	}
+	var cmds []byte
+	if pw != "" {
+		cmds = resp(cmds, "AUTH", pw)
+	}
+	info := p.roleWanted() || pw != ""
+	if info {
+		cmds = resp(cmds, "INFO", "replication")
+	} else {
+		cmds = resp(cmds, "PING")
+	}
+	cmds = resp(cmds, "QUIT")
+	if _, err := c.Write(cmds); err != nil {
+		return "", err
+	}
+	r := bufio.NewReaderSize(c, 4096)
+	defer io.Copy(io.Discard, io.LimitReader(r, 64<<10)) // the server closes after QUIT's +OK
+	if pw != "" {
+		line, _, err := redisReply(r)
+		if err != nil {
+			return "", fmt.Errorf("no answer to AUTH: %w", err)
+		}
+		if line != "+OK" {
+			return "", fmt.Errorf("redis AUTH: %s", clip([]byte(line)))
+		}
+	}
+	line, bulk, err := redisReply(r)
+	if err != nil {
+		return "", fmt.Errorf("no answer from redis: %w", err)
+	}
+	if !info {
+		if line == "+PONG" || strings.HasPrefix(line, "-NOAUTH") {
+			return "", nil
+		}
+		return "", fmt.Errorf("redis answered %q", clip([]byte(line)))
+	}
+	if strings.HasPrefix(line, "-NOAUTH") {
+		return "", fmt.Errorf("redis wants a password (set password_file): %s", clip([]byte(line)))
+	}
+	if bulk == nil {
+		return "", fmt.Errorf("redis answered %q to INFO replication", clip([]byte(line)))
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(string(bulk), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), ":"); ok {
+			fields[k] = v
+		}
+	}
+	switch fields["role"] {
+	case "master":
+		return RolePrimary, nil
+	case "slave":
+		if st := fields["master_link_status"]; st != "up" && p.Role == RoleReplica {
+			return RoleReplica, fmt.Errorf("replica's link to its master %s:%s is %s", fields["master_host"], fields["master_port"], st)
+		}
+		return RoleReplica, nil
+	}
+	return "", fmt.Errorf("redis INFO replication has no role: %q", clip(bulk))
+}
+
+// resp appends one command as a RESP array of bulk strings.
+func resp(b []byte, args ...string) []byte {
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, "\r\n"...)
+	for _, a := range args {
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(a)), 10)
+		b = append(b, "\r\n"...)
+		b = append(b, a...)
+		b = append(b, "\r\n"...)
+	}
+	return b
+}
+
+// redisReply reads one reply: the first line, and for a bulk string its
+// content.
+func redisReply(r *bufio.Reader) (line string, bulk []byte, err error) {
+	line, err = r.ReadString('\n')
+	if err != nil {
+		return "", nil, err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if !strings.HasPrefix(line, "$") {
+		return line, nil, nil
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil || n < 0 || n > 1<<20 {
+		return line, nil, fmt.Errorf("malformed bulk length %q", line)
+	}
+	bulk = make([]byte, n+2)
+	if _, err := io.ReadFull(r, bulk); err != nil {
+		return line, nil, err
+	}
+	return line, bulk[:n], nil
+}

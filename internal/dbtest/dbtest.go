@@ -1,0 +1,460 @@
+// Package dbtest starts real database servers for tests, each in its own
+// temporary directory on a free loopback port: a PostgreSQL primary and
+// streaming replicas, MariaDB, and Redis with replicas. The test's cleanup
+// stops each server and removes its files.
+//
+// Typical use:
+//
+//	pg := dbtest.StartPostgres(t)     // primary
+//	rep := pg.Replica(t)              // pg_basebackup -R, streaming
+//	pg.Exec(t, "SELECT 1")
+//
+// A test whose server is not installed skips, except under CI (CI set in
+// the environment), where it fails: CI installs every server.
+package dbtest
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql" // the test's own admin connections to MariaDB
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// missing skips the test, or fails it under CI.
+func missing(t testing.TB, what string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s is missing, and CI must run this test (.ci/run installs it)", what)
+	}
+	t.Skipf("%s is not installed", what)
+}
+
+// Passwords of the roles StartPostgres creates, and of MariaDB's users.
+const (
+	MD5Password   = "md5-secret"
+	ScramPassword = "scram secret with spaces"
+)
+
+// Postgres is one PostgreSQL server of the test's own, on 127.0.0.1.
+type Postgres struct {
+	Addr string // 127.0.0.1:port
+	Port int
+	Dir  string // data directory
+	Log  string // the server's log file
+	root string // the temporary directory holding Dir, Log and the socket
+	bin  string
+}
+
+func pgBin() string {
+	for _, d := range []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"} {
+		if _, err := os.Stat(d + "/pg_ctl"); err == nil {
+			return d
+		}
+	}
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		return filepath.Dir(p)
+	}
+	return ""
+}
+
+// pgRoot makes a temporary directory the postgres user owns.
+func pgRoot(t testing.TB) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("starting PostgreSQL as its own user needs root")
+	}
+	dir, err := os.MkdirTemp("", "fulcrum-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	run(t, "chown", "postgres:postgres", dir)
+	return dir
+}
+
+// StartPostgres starts a primary. Authentication from 127.0.0.1: trust
+// for the postgres user and replication, md5 for the role md5user
+// (MD5Password), SCRAM-SHA-256 for every other user; scramuser exists with
+// ScramPassword, and nopriv exists with no password at all.
+func StartPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	bin := pgBin()
+	if bin == "" {
+		missing(t, "PostgreSQL")
+	}
+	root := pgRoot(t)
+	p := &Postgres{Port: freePort(t), root: root, bin: bin, Dir: filepath.Join(root, "data"), Log: filepath.Join(root, "log")}
+	p.Addr = fmt.Sprintf("127.0.0.1:%d", p.Port)
+	runAs(t, bin+"/initdb", "-D", p.Dir, "--auth=trust", "--no-sync", "-U", "postgres")
+	p.configure(t)
+	hba := "local all all trust\n" +
+		"host replication all 127.0.0.1/32 trust\n" +
+		"host all postgres 127.0.0.1/32 trust\n" +
+		"host all md5user 127.0.0.1/32 md5\n" +
+		"host all all 127.0.0.1/32 scram-sha-256\n"
+	writeFile(t, filepath.Join(p.Dir, "pg_hba.conf"), hba)
+	run(t, "chown", "postgres:postgres", filepath.Join(p.Dir, "pg_hba.conf"))
+	p.Start(t)
+	t.Cleanup(func() { p.stop(t) })
+	p.Exec(t, "SET password_encryption = 'md5'; CREATE ROLE md5user LOGIN PASSWORD '"+MD5Password+"'")
+	p.Exec(t, "CREATE ROLE scramuser LOGIN PASSWORD '"+ScramPassword+"'; CREATE ROLE nopriv LOGIN")
+	return p
+}
+
+func (p *Postgres) configure(t testing.TB) {
+	t.Helper()
+	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = off\nmax_connections = 100\n"+
+		"shared_buffers = 16MB\nwal_keep_size = 64MB\nlog_connections = off\nlog_disconnections = off\n", p.Port, p.root)
+	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), conf)
+}
+
+// Replica makes a streaming replica of p (pg_basebackup -R) and starts it.
+func (p *Postgres) Replica(t testing.TB) *Postgres {
+	t.Helper()
+	root := pgRoot(t)
+	r := &Postgres{Port: freePort(t), root: root, bin: p.bin, Dir: filepath.Join(root, "data"), Log: filepath.Join(root, "log")}
+	r.Addr = fmt.Sprintf("127.0.0.1:%d", r.Port)
+	runAs(t, p.bin+"/pg_basebackup", "-h", "127.0.0.1", "-p", fmt.Sprint(p.Port), "-U", "postgres", "-D", r.Dir, "-R", "-X", "stream", "--no-sync")
+	r.configure(t)
+	r.Start(t)
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+// Start starts the server and waits until it accepts connections.
+func (p *Postgres) Start(t testing.TB) {
+	t.Helper()
+	p.ctl(t, "start", "-w", "-t", "60", "-l", p.Log)
+}
+
+// stop is the cleanup: a server the test stopped already is no error.
+func (p *Postgres) stop(t testing.TB) {
+	t.Helper()
+	out, err := exec.Command("runuser", "-u", "postgres", "--", p.bin+"/pg_ctl", "-D", p.Dir, "stop", "-m", "immediate").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "Is server running?") {
+		t.Errorf("pg_ctl stop: %v: %s", err, out)
+	}
+}
+
+// Stop stops the server with the given pg_ctl mode (fast, immediate).
+func (p *Postgres) Stop(t testing.TB, mode string) {
+	t.Helper()
+	p.ctl(t, "stop", "-w", "-m", mode)
+}
+
+// EnableTLS turns ssl on with a fresh self-signed certificate, rejects TCP
+// sessions without TLS, and reloads the configuration.
+func (p *Postgres) EnableTLS(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("openssl"); err != nil {
+		missing(t, "openssl")
+	}
+	cert, key := filepath.Join(p.root, "server.crt"), filepath.Join(p.root, "server.key")
+	run(t, "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-subj", "/CN=localhost", "-days", "1")
+	run(t, "chown", "postgres:postgres", cert, key)
+	os.Chmod(key, 0o600)
+	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), fmt.Sprintf("ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n", cert, key))
+	hba := filepath.Join(p.Dir, "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, hba, "hostnossl all all 127.0.0.1/32 reject\n"+string(b))
+	run(t, "chown", "postgres:postgres", hba)
+	p.ctl(t, "reload")
+	for deadline := time.Now().Add(10 * time.Second); p.Exec(t, "SHOW ssl")[0][0] != "on"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // a reload gives no event but the setting
+			t.Fatal("ssl is not on 10s after the reload")
+		}
+	}
+}
+
+// Promote makes a replica a primary and waits until it is one.
+func (p *Postgres) Promote(t testing.TB) {
+	t.Helper()
+	p.ctl(t, "promote", "-w")
+}
+
+func (p *Postgres) ctl(t testing.TB, args ...string) {
+	t.Helper()
+	runAs(t, p.bin+"/pg_ctl", append([]string{"-D", p.Dir}, args...)...)
+}
+
+// Exec runs sql as postgres over the server's socket and returns the rows
+// of the last statement, as text.
+func (p *Postgres) Exec(t testing.TB, sql string) [][]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", p.root, p.Port))
+	if err != nil {
+		t.Fatalf("connect to %s: %v", p.Addr, err)
+	}
+	defer c.Close(ctx)
+	res, err := c.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		t.Fatalf("%s on %s: %v", sql, p.Addr, err)
+	}
+	var rows [][]string
+	if len(res) > 0 {
+		for _, r := range res[len(res)-1].Rows {
+			row := make([]string, len(r))
+			for i, v := range r {
+				row[i] = string(v)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// LogSince returns what the server logged after offset bytes, and the new
+// offset.
+func (p *Postgres) LogSince(t testing.TB, offset int64) (string, int64) {
+	t.Helper()
+	b, err := os.ReadFile(p.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offset > int64(len(b)) {
+		offset = 0
+	}
+	return string(b[offset:]), int64(len(b))
+}
+
+// MariaDB is a mariadbd of the test's own, on 127.0.0.1.
+type MariaDB struct {
+	Addr   string
+	Port   int
+	Dir    string
+	socket string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	db     *sql.DB
+}
+
+// StartMariaDB initialises a data directory with mariadb-install-db and
+// starts mariadbd on it, with performance_schema on (for the host cache)
+// and max_connect_errors 5, so that a probe that counted toward it would
+// soon be blocked. Users: root over the socket; fulcrum with no password
+// and no privileges; checker with MD5Password.
+func StartMariaDB(t testing.TB) *MariaDB {
+	t.Helper()
+	if _, err := exec.LookPath("mariadbd"); err != nil {
+		if _, err := os.Stat("/usr/sbin/mariadbd"); err != nil {
+			missing(t, "mariadbd (mariadb-server)")
+		}
+	}
+	if _, err := exec.LookPath("mariadb-install-db"); err != nil {
+		missing(t, "mariadb-install-db (mariadb-server)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("starting MariaDB as its own user needs root")
+	}
+	dir, err := os.MkdirTemp("", "fulcrum-maria-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	run(t, "chown", "mysql:mysql", dir)
+	m := &MariaDB{Port: freePort(t), Dir: filepath.Join(dir, "data"), socket: filepath.Join(dir, "sock")}
+	m.Addr = fmt.Sprintf("127.0.0.1:%d", m.Port)
+	run(t, "mariadb-install-db", "--no-defaults", "--datadir="+m.Dir, "--user=mysql", "--auth-root-authentication-method=socket",
+		"--skip-test-db", "--skip-name-resolve")
+	mariadbd := "/usr/sbin/mariadbd"
+	if p, err := exec.LookPath("mariadbd"); err == nil {
+		mariadbd = p
+	}
+	m.cmd = exec.Command(mariadbd, "--no-defaults", "--datadir="+m.Dir, "--user=mysql", "--port="+fmt.Sprint(m.Port),
+		"--bind-address=127.0.0.1", "--socket="+m.socket, "--pid-file="+filepath.Join(dir, "pid"),
+		"--log-error="+filepath.Join(dir, "err.log"), "--performance-schema=ON", "--max-connect-errors=5",
+		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--skip-innodb-doublewrite", "--innodb-flush-log-at-trx-commit=0")
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(m.cmd, m.done) // exits with the process
+	t.Cleanup(func() {
+		if m.db != nil {
+			m.db.Close()
+		}
+		m.cmd.Process.Kill()
+		<-m.done
+	})
+	m.db, err = sql.Open("mysql", "root@unix("+m.socket+")/?timeout=5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.db.SetMaxIdleConns(1)
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if err = m.db.Ping(); err == nil {
+			break
+		}
+		select {
+		case <-m.done:
+			b, _ := os.ReadFile(filepath.Join(dir, "err.log"))
+			t.Fatalf("mariadbd exited: %s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("mariadbd on %s did not start: %v", m.Addr, err)
+		}
+		time.Sleep(50 * time.Millisecond) // a starting server gives no event but its socket
+	}
+	m.Exec(t, "CREATE USER fulcrum@'%'")
+	m.Exec(t, "CREATE USER checker@'%' IDENTIFIED BY '"+MD5Password+"'")
+	return m
+}
+
+// Exec runs one statement as root.
+func (m *MariaDB) Exec(t testing.TB, stmt string) {
+	t.Helper()
+	if _, err := m.db.Exec(stmt); err != nil {
+		t.Fatalf("%s: %v", stmt, err)
+	}
+}
+
+// Status reads one SHOW GLOBAL STATUS counter.
+func (m *MariaDB) Status(t testing.TB, name string) int64 {
+	t.Helper()
+	var k string
+	var v int64
+	if err := m.db.QueryRow("SHOW GLOBAL STATUS LIKE '"+name+"'").Scan(&k, &v); err != nil {
+		t.Fatalf("status %s: %v", name, err)
+	}
+	return v
+}
+
+// HostErrors is the host cache's count of connect errors that lead to a
+// block (max_connect_errors), summed over hosts.
+func (m *MariaDB) HostErrors(t testing.TB) int64 {
+	t.Helper()
+	var v sql.NullInt64
+	if err := m.db.QueryRow("SELECT SUM(SUM_CONNECT_ERRORS) FROM performance_schema.host_cache").Scan(&v); err != nil {
+		t.Fatalf("host_cache: %v", err)
+	}
+	return v.Int64
+}
+
+// Redis is a redis-server of the test's own, on 127.0.0.1.
+type Redis struct {
+	Addr string
+	Port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartRedis starts redis-server with no persistence, plus extra
+// arguments ("--requirepass", "x", "--replicaof", "127.0.0.1 6379").
+func StartRedis(t testing.TB, extra ...string) *Redis {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		missing(t, "redis-server")
+	}
+	r := &Redis{Port: freePort(t)}
+	r.Addr = fmt.Sprintf("127.0.0.1:%d", r.Port)
+	r.cmd = exec.Command("redis-server", append([]string{"--port", fmt.Sprint(r.Port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--loglevel", "notice"}, extra...)...)
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done) // exits with the process
+	t.Cleanup(r.Kill)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+		if err == nil {
+			c.Close()
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not start: %v", r.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond) // a starting server gives no event but its port
+	}
+}
+
+// Kill stops the server with SIGKILL and waits for it.
+func (r *Redis) Kill() {
+	if r.cmd != nil {
+		r.cmd.Process.Kill()
+		<-r.done
+		r.cmd = nil
+	}
+}
+
+// Do sends one inline command and returns the first line of the reply.
+func (r *Redis) Do(t testing.TB, cmd string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", r.Addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "%s\r\n", cmd)
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return strings.TrimSpace(string(buf[:n]))
+}
+
+func run(t testing.TB, prog string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(prog, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", prog, strings.Join(args, " "), err, out)
+	}
+}
+
+func runAs(t testing.TB, prog string, args ...string) {
+	t.Helper()
+	run(t, "runuser", append([]string{"-u", "postgres", "--", prog}, args...)...)
+}
+
+func writeFile(t testing.TB, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func appendFile(t testing.TB, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString(text)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago (servers
+// that take a port number need one; the race with another binder is
+// accepted).
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,214 @@
+package reload
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/backend"
+	"fulcrum/internal/dbtest"
+	"fulcrum/listener/listenertest"
+	"fulcrum/sched"
+)
+
+// redisRole asks, over c, what role the Redis behind it has.
+func redisRole(t *testing.T, c net.Conn) string {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "AUTH redis-pw\r\nINFO replication\r\n")
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("INFO through fulcrum: %v", err)
+		}
+		if role, ok := strings.CutPrefix(strings.TrimSpace(line), "role:"); ok {
+			return role
+		}
+	}
+}
+
+func port(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
+
+// TestRolesRedis: a role = "primary" service with scheduler first and
+// on_down = "close", and a role = "replica" service, over a Redis primary
+// and its replica. Each service shows the other node as wrong role;
+// REPLICAOF NO ONE and the old primary turned replica move the roles
+// within fall × interval + 1s; the session open on the old primary is
+// cut, and new connections reach the new primary.
+func TestRolesRedis(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	auth := []string{"--requirepass", "redis-pw", "--masterauth", "redis-pw"}
+	a := dbtest.StartRedis(t, auth...)
+	b := dbtest.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "redis.pw"), []byte("redis-pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const interval, fall, rise = 200 * time.Millisecond, 2, 1
+	health := func(svc, role string) string {
+		return fmt.Sprintf("[services.%s.health]\ncheck = \"redis\"\nrole = %q\npassword_file = \"redis.pw\"\ninterval = %q\ntimeout = %q\nrise = %d\nfall = %d\n",
+			svc, role, interval, interval, rise, fall)
+	}
+	r := startRun(t, dir, render(
+		svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first", extra: "on_down = \"close\"\n" + health("rw", "primary"),
+			backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}},
+		svc{name: "ro", listen: []string{"127.0.0.2:0"}, scheduler: "rr", extra: health("ro", "replica"),
+			backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
+	rw, ro := r.addr("127.0.0.1:0"), r.addr("127.0.0.2:0")
+	state := func(svc, name string) (backend.State, string) {
+		for _, tg := range r.ptr.Load().Service(svc).All() {
+			if tg.B.Name == name {
+				return tg.B.State()
+			}
+		}
+		t.Fatalf("no backend %s in %s", name, svc)
+		return 0, ""
+	}
+	waitState := func(svc, name string, want backend.State, role string, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for deadline := start.Add(within); ; time.Sleep(10 * time.Millisecond) { // checks give no event but the state
+			st, got := state(svc, name)
+			if st == want && got == role {
+				return time.Since(start)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s/%s = %v (%s) after %v; want %v (%s)", svc, name, st, got, within, want, role)
+			}
+		}
+	}
+	waitState("rw", "a", backend.StateUp, "primary", 10*time.Second)
+	waitState("rw", "b", backend.StateWrongRole, "replica", 10*time.Second)
+	waitState("ro", "b", backend.StateUp, "replica", 10*time.Second)
+	waitState("ro", "a", backend.StateWrongRole, "primary", 10*time.Second)
+
+	old, err := net.Dial("tcp", rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if role := redisRole(t, old); role != "master" {
+		t.Fatalf("rw reached a %s; want the master", role)
+	}
+	c, _ := net.Dial("tcp", ro)
+	if role := redisRole(t, c); role != "slave" {
+		t.Errorf("ro reached a %s; want the replica", role)
+	}
+	c.Close()
+
+	// Fail over: b becomes the master, a its replica.
+	b.Do(t, "AUTH redis-pw\r\nREPLICAOF NO ONE")
+	a.Do(t, "AUTH redis-pw\r\nREPLICAOF 127.0.0.1 "+port(b.Addr))
+	moved := time.Now()
+	waitState("rw", "a", backend.StateWrongRole, "replica", 10*time.Second)
+	if d, limit := time.Since(moved), fall*interval+time.Second; d > limit {
+		t.Errorf("the old master left rw %v after REPLICAOF; want within %v", d, limit)
+	}
+	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
+		return m["message"] == "sessions cut (on_down = close)" && m["backend"] == "a"
+	})
+	old.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := old.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the session on the old master is still open (read %d bytes)", n)
+	}
+	waitState("rw", "b", backend.StateUp, "primary", 10*time.Second)
+	c, _ = net.Dial("tcp", rw)
+	if role := redisRole(t, c); role != "master" {
+		t.Errorf("after the failover rw reached a %s; want the new master", role)
+	}
+	c.Close()
+	r.logs.Wait(t, 5*time.Second, "the wrong-role log line", func(m map[string]any) bool {
+		return m["message"] == "backend in the wrong role" && m["backend"] == "a" && m["service"] == "rw" && m["role"] == "replica"
+	})
+	if s := r.ptr.Load().Service("rw").Targets[0].B.Stats(); s.CutClosed != 1 {
+		t.Errorf("a's CutClosed = %d; want 1", s.CutClosed)
+	}
+}
+
+// TestOnUpCloseBackups: with on_up = "close-backups", a session on the
+// backup ends when the primary comes back, and the next connection goes
+// to the primary.
+func TestOnUpCloseBackups(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	h := &holder{}
+	bk := listenertest.NewServer(t, h.handle)
+	primary := listenertest.DeadAddr(t)
+	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra:    "on_up = \"close-backups\"\n" + health,
+		backends: []be{{"p", primary, 1, ""}, {"bk", bk.Addr, 1, "backup = true"}}}))
+	addr := r.addr("127.0.0.1:0")
+	r.logs.Wait(t, 5*time.Second, "p down", backendLine("backend down", "p"))
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if got, err := bufio.NewReader(c).ReadString('\n'); got != "in\n" {
+		t.Fatalf("via the backup: %q, %v", got, err)
+	}
+	listenertest.NewServerAt(t, primary, listenertest.Greeter("p"))
+	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
+		return m["message"] == "sessions cut (on_up = close-backups)" && m["backend"] == "bk"
+	})
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the session on the backup is still open (read %d bytes)", n)
+	}
+	if name, err := greeting(addr); name != "p" {
+		t.Errorf("after p came back: %q, %v; want p", name, err)
+	}
+}
+
+// TestSplitBrain: two Redis masters behind a role = "primary" service. With
+// split_brain = "refuse" nothing is eligible while both claim primary; with
+// "first" only the first in file order is. The split is logged once as it
+// begins and once as it ends, when one becomes a replica.
+func TestSplitBrain(t *testing.T) {
+	for _, mode := range []string{"refuse", "first"} {
+		t.Run(mode, func(t *testing.T) {
+			a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+			r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+				extra:    fmt.Sprintf("split_brain = %q\n", mode) + health,
+				backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
+			r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
+				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one") && m["backends"] == "a, b"
+			})
+			s := r.ptr.Load().Service("rw")
+			if len(s.SplitBrain) != 2 || s.RefuseSplitBrain != (mode == "refuse") {
+				t.Fatalf("SplitBrain = %v, refuse %v", s.SplitBrain, s.RefuseSplitBrain)
+			}
+			var req sched.Request
+			i, err := s.Picker.Pick(&req)
+			switch {
+			case mode == "refuse" && err == nil:
+				t.Errorf("split_brain = refuse: picked %s", s.Targets[i].B.Name)
+			case mode == "first" && (err != nil || s.Targets[i].B.Name != "a"):
+				t.Errorf("split_brain = first: Pick = %d, %v; want a", i, err)
+			}
+			if g := s.Group.Stats(); g.Splits != 1 {
+				t.Errorf("Splits = %d; want 1", g.Splits)
+			}
+			a.Do(t, "REPLICAOF 127.0.0.1 "+port(b.Addr))
+			r.logs.Wait(t, 10*time.Second, "the end of the split", func(m map[string]any) bool {
+				return m["message"] == "split brain over: at most one backend claims the primary role"
+			})
+			s = r.ptr.Load().Service("rw")
+			if i, err := s.Picker.Pick(&req); err != nil || s.Targets[i].B.Name != "b" {
+				t.Errorf("after a became a replica: Pick = %d, %v; want b", i, err)
+			}
+			if n := len(r.logs.All(func(m map[string]any) bool {
+				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
+			})); n != 1 {
+				t.Errorf("the split was logged %d times; want once", n)
+			}
+		})
+	}
+}
