@@ -4,11 +4,13 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"fulcrum/admin"
 	"fulcrum/conf"
@@ -47,6 +49,16 @@ func adminCommand(name string, args []string, stdout, stderr io.Writer, more fun
 	return cfg.Admin.Listen.String(), 0
 }
 
+// unreachable adds what an operator should check when nothing answers at
+// the admin address: the daemon may be down, or its [admin] listen may have
+// changed in the file since it started (the table applies at start only).
+func unreachable(err error) error {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("%w (is fulcrum running? [admin] listen applies only at start: after changing it, restart, or pass -admin with the running address)", err)
+	}
+	return err
+}
+
 // subUsage prints a subcommand's usage: its name and flags.
 func subUsage(fs *flag.FlagSet) {
 	fmt.Fprintf(fs.Output(), "usage: %s [flags]\n\n", fs.Name())
@@ -64,7 +76,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 	}
 	resp, err := adminClient.Get("http://" + addr + "/status")
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()
@@ -97,7 +109,7 @@ func drain(args []string, stdout, stderr io.Writer) int {
 	}
 	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum drain: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()
@@ -124,7 +136,7 @@ func healthz(args []string, stdout, stderr io.Writer) int {
 	}
 	resp, err := adminClient.Get("http://" + addr + "/healthz")
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", err)
+		fmt.Fprintf(stderr, "fulcrum healthz: %v\n", unreachable(err))
 		return 1
 	}
 	defer resp.Body.Close()

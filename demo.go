@@ -83,8 +83,9 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		c := counts[b.Name]
 		fmt.Fprintf(stdout, "  %-8s weight %d  %3d connections  %s\n", b.Name, b.Weight, c, strings.Repeat("#", c))
 	}
-	fmt.Fprintf(stdout, "\nfulcrum is serving on %s; try:  nc %s\n(each backend greets with its name, then echoes what you type)\nCtrl-C stops.\n",
-		lb, strings.Replace(lb, ":", " ", 1))
+	host, port, _ := net.SplitHostPort(lb)
+	fmt.Fprintf(stdout, "\nfulcrum is serving on %s; try:  nc %s %s\n(without nc, in bash: exec 3<>/dev/tcp/%s/%s; head -1 <&3)\n"+
+		"(each backend greets with its name, then echoes what you type)\nCtrl-C stops.\n", lb, host, port, host, port)
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "\nstopping...")
 	return 0

@@ -107,11 +107,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *check {
+		// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
+		// DNS lookups to slow them (the daemon resolves and logs on its own).
 		if !*quiet {
 			cfg.WriteSummary(stdout)
-		}
-		for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
-			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			if why := conf.Exposed(*path); why != "" {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
+			}
+			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			}
 		}
 		return 0
 	}
@@ -120,7 +125,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(usr)
 	log := newLogger(cfg.Log, stderr)
-	ctx, stop := signalContext(func() { log.Warn().Msg("second signal, exiting now") })
+	mlog := log.With().Str("component", "main").Logger() // main's own lines
+	mlog.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
+	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
 	defer stop()
 	var ptr atomic.Pointer[sched.Table]
 	inst := cluster.New(ptr.Load, log)
@@ -139,12 +146,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
-		log.Error().Err(err).Msg("cannot start")
+		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
 	for _, so := range socks {
 		a := srv.Inherit(so.Listener)
-		log.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
+		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
 		if so.Name != "" {
 			if m.Sockets == nil {
 				m.Sockets = map[string][]netip.AddrPort{}
@@ -152,49 +159,51 @@ func run(args []string, stdout, stderr io.Writer) int {
 			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
 		}
 	}
-	log.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
 	if os.Geteuid() == 0 {
-		log.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
+		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
 	}
 	if why := conf.Exposed(*path); why != "" {
-		log.Warn().Msg(why)
+		mlog.Warn().Msg(why)
 	}
 	if a := cfg.Admin.Listen; a.IsValid() {
 		ln, err := net.Listen("tcp", a.String())
 		if err != nil {
-			log.Error().Err(err).Msg("cannot start the admin listener")
+			mlog.Error().Err(err).Msg("cannot start the admin listener")
 			return 1
 		}
-		log.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo()}
+		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
+			Hosts: cfg.Admin.Hosts}
 		actx, stopAdmin := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- admin.Serve(actx, ln, admin.Handler(src)) }() // exits when stopAdmin is called
-		defer func() {                                                    // after the drain, so that it can be watched
+		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
+		defer func() {                                                                             // after the drain, so that it can be watched
 			stopAdmin()
 			if err := <-done; err != nil {
-				log.Warn().Err(err).Msg("admin listener")
+				mlog.Warn().Err(err).Msg("admin listener")
 			}
 		}()
 	}
 	if err := m.Run(ctx, cfg); err != nil {
-		log.Error().Err(err).Msg("cannot start")
+		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
-	log.Info().Msg("stopped")
+	mlog.Info().Msg("stopped")
 	return 0
 }
 
 // adminClient bounds every request to the admin listener.
 var adminClient = http.Client{Timeout: 5 * time.Second}
 
-// signalContext ends on the first SIGINT or SIGTERM, which starts a graceful
-// shutdown; a second one calls second (to log it in the chosen format) and
-// exits at once.
+// signalContext ends on the first SIGINT, SIGTERM or SIGQUIT, which starts a
+// graceful shutdown; a second one calls second (to log it in the chosen
+// format) and exits at once. SIGQUIT is nginx's graceful stop, and operators
+// used to it send it; Go's default for it (dump every goroutine, exit 2)
+// would drop every connection.
 func signalContext(second func()) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 	done := make(chan struct{})
 	go func() { // exits when stop is called
 		select {

@@ -164,6 +164,20 @@ func TestCheckQuiet(t *testing.T) {
 	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len() != 0 || errOut.Len() != 0 {
 		t.Errorf("-check -q on a valid file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
 	}
+	// A file others may write is valid but unsafe: -check says so, -q does not.
+	if err := os.Chmod(good, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-config", good}, &out, &errOut); code != 0 || !strings.Contains(errOut.String(), "warning: "+good+" is writable by others") {
+		t.Errorf("-check on a 0666 file = %d, stderr %q; want 0 and a warning", code, errOut.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"-check", "-q", "-config", good}, &out, &errOut); code != 0 || out.Len()+errOut.Len() != 0 {
+		t.Errorf("-check -q on a 0666 file = %d, stdout %q, stderr %q; want 0 and nothing", code, out.String(), errOut.String())
+	}
 	bad := writeFile(t, "bad.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\", wieght = 2 }]\n")
 	if code := run([]string{"-check", "-q", "-config", bad}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), `did you mean "weight"`) {
 		t.Errorf("-check -q on an invalid file = %d, stderr %q; want 1 and the problem", code, errOut.String())
@@ -715,4 +729,146 @@ backends = [{ address = %q }]
 	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "hi\n" {
 		t.Fatalf("after the limit was lifted: %q, %v; want the greeting", got, err)
 	}
+}
+
+// TestAdminUnreachable: nothing listening at the admin address says what
+// to check, including an [admin] listen changed since the daemon started.
+func TestAdminUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // refused from now on
+	for _, cmd := range []string{"status", "drain", "healthz"} {
+		var errOut bytes.Buffer
+		if code := run([]string{cmd, "-admin", addr}, io.Discard, &errOut); code != 1 {
+			t.Errorf("%s against a closed port = %d; want 1", cmd, code)
+		}
+		if !strings.Contains(errOut.String(), "connection refused") || !strings.Contains(errOut.String(), "is fulcrum running?") {
+			t.Errorf("%s: %q; want the refusal and what to check", cmd, errOut.String())
+		}
+	}
+}
+
+// TestDaemonConnectionLimit: with its descriptor table nearly full, the
+// daemon stops accepting at the limit it derived from RLIMIT_NOFILE instead
+// of failing dials with EMFILE (which used to mark a healthy backend down
+// and close clients with "no backend"): every client is served, the later
+// ones as soon as earlier ones end.
+func TestDaemonConnectionLimit(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // greets, then holds the connection until the client ends it
+		c.Write([]byte("hi\n"))
+		io.Copy(io.Discard, c)
+	}).Addr
+	path := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
+[log]
+format = "json"
+[services.s]
+listen = ["127.0.0.1:0"]
+backends = [{ address = %q }]
+`, be))
+	const nofile = 300 // a limit of (300 - 128) / 2 = 86 connections
+	d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec prlimit --nofile=%d %s -config %s", nofile, os.Args[0], path)}, nil, nil)
+	addr := d.await(t, "listening")["addr"].(string)
+
+	const clients = 150 // 300 descriptors: more than the table holds
+	conns := make([]net.Conn, 0, clients)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	greeted := make(chan int, clients)
+	for i := range clients {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second) // completes in the kernel backlog
+		if err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		conns = append(conns, c)
+		go func() { // exits when the greeting comes or the connection is closed
+			c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			if got, err := bufio.NewReader(c).ReadString('\n'); err == nil && got == "hi\n" {
+				greeted <- i
+			} else {
+				greeted <- -1
+			}
+		}()
+	}
+	line := d.awaitMatch(t, "the connection limit", func(m map[string]any) bool {
+		return strings.HasPrefix(fmt.Sprint(m["message"]), "connection limit reached")
+	}, "backend down")
+	max := int(line["max_conns"].(float64))
+	if max != 86 {
+		t.Errorf("max_conns = %d; want 86 for a table of %d", max, nofile)
+	}
+	served := map[int]bool{}
+	for len(served) < max {
+		i := <-greeted
+		if i < 0 {
+			t.Fatalf("a client was closed without its greeting after %d were served", len(served))
+		}
+		served[i] = true
+	}
+	// End the served ones: the waiting ones are accepted and served.
+	for i := range served {
+		conns[i].Close()
+	}
+	for len(served) < clients {
+		i := <-greeted
+		if i < 0 {
+			t.Fatalf("a waiting client was closed without its greeting (%d served)", len(served))
+		}
+		served[i] = true
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	for m := range d.lines { // every line until it exits: no backend was ever marked down
+		if m["message"] == "backend down" || m["end"] == "no backend" {
+			t.Errorf("logged %v", m)
+		}
+	}
+}
+
+// TestDaemonSIGQUITStopsGracefully: nginx users send SIGQUIT for a graceful
+// stop, so fulcrum treats it as SIGTERM: it stops accepting, a connection in
+// flight still completes, and the process exits 0 (Go's default would dump
+// every goroutine and exit 2, dropping the connection).
+func TestDaemonSIGQUITStopsGracefully(t *testing.T) {
+	be := listenertest.NewServer(t, func(c *net.TCPConn) { // echoes until EOF
+		io.Copy(c, listenertest.User(c))
+		c.CloseWrite()
+	}).Addr
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.echo]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "echo", address = %q }]
+`, be))
+	addr := d.await(t, "listening")["addr"].(string)
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGQUIT)
+	d.await(t, "stopped accepting; draining connections")
+	if _, err := c.Write([]byte("pong")); err != nil {
+		t.Fatalf("write after SIGQUIT: %v", err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	if b, err := io.ReadAll(c); err != nil || string(b) != "pong" {
+		t.Fatalf("echo after SIGQUIT = %q, %v; want \"pong\"", b, err)
+	}
+	d.expectExit(t, 10*time.Second)
 }

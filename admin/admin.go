@@ -13,7 +13,14 @@
 // Typical use (main does this):
 //
 //	src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst}
-//	go admin.Serve(ctx, ln, admin.Handler(src)) // returns when ctx ends
+//	go admin.Serve(ctx, ln, admin.Handler(src), admin.Options{Log: log}) // returns when ctx ends
+//
+// The listener cannot starve the data path: it holds at most
+// Options.MaxConns connections (64) and waits to accept more, each idle one
+// closes after 30 s, and a slow request gets 5 s for its headers. It serves
+// only requests whose Host names the listen address, localhost or one of
+// [admin] hosts, so that a web page cannot reach it by rebinding its own
+// DNS name to the admin address.
 package admin
 
 import (
@@ -21,10 +28,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,6 +60,9 @@ type Source struct {
 	// /healthz is always 200 and there is nothing to drain.
 	Instance *cluster.Instance
 	Version  string
+	// Hosts are the names a request's Host may carry besides localhost and
+	// the address the request came in on ([admin] hosts); lower case.
+	Hosts []string
 	// Build describes the binary for fulcrum_build_info: keys version,
 	// commit, go and date. Nil: the metric is not served.
 	Build map[string]string
@@ -78,8 +95,50 @@ func registry(src Source) *prometheus.Registry {
 	return reg
 }
 
-// Handler serves /metrics and /status (and /healthz) for src.
+// Handler serves /metrics and /status (and /healthz) for src, to requests
+// whose Host is allowed (see hostAllowed); others get 421.
 func Handler(src Source) http.Handler {
+	mux := routes(src)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostAllowed(r, src.Hosts) {
+			// Misdirected: this name does not lead here on purpose. A DNS
+			// rebinding page sends its own name; it learns nothing.
+			http.Error(w, fmt.Sprintf("host %q is not served here; name the listen address or localhost, or add the name to [admin] hosts", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed reports whether r's Host header names this listener: the IP
+// address the request came in on, "localhost", or one of hosts (any port).
+// A request without Host (HTTP/1.0) comes from no browser and is allowed.
+func hostAllowed(r *http.Request, hosts []string) bool {
+	h := r.Host
+	if h == "" {
+		return true
+	}
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	h = strings.ToLower(strings.TrimSuffix(strings.Trim(h, "[]"), "."))
+	if h == "localhost" || slices.Contains(hosts, h) {
+		return true
+	}
+	ip, err := netip.ParseAddr(h)
+	if err != nil {
+		return false
+	}
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return false
+	}
+	la, err := netip.ParseAddrPort(local.String())
+	return err == nil && la.Addr().Unmap() == ip.Unmap()
+}
+
+// routes is the handler for requests that passed the Host check.
+func routes(src Source) *http.ServeMux {
 	reg := registry(src)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -139,6 +198,8 @@ func Handler(src Source) http.Handler {
 		}
 	}
 	mux.Handle("POST /drain", http.NewCrossOriginProtection().Handler(drain(true)))
+	// The Host check above makes the Origin comparison these do sound: a
+	// request is same-origin only with a Host that names this listener.
 	mux.Handle("POST /undrain", http.NewCrossOriginProtection().Handler(drain(false)))
 	return mux
 }
@@ -157,12 +218,57 @@ func drainWord(draining, changed bool) string {
 	}
 }
 
+// Options bound what the admin listener may cost. Zero values take the
+// defaults.
+type Options struct {
+	// Log receives net/http's own error lines (accept errors, for one) as
+	// JSON, at most a few a second. The zero Logger writes nowhere.
+	Log zerolog.Logger
+	// MaxConns is how many connections are held at once; default 64. At the
+	// cap the listener stops accepting (the kernel queues the rest) and
+	// answers with Connection: close so that held connections cycle.
+	MaxConns int
+	// IdleTimeout closes a keep-alive connection idle this long; default 30s.
+	IdleTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers; default 5s. The
+	// whole request gets twice that, the response 30s.
+	ReadHeaderTimeout time.Duration
+}
+
+// DefaultMaxConns is Options.MaxConns's default: a few scrapers, probes and
+// operators, with room to spare.
+const DefaultMaxConns = 64
+
 // Serve serves h on ln until ctx ends, then shuts down (in-flight requests
 // get a second) and returns. It closes ln.
-func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+func Serve(ctx context.Context, ln net.Listener, h http.Handler, o Options) error {
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 30 * time.Second
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 5 * time.Second
+	}
+	lim := newLimitListener(ln, o.MaxConns)
+	sampled := o.Log.With().Str("component", "admin").Logger().Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second})
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if lim.full() {
+				w.Header().Set("Connection", "close") // at the cap: let the next one in
+			}
+			h.ServeHTTP(w, r)
+		}),
+		ReadHeaderTimeout: o.ReadHeaderTimeout,
+		ReadTimeout:       2 * o.ReadHeaderTimeout,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       o.IdleTimeout,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          log.New(logWriter{sampled}, "", 0),
+	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }() // exits when Shutdown closes ln
+	go func() { done <- srv.Serve(lim) }() // exits when Shutdown closes ln
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -171,6 +277,66 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		return err
 	}
 	return nil
+}
+
+// logWriter turns net/http's log lines into zerolog events, so that the
+// log stays one JSON object per line.
+type logWriter struct{ log zerolog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Warn().Msg(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// limitListener accepts while fewer than cap of its connections are open;
+// at the cap Accept waits for one to close, leaving newer ones in the
+// kernel's queue, where they hold no descriptor of ours.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{} // one token per open connection, and one for the Accept in progress
+	open      atomic.Int64  // connections open now
+	done      chan struct{} // closed by Close: Accept stops waiting
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, cap int) *limitListener {
+	return &limitListener{Listener: ln, sem: make(chan struct{}, cap), done: make(chan struct{})}
+}
+
+// full reports whether the cap is reached.
+func (l *limitListener) full() bool { return l.open.Load() >= int64(cap(l.sem)) }
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	l.open.Add(1)
+	return &limitConn{Conn: c, release: func() { l.open.Add(-1); <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitConn gives its token back once, when closed.
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // Status is what /status returns: the live snapshot.

@@ -171,3 +171,25 @@ func TestMonitoringNamesExist(t *testing.T) {
 		t.Logf("fulcrum metrics on no panel and in no rule: %v", unused)
 	}
 }
+
+// TestMetricsDocumented: docs/operations.md lists every fulcrum metric
+// /metrics serves, and names none that it does not.
+func TestMetricsDocumented(t *testing.T) {
+	served := servedMetrics(t)
+	data, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(fulcrum_[a-z_]+)").FindAllStringSubmatch(string(data), -1) {
+		named[m[1]] = true
+		if !served[m[1]] {
+			t.Errorf("docs/operations.md names %s, which /metrics does not serve", m[1])
+		}
+	}
+	for n := range served {
+		if strings.HasPrefix(n, "fulcrum_") && !named[n] {
+			t.Errorf("%s is served but not listed in docs/operations.md (Status, metrics and health)", n)
+		}
+	}
+}

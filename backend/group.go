@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"container/list"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -20,22 +21,25 @@ import (
 type Group struct {
 	Service string
 
-	active  atomic.Int64  // connections holding a service slot
-	waiting atomic.Int64  // connections in the queue now
-	retries atomic.Uint64 // dials tried after a failed one
-	queued  atomic.Uint64 // connections that had to wait
-	refused atomic.Uint64 // connections closed for want of a slot (at once, or when their wait ran out)
-	splits  atomic.Uint64 // times more than one backend began to claim the primary role
+	active         atomic.Int64  // connections holding a service slot
+	waiting        atomic.Int64  // connections in the queue now
+	backendWaiting atomic.Int64  // of which waiting for a backend slot (Enqueue)
+	retries        atomic.Uint64 // dials tried after a failed one
+	queued         atomic.Uint64 // connections that had to wait
+	refused        atomic.Uint64 // connections closed for want of a slot (at once, or when their wait ran out)
+	splits         atomic.Uint64 // times more than one backend began to claim the primary role
 
-	mu   sync.Mutex    // protects wake
-	wake chan struct{} // closed, and replaced, when a slot frees while someone waits
+	mu        sync.Mutex   // protects queue, admitQ, each Waiter's notified and each admitter's granted
+	queue     list.List    // of *Waiter, waiting for a backend slot, in arrival order
+	admitQ    list.List    // of *admitter, waiting for a service slot, in arrival order
+	admitting atomic.Int64 // admitQ's length, read without the lock
 
 	limits limits
 	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
 }
 
 func newGroup(service string) *Group {
-	g := &Group{Service: service, wake: make(chan struct{})}
+	g := &Group{Service: service}
 	g.limits.logEvery.Interval = time.Second
 	return g
 }
@@ -57,66 +61,180 @@ func (g *Group) Acquire(max int) bool {
 	}
 }
 
-// Release returns a service slot, waking the queue.
+// Release returns a service slot. While connections wait for one (Admit),
+// the slot passes to the longest-waiting of them instead, so that neither a
+// newcomer can take it first nor every waiter is woken to race for it.
 func (g *Group) Release() {
-	g.active.Add(-1)
-	g.freed()
-}
-
-// freed wakes every waiter: a service or backend slot is free. It costs one
-// atomic load when nobody waits.
-func (g *Group) freed() {
-	if g.waiting.Load() == 0 {
-		return
+	if g.admitting.Load() > 0 {
+		g.mu.Lock()
+		if e := g.admitQ.Front(); e != nil {
+			w := e.Value.(*admitter)
+			g.admitQ.Remove(e)
+			g.admitting.Add(-1)
+			w.granted = true
+			close(w.grant)
+			g.mu.Unlock()
+			return // the slot is w's now: active stays
+		}
+		g.mu.Unlock()
 	}
-	g.mu.Lock()
-	close(g.wake)
-	g.wake = make(chan struct{})
-	g.mu.Unlock()
+	g.active.Add(-1)
 }
 
-// Waiter is one connection's place in the queue.
-type Waiter struct {
-	g    *Group
-	done bool
+// admitter is one connection waiting in Admit.
+type admitter struct {
+	grant   chan struct{} // closed when a slot is handed over
+	granted bool          // guarded by g.mu
 }
 
-// Enqueue joins the queue. The caller must try again once after Enqueue
-// (a slot freed just before would otherwise be missed), then Wait, and
-// finally Leave.
-func (g *Group) Enqueue() *Waiter {
+// Admit takes one of max service slots (any number if max <= 0), waiting
+// until deadline for one in arrival order; it reports whether it took one.
+func (g *Group) Admit(max int, deadline time.Time) bool {
+	if g.Acquire(max) {
+		return true
+	}
+	if !time.Now().Before(deadline) {
+		return false
+	}
 	g.waiting.Add(1)
 	g.queued.Add(1)
-	return &Waiter{g: g}
-}
-
-// Wait blocks until a slot may have freed or until deadline, and reports
-// false at the deadline. Take the wake channel before the retry that
-// follows Enqueue: Wake returns it.
-func (w *Waiter) Wait(wake <-chan struct{}, deadline time.Time) bool {
+	defer g.waiting.Add(-1)
+	w := &admitter{grant: make(chan struct{})}
+	g.mu.Lock()
+	e := g.admitQ.PushBack(w)
+	g.admitting.Add(1)
+	g.mu.Unlock()
+	// A slot freed between the first try and the push went to active, not
+	// to us: try once more, now that every later release hands over.
+	if g.Acquire(max) {
+		g.mu.Lock()
+		granted := w.granted
+		if !granted {
+			g.admitQ.Remove(e)
+			g.admitting.Add(-1)
+		}
+		g.mu.Unlock()
+		if granted { // handed one meanwhile too: give the extra back
+			g.Release()
+		}
+		return true
+	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-wake:
+	case <-w.grant:
+		return true
+	case <-t.C:
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w.granted {
+		return true // handed over as the time ran out: take it
+	}
+	g.admitQ.Remove(e)
+	g.admitting.Add(-1)
+	return false
+}
+
+// freed hands a freed backend slot to the longest-waiting connection (in
+// the backend queue: Enqueue) not already woken: one wake per slot, in
+// arrival order, so a long queue costs a release O(1), not a wake-up of
+// every waiter. It costs one atomic load when nobody waits.
+func (g *Group) freed() {
+	if g.backendWaiting.Load() == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.wakeAfter(nil)
+	g.mu.Unlock()
+}
+
+// wakeAfter wakes the first waiter after e (from the front if e is nil)
+// that has no wake pending. g.mu must be held.
+func (g *Group) wakeAfter(e *list.Element) {
+	if e == nil {
+		e = g.queue.Front()
+	} else {
+		e = e.Next()
+	}
+	for ; e != nil; e = e.Next() {
+		if w := e.Value.(*Waiter); !w.notified {
+			w.notified = true
+			w.wake <- struct{}{} // never blocks: one pending wake at most, and notified says there is none
+			return
+		}
+	}
+}
+
+// Waiter is one connection's place in the queue; only its connection's
+// goroutine calls its methods.
+type Waiter struct {
+	g    *Group
+	e    *list.Element // its place in g.queue; nil once it has left
+	wake chan struct{} // a freed slot was handed to it; capacity 1
+	woke bool          // the last Wait returned a wake not yet known to be used
+	// notified (guarded by g.mu): a wake is pending in wake, or taken by
+	// Wait and not yet acted on.
+	notified bool
+}
+
+// Enqueue joins the queue, at its end. The caller must try again once after
+// Enqueue (a slot freed just before would otherwise be missed), then Wait,
+// trying again after each wake, and finally Leave.
+func (g *Group) Enqueue() *Waiter {
+	w := &Waiter{g: g, wake: make(chan struct{}, 1)}
+	g.waiting.Add(1)
+	g.backendWaiting.Add(1) // before it is queued: freed looks at the queue only when this is non-zero
+	g.queued.Add(1)
+	g.mu.Lock()
+	w.e = g.queue.PushBack(w)
+	g.mu.Unlock()
+	return w
+}
+
+// Wait blocks until a slot is handed to this connection or until deadline,
+// and reports false at the deadline. Calling Wait again means the slot the
+// last wake handed over could not be used (a newcomer took it, or it was a
+// backend this connection cannot use): it is handed on to the next waiter,
+// so that no freed slot is lost while someone could take it.
+func (w *Waiter) Wait(deadline time.Time) bool {
+	g := w.g
+	if w.woke {
+		w.woke = false
+		g.mu.Lock()
+		w.notified = false
+		g.wakeAfter(w.e)
+		g.mu.Unlock()
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-w.wake:
+		w.woke = true
 		return true
 	case <-t.C:
 		return false
 	}
 }
 
-// Wake returns the channel the next freed slot closes.
-func (g *Group) Wake() <-chan struct{} {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.wake
-}
-
-// Leave leaves the queue.
+// Leave leaves the queue. A wake handed to it and not taken by Wait goes on
+// to the next waiter.
 func (w *Waiter) Leave() {
-	if !w.done {
-		w.done = true
-		w.g.waiting.Add(-1)
+	if w.e == nil {
+		return
 	}
+	g := w.g
+	g.mu.Lock()
+	select {
+	case <-w.wake: // handed a slot it will not use
+		g.wakeAfter(w.e)
+	default:
+	}
+	g.queue.Remove(w.e)
+	g.mu.Unlock()
+	w.e = nil
+	g.waiting.Add(-1)
+	g.backendWaiting.Add(-1)
 }
 
 // Retried counts a dial tried after a failed one.

@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -79,6 +80,16 @@ type Log struct {
 type Admin struct {
 	Listen      netip.AddrPort // zero: no admin listener (the default)
 	AllowRemote bool           // a non-loopback Listen is refused unless set
+	// Hosts are the host names, besides "localhost" and the listen address
+	// itself, that a request's Host header may name (any port); others get
+	// 421, so that a DNS name rebound to the admin address (DNS
+	// rebinding) cannot reach it from a browser. Default none. Lower case.
+	Hosts []string
+}
+
+// Equal reports whether a and b are the same settings.
+func (a Admin) Equal(b Admin) bool {
+	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts)
 }
 
 // Cluster is the [cluster] table: what an instance that shares a floating
@@ -133,6 +144,25 @@ type Settings struct {
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
 	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
+
+	// TCP keepalive on both legs of every connection: a peer silent for
+	// KeepAliveIdle (spread ±20% per socket, so that connections opened
+	// together never probe together) is probed every KeepAliveInterval, and
+	// the connection is reset after KeepAliveCount unanswered probes.
+	// Defaults 1m, 15s, 4: a vanished peer is found within about 2 minutes.
+	// KeepAliveIdle 0 turns keepalive off.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
+
+	// HalfCloseTimeout ends a connection one direction of which has closed
+	// (a FIN was passed on) while the other moves no byte for this long, as
+	// HAProxy's timeout client-fin/server-fin do; default 2m, 0 = never.
+	HalfCloseTimeout time.Duration
+
+	// PrereadTimeout, on an address routed by name (sni), bounds the wait
+	// for the client's first message (docs/routing.md); default 5s.
+	PrereadTimeout time.Duration
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -172,6 +202,16 @@ type Service struct {
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
 	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
+
+	// SNI routes by name (docs/routing.md): the server names this service
+	// takes on its listen addresses, which it may then share with other
+	// routed services. Exact names, "*.suffix" one-label wildcards, or "*",
+	// the default route; lowercased. nil (default): the service owns its
+	// addresses alone.
+	SNI []string
+	// ALPN narrows SNI: the client must offer one of these protocols. nil
+	// (default): any protocol, or none.
+	ALPN []string
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -199,7 +239,9 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse"}
+		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
+		PrereadTimeout: 5 * time.Second}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -215,13 +257,42 @@ func Exposed(path string) string {
 	return ""
 }
 
+// MaxSize is the largest configuration file Read accepts: 16 MiB, some
+// thousand times a large real one, and far below what would hold the reload
+// loop for seconds and grow the process by hundreds of megabytes.
+const MaxSize = 16 << 20
+
+// ErrTooLarge is returned by Read for a file larger than MaxSize.
+var ErrTooLarge = errors.New("configuration file too large")
+
 // Load reads and validates the file at path.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := Read(path)
 	if err != nil {
 		return nil, err
 	}
 	return Parse(path, data)
+}
+
+// Read reads the file at path, refusing one larger than MaxSize before
+// reading it (and, should it grow while read, after MaxSize+1 bytes).
+func Read(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > MaxSize {
+		return nil, fmt.Errorf("%s: %w: %d bytes, the limit is %d (16 MiB)", path, ErrTooLarge, fi.Size(), MaxSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxSize {
+		return nil, fmt.Errorf("%s: %w: more than %d bytes (16 MiB)", path, ErrTooLarge, MaxSize)
+	}
+	return data, nil
 }
 
 // Parse validates data; name is used in error messages and may be "".
@@ -265,6 +336,10 @@ func Parse(name string, data []byte) (*Config, error) {
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
+// hostName is a DNS name or an IP literal as a Host header carries it,
+// without the port.
+var hostName = regexp.MustCompile(`^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$`)
+
 func (w *walker) config(root *table) *Config {
 	cfg := &Config{}
 	lt := root.sub("log")
@@ -303,6 +378,15 @@ func (w *walker) config(root *table) *Config {
 		}
 	}
 	cfg.Admin.AllowRemote = at.boolean("allow_remote", false)
+	hosts, _ := at.strs("hosts")
+	for i, h := range hosts {
+		h = strings.ToLower(strings.TrimSuffix(h, "."))
+		if !hostName.MatchString(h) {
+			w.errorf(fmt.Sprintf("%s[%d]", at.key("hosts"), i), "%q is not a host name (no port, no scheme), such as \"lb1.example.net\"", hosts[i])
+			continue
+		}
+		cfg.Admin.Hosts = append(cfg.Admin.Hosts, h)
+	}
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -331,6 +415,7 @@ func (w *walker) config(root *table) *Config {
 		return w.order[a] - w.order[b]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
+	w.claims = map[netip.AddrPort][]claim{}
 	for _, name := range names {
 		svc := st.sub(name)
 		if !serviceName.MatchString(name) {
@@ -340,6 +425,8 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	w.checkRoutes()
+	w.selfLoops(cfg.Services, listeners)
 	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
@@ -384,7 +471,32 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
 		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
+
+		KeepAliveIdle:     w.keepAliveDuration(t, "keepalive_idle", base.KeepAliveIdle, 0),
+		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
+		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
+		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
+		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
 	}
+}
+
+// maxKeepAlive is the longest keepalive idle time or interval Linux accepts
+// (TCP_KEEPIDLE, TCP_KEEPINTVL: 32767 seconds).
+const maxKeepAlive = 32767 * time.Second
+
+// keepAliveDuration reads a keepalive time: whole seconds (the socket
+// options' unit), at least min, at most maxKeepAlive.
+func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) time.Duration {
+	d := t.duration(k, def, min)
+	switch {
+	case d%time.Second != 0:
+		w.errorf(t.key(k), "must be whole seconds (the kernel's unit), have %s", d)
+		return def
+	case d > maxKeepAlive:
+		w.errorf(t.key(k), "must be at most %s, have %s", maxKeepAlive, d)
+		return def
+	}
+	return d
 }
 
 // OnDowns and OnUps are the values of on_down and on_up.
@@ -549,6 +661,7 @@ func isPrime(n int) bool {
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
 	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
+	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -563,11 +676,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		// Port 0 binds a fresh port, so it overlaps nothing; but a listener
 		// is known by its address as written, so the same one twice clashes.
+		// The very same address may be shared by routed services: that is
+		// for checkRoutes to judge.
 		for other, owner := range listeners {
-			if overlaps(other, ap) && (ap.Port() != 0 || other == ap) {
+			if other != ap && overlaps(other, ap) && ap.Port() != 0 {
 				w.errorf(key, "%s is also listened on by %s", a, owner)
 			}
 		}
+		w.claims[ap] = append(w.claims[ap], claim{svc: t.path, listen: key, sni: s.SNI, alpn: s.ALPN, acceptProxy: s.AcceptProxy, proxyTimeout: s.ProxyTimeout})
 		if _, dup := listeners[ap]; !dup {
 			listeners[ap] = key
 		}
@@ -636,6 +752,99 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			s.TableSize, len(s.Backends))
 	}
 	return s
+}
+
+// selfLoops reports each backend through which connections would come back
+// to the same service: an address that is one of fulcrum's own listen
+// addresses (directly, or covered by a wildcard listen) of the same service,
+// or of a service that leads back to it. Each such connection would be
+// accepted again and dialled again until descriptors run out. A chain that
+// ends (an outer service in front of an inner one) is fine.
+func (w *walker) selfLoops(svcs []Service, listeners map[netip.AddrPort]string) {
+	var local map[netip.Addr]bool // the host's addresses, read when a wildcard listen needs them
+	// owner returns the key of the listen address b reaches, or "".
+	owner := func(b netip.AddrPort) string {
+		for l, key := range listeners {
+			if l.Port() != b.Port() || l.Port() == 0 {
+				continue
+			}
+			if l.Addr() == b.Addr() {
+				return key
+			}
+			if l.Addr().IsUnspecified() && (l.Addr().Is6() || b.Addr().Is4()) {
+				if local == nil {
+					local = localAddrs()
+				}
+				if b.Addr().IsLoopback() || local[b.Addr()] {
+					return key
+				}
+			}
+		}
+		return ""
+	}
+	type edge struct {
+		backend int
+		to      string // the service reached
+		via     string // its listen key
+	}
+	edges := map[string][]edge{}
+	for _, s := range svcs {
+		for i, b := range s.Backends {
+			if !b.Addr.IsValid() {
+				continue
+			}
+			if key := owner(b.Addr); key != "" {
+				to := strings.TrimPrefix(key, "services.")
+				to = to[:strings.IndexByte(to, '.')]
+				edges[s.Name] = append(edges[s.Name], edge{i, to, key})
+			}
+		}
+	}
+	// reaches reports whether from leads to target through edges.
+	reaches := func(from, target string) bool {
+		seen := map[string]bool{}
+		stack := []string{from}
+		for len(stack) > 0 {
+			n := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			if n == target {
+				return true
+			}
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			for _, e := range edges[n] {
+				stack = append(stack, e.to)
+			}
+		}
+		return false
+	}
+	for _, s := range svcs {
+		for _, e := range edges[s.Name] {
+			if reaches(e.to, s.Name) {
+				w.errorf(fmt.Sprintf("services.%s.backends[%d].address", s.Name, e.backend),
+					"%s is fulcrum's own listen address (%s), which leads back to this service: each connection would loop through fulcrum until descriptors run out",
+					s.Backends[e.backend].Address, e.via)
+			}
+		}
+	}
+}
+
+// localAddrs returns the addresses of this host's interfaces; a variable
+// so that tests can name some.
+var localAddrs = func() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return out // loopback is still caught; other addresses are not
+	}
+	for _, a := range as {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out
 }
 
 // overlaps reports whether binding both a and b would clash: the same

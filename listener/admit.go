@@ -10,9 +10,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -28,7 +31,14 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		c.Close()
-		s.wg.Done()
+		s.connDone()
+		return
+	}
+	ka := keepAliveFor(svc)
+	if err := setKeepAliveConn(c, ka); err != nil { // a socket that takes no option is not worth serving
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
+		c.Close()
+		s.connDone()
 		return
 	}
 	if err := setUserTimeout(c, svc.UserTimeout); err != nil {
@@ -50,7 +60,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
 		c.Close()
-		s.wg.Done()
+		s.connDone()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
 		reject(kind, err)
@@ -70,7 +80,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		c.Close()
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
-		s.wg.Done()
+		s.connDone()
 	}
 	if !admit(svc, start) {
 		svc.Group.Refused()
@@ -165,10 +175,6 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		}
 	}()
 	for tries <= svc.Retries {
-		var wake <-chan struct{}
-		if w != nil {
-			wake = svc.Group.Wake() // before the pick: a slot freed after it wakes us
-		}
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
@@ -185,7 +191,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
+			if !w.Wait(start.Add(svc.QueueTimeout)) {
 				return nil, nil, tries, errFull
 			}
 			continue
@@ -206,13 +212,29 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAliveConfig: keepAlive, Control: userTimeout(svc.UserTimeout)}
+		ut := userTimeout(svc.UserTimeout)
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive and the user timeout are set before the connect
+			Control: func(network, address string, rc syscall.RawConn) error {
+				if ut != nil {
+					if err := ut(network, address, rc); err != nil {
+						return err
+					}
+				}
+				return setKeepAliveRaw(rc, keepAliveFor(svc))
+			}}
 		c, err := d.Dial("tcp", t.Addr.String())
 		if err == nil {
 			t.B.PassiveOK()
 			return c.(*net.TCPConn), t, tries, nil
 		}
 		t.B.Release()
+		if localError(err) {
+			// fulcrum's own shortage (descriptors, buffers, ports), not the
+			// backend's fault: never counted against it, and no other
+			// backend would fare better now.
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
+			return nil, nil, tries, err
+		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
@@ -220,6 +242,19 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
 	}
 	return nil, nil, tries, last
+}
+
+// localError reports whether a dial failed for want of a local resource:
+// descriptors (EMFILE, ENFILE), kernel memory (ENOBUFS, ENOMEM), local
+// ports (EADDRNOTAVAIL), or the socket could not be made at all.
+func localError(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "socket"
 }
 
 // errFull: every eligible backend, or the service, is at its max_conns.
@@ -253,24 +288,10 @@ func full(ts []sched.Target, r *sched.Request) bool {
 // admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
 // for one. It reports false when the connection must be refused.
 func admit(svc *sched.Service, start time.Time) bool {
-	g := svc.Group
-	if g.Acquire(svc.MaxConns) {
-		return true
-	}
 	if svc.QueueTimeout <= 0 {
-		return false
+		return svc.Group.Acquire(svc.MaxConns)
 	}
-	w := g.Enqueue()
-	defer w.Leave()
-	for {
-		wake := g.Wake()
-		if g.Acquire(svc.MaxConns) {
-			return true
-		}
-		if !w.Wait(wake, start.Add(svc.QueueTimeout)) {
-			return false
-		}
-	}
+	return svc.Group.Admit(svc.MaxConns, start.Add(svc.QueueTimeout))
 }
 
 // logsAccess reports whether access would write a line for svc now.

@@ -575,36 +575,3 @@ func TestLostSlotRace(t *testing.T) {
 		t.Fatalf("greeting = %q, %v; want the connection served once the slot freed", line, err)
 	}
 }
-
-// TestKeepAliveInherited: a proxied client's socket has fulcrum's
-// keepalive although Go sets none per accept: it comes from the listening
-// socket.
-func TestKeepAliveInherited(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	got := make(chan [4]int, 1)
-	be := listenertest.NewServer(t, listenertest.Greeter("a"))
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
-	// The accepted socket is inside the proxy; its listener's options are
-	// what Linux copies to it, so read them there and from a fresh accept.
-	so := p.srv.lns[netip.MustParseAddrPort("127.0.0.1:0")]
-	rc, err := so.ln.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.Control(func(fd uintptr) {
-		var v [4]int
-		v[0], _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
-		v[1], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
-		v[2], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPINTVL)
-		v[3], _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPCNT)
-		got <- v
-	})
-	if v := <-got; v != [4]int{1, 30, 10, 6} {
-		t.Errorf("listening socket keepalive, idle, interval, count = %v; want [1 30 10 6]", v)
-	}
-	c := p.dial(t)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "a\n" {
-		t.Fatalf("greeting %q, %v", line, err)
-	}
-}

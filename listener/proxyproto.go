@@ -156,21 +156,27 @@ func readHeader(c *net.TCPConn, timeout time.Duration) (*proxyproto.Header, erro
 // spoofed reports whether a client that is not trusted to send a PROXY
 // header starts with one. It waits for the first bytes until timeout; a
 // client that sends nothing by then (a server-first protocol) is not
-// spoofing. It consumes nothing.
+// spoofing. One whose first bytes are still a prefix of a signature at the
+// timeout is refused as one: letting it through would let the rest of a
+// header follow a pause, and no client protocol starts with a part of
+// "PROXY " or of the v2 signature and then waits. It consumes nothing.
 func spoofed(c *net.TCPConn, timeout time.Duration) (bool, error) {
 	c.SetReadDeadline(time.Now().Add(timeout))
 	defer c.SetReadDeadline(time.Time{})
 	buf := make([]byte, len(v2Sig))
 	var match bool
-	_, err := peek(c, buf, func(b []byte) bool {
+	n, err := peek(c, buf, func(b []byte) bool {
 		_, herr := headerLen(b)
 		match = herr == nil || errors.Is(herr, errBadHeader) || errors.Is(herr, errBigHeader)
 		full := len(b) >= len(v1Sig) && string(b[:len(v1Sig)]) == v1Sig || len(b) >= len(v2Sig)
 		return !match || full // decided: no signature, or a whole signature
 	})
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, io.EOF) {
-		return false, nil // nothing, or too little, to be a header
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return n > 0 && match, nil // a signature begun and not finished in time is refused
+	case errors.Is(err, io.EOF):
+		return false, nil // too little to be a header, and nothing more will come
 	}
 	return match, err
 }

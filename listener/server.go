@@ -55,6 +55,10 @@ type Server struct {
 	lns   map[netip.AddrPort]*socket
 	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
 
+	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
+	atLimit atomic.Uint64 // times an accept loop waited for a slot
+	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
+
 	pipes  pipePool // splice pipes lent to sessions while they move data
 	mode   copyMode // how sessions copy; copyAuto but in tests
 	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
@@ -85,11 +89,9 @@ type socket struct {
 func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
+		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: pipePool{size: pipeSize, max: pipesKept}}
 }
-
-// keepAlive is applied to both legs of every connection.
-var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 10 * time.Second, Count: 6}
 
 // Inherit offers a listening socket passed by the service manager. Prepare
 // adopts it for the configured address it is bound to instead of binding
@@ -129,31 +131,6 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 		}
 	}
 	return true
-}
-
-// setKeepAlive applies keepAlive to a socket: SO_KEEPALIVE and the TCP
-// idle, interval and count.
-func setKeepAlive(c syscall.RawConn) error {
-	var serr error
-	err := c.Control(func(fd uintptr) {
-		for _, o := range []struct{ level, opt, v int }{
-			{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, int(keepAlive.Idle / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, int(keepAlive.Interval / time.Second)},
-			{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, keepAlive.Count},
-		} {
-			if serr == nil {
-				serr = unix.SetsockoptInt(int(fd), o.level, o.opt, o.v)
-			}
-		}
-	})
-	if err == nil {
-		err = serr
-	}
-	if err != nil {
-		return fmt.Errorf("set keepalive: %w", err)
-	}
-	return nil
 }
 
 // setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
@@ -211,16 +188,13 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 	c := &Change{s: s, want: make(map[netip.AddrPort]bool, len(want))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Keepalive is set once on the listening socket, which accepted sockets
-	// inherit (Linux copies it to each), and Go is told not to set it again
-	// on every accept: four setsockopt calls fewer per connection.
+	// Go is told to set no keepalive per accept: each accepted socket gets
+	// its service's own, with its idle time spread (keepalive.go).
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
 		if freebind {
-			if err := setFreebind(network, address, c); err != nil {
-				return err
-			}
+			return setFreebind(network, address, c)
 		}
-		return setKeepAlive(c)
+		return nil
 	}}
 	for _, a := range want {
 		c.want[a] = true
@@ -387,16 +361,19 @@ func (s *Server) accept(so *socket) {
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			so.ln.SetDeadline(time.Now().Add(d))
 		}
+		if !s.takeSlot(so) {
+			return
+		}
 		c, err := so.ln.AcceptTCP()
 		so.beat.Store(time.Now().UnixNano())
+		if err != nil {
+			<-s.slots // not taken after all
+		}
 		if err == nil {
 			delay = 0
 			so.accepts.Add(1)
-			if so.inherited { // Go set its default keepalive on it, not ours
-				c.SetKeepAliveConfig(keepAlive)
-			}
 			s.wg.Add(1)
-			go s.handle(c, so.key) // exits when the connection ends
+			go s.handle(c, so.key) // exits when the connection ends; its slot is freed by connDone
 			continue
 		}
 		select {

@@ -27,7 +27,7 @@ const (
 // session is one proxied connection after a successful dial. It owns both
 // sockets and the count of Server.wg that handle took for the connection.
 // Its two halves run in goroutines of their own; the last one to end closes
-// both sockets, releases the backend, logs and calls wg.Done (finish).
+// both sockets, releases the backend, logs and calls connDone (finish).
 type session struct {
 	srv     *Server
 	svc     *sched.Service
@@ -145,7 +145,7 @@ func (ss *session) finish() {
 	ss.svc.Group.Release()
 	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
 	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
-	ss.srv.wg.Done()
+	ss.srv.connDone()
 }
 
 // firstErr is the error that ended the session, or nil.

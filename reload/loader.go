@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io/fs"
-	"os"
 
 	"fulcrum/conf"
 )
@@ -104,7 +103,7 @@ func (l *loader) load(ctx context.Context, req loadReq) loaded {
 // tried (and not force), so there is nothing to apply.
 func (l *loader) read(ctx context.Context, force bool) (res loaded, done bool) {
 	m := l.m
-	data, err := os.ReadFile(m.path)
+	data, err := conf.Read(m.path) // refuses a file above conf.MaxSize before reading it
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			if !l.gone {

@@ -34,6 +34,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/health"
 	"fulcrum/listener"
 	"fulcrum/sched"
 	"fulcrum/systemd"
@@ -65,23 +66,21 @@ type Manager struct {
 	// name also listens on them, whatever its listen list says.
 	Sockets map[string][]netip.AddrPort
 
-	path string
-	ptr  *atomic.Pointer[sched.Table]
-	srv  *listener.Server
-	log  zerolog.Logger
-	pool backend.Pool
+	path   string
+	ptr    *atomic.Pointer[sched.Table]
+	srv    *listener.Server
+	log    zerolog.Logger
+	pool   backend.Pool
+	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 
-	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur and stopChecks
+	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
 	cur        *conf.Config
 	dns        names // the host name resolutions the running table uses
 	drains     sync.WaitGroup
-	checks     sync.WaitGroup     // health check goroutines
-	stopChecks context.CancelFunc // ends the running configuration's checks
-	stopped    bool               // Shutdown has run
-	drainCtx   context.Context    // parent of every drain; ended by stopDrains when Shutdown's context ends
+	stopped    bool            // Shutdown has run
+	drainCtx   context.Context // parent of every drain; ended by stopDrains when Shutdown's context ends
 	stopDrains context.CancelFunc
 	seq        atomic.Uint64 // the last Table.Seq handed out
-	changes    chan *backend.Backend
 
 	statusMu sync.Mutex // protects status
 	status   Status
@@ -99,43 +98,11 @@ type Status struct {
 
 // New returns a Manager for the file at path.
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
-	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
-		changes: make(chan *backend.Backend, 4096)}
+	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
-	m.pool.Changes = m.changes
+	m.health = health.New(log, ptr.Load, m.refresh)
+	m.pool.Changes = m.health.Changes()
 	return m
-}
-
-// startChecks ends the running checks and starts jobs, one goroutine each.
-// A backend whose checks are now off is no longer held down by them.
-// Called with m.mu held.
-func (m *Manager) startChecks(jobs []checkJob) {
-	if m.stopChecks != nil {
-		m.stopChecks()
-		m.stopChecks = nil
-	}
-	checked := map[*backend.Backend]bool{}
-	if len(jobs) > 0 {
-		ctx, cancel := context.WithCancel(context.Background())
-		m.stopChecks = cancel
-		for _, j := range jobs {
-			checked[j.b] = true
-			m.checks.Add(1)
-			go func() { // exits when the next configuration (or Shutdown) cancels ctx
-				defer m.checks.Done()
-				j.b.RunChecks(ctx, j.spec)
-			}()
-		}
-	}
-	if t := m.ptr.Load(); t != nil && !m.stopped {
-		for _, s := range t.Services {
-			for _, tg := range s.All() {
-				if !checked[tg.B] {
-					tg.B.ClearActive()
-				}
-			}
-		}
-	}
 }
 
 // current returns the running configuration.
@@ -278,16 +245,17 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		b.SetAddressError(err, start)
 	}
 	m.dns = dns
-	awaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
+	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
 	m.ptr.Store(p.table)
 	m.swapped(old, p.table)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
-	m.startChecks(p.jobs)
+	m.health.SetChecks(p.jobs)
+	m.health.Kick()
 	if m.OnLog != nil {
 		m.OnLog(cfg.Log)
 	}
-	if m.cur != nil && m.cur.Admin != cfg.Admin {
+	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
@@ -322,7 +290,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 // touching live state; Apply commits it once the listeners are bound.
 type plan struct {
 	table *sched.Table
-	jobs  []checkJob
+	jobs  []health.Job
 	draft *backend.Draft // the backends and groups the table names, new ones not yet in the pool
 	rates []rateSpec     // each service's accept_rate, set on its group at commit
 	// addrErrs holds, for every backend named by a host name, why it has no
@@ -349,6 +317,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
+		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
+			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
+		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
@@ -356,7 +327,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			if b.Host != "" {
 				p.addrErrs[bk] = aerr
 			}
-			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: effectiveWeight(b, bk, now),
+			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol],
 				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
@@ -369,7 +340,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prim = append(prim, t)
 			}
 			if b.Health.Check != "none" {
-				p.jobs = append(p.jobs, checkJob{b: bk, spec: checkSpec(b, dns)})
+				p.jobs = append(p.jobs, health.Job{B: bk, Spec: checkSpec(b, dns)})
 			}
 		}
 		svc := &sched.Service{
@@ -391,6 +362,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
 			Parked:            cs.Copy == "parked",
+			KeepAliveIdle:     cs.KeepAliveIdle,
+			KeepAliveInterval: cs.KeepAliveInterval,
+			KeepAliveCount:    cs.KeepAliveCount,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
@@ -444,71 +418,6 @@ func picker(name string, opt sched.Options, targets []sched.Target, prev *sched.
 	}
 	p, err := sched.New(name, targets, last, opt)
 	return targets, p, err
-}
-
-// effectiveWeight is b's weight as the schedulers see it at now: 0 while
-// it is down, and from 10% up to 100% of it during slow start after it came
-// up (never below 1).
-func effectiveWeight(b conf.Backend, bk *backend.Backend, now time.Time) int {
-	if b.Weight == 0 {
-		return 0
-	}
-	up, _, since := bk.Health()
-	if !up {
-		return 0
-	}
-	if b.SlowStart <= 0 || since.IsZero() {
-		return b.Weight
-	}
-	elapsed := now.Sub(since)
-	if elapsed >= b.SlowStart {
-		return b.Weight
-	}
-	frac := 0.1 + 0.9*float64(elapsed)/float64(b.SlowStart)
-	return max(1, int(float64(b.Weight)*frac+0.5))
-}
-
-// ramping reports how soon t's weight should be stepped up again, or 0.
-func ramping(cfg *conf.Config, t *sched.Table, now time.Time) time.Duration {
-	var next time.Duration
-	for _, cs := range cfg.Services {
-		for _, b := range cs.Backends {
-			if b.SlowStart <= 0 || b.Weight == 0 {
-				continue
-			}
-			svc := t.Service(cs.Name)
-			if svc == nil {
-				continue
-			}
-			bk := findBackend(svc, b.Name)
-			if bk == nil {
-				continue
-			}
-			if up, _, since := bk.Health(); up && !since.IsZero() && now.Sub(since) < b.SlowStart {
-				step := max(b.SlowStart/20, 100*time.Millisecond)
-				if next == 0 || step < next {
-					next = step
-				}
-			}
-		}
-	}
-	return next
-}
-
-// findBackend finds a service's backend by name, among primaries and backups.
-func findBackend(s *sched.Service, name string) *backend.Backend {
-	for _, t := range s.All() {
-		if t.B.Name == name {
-			return t.B
-		}
-	}
-	return nil
-}
-
-// checkJob is one backend's active health check.
-type checkJob struct {
-	b    *backend.Backend
-	spec backend.CheckSpec
 }
 
 // checkSpec is b's active check. A check host name without an address is
@@ -593,7 +502,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		m.notify(systemd.Stopping)
 		m.srv.Close()
 		m.log.Info().Msg("stopped accepting; draining connections")
-		m.startChecks(nil)
+		m.health.Stop()
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
 				for _, tg := range s.All() {
@@ -605,7 +514,6 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Unlock()
 	done := make(chan struct{})
 	go func() { // exits when every check, drain and session has ended
-		m.checks.Wait()
 		m.drains.Wait()
 		m.srv.Wait()
 		close(done)

@@ -6,9 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
 
-	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/systemd"
 )
@@ -21,23 +20,25 @@ import (
 // consul-template), a symlink swapped (Kubernetes ConfigMaps swap the
 // "..data" link), deleted and recreated. When the path is a symlink the
 // directory it resolves to is watched too, so an edit of the target is seen.
-// Events are debounced ([reload] debounce of quiet), and a file whose
-// content is what was last tried is not reloaded again. inotify can drop
-// events, so the file is also re-read every [reload] recheck. A Hup receive
-// reloads at once, whatever the content.
+// A file written in place is read when its writer closes it
+// (IN_CLOSE_WRITE), never mid-write; a rename, creation or deletion is
+// acted on at once. Events about other files in the directory are ignored:
+// they neither trigger nor delay a reload. When the directory itself goes,
+// its nearest existing parent is watched until it is back (with a warning
+// meanwhile). Events are debounced ([reload] debounce of quiet), and a file
+// whose content is what was last tried is not reloaded again. inotify can
+// drop events (its queue overflows), so then, and every [reload] recheck,
+// the file is re-read. A Hup receive reloads at once, whatever the content.
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
-	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]bool{}}
-	lctx, stopLoader := context.WithCancel(ctx)
+	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]dirID{}}
 	r.ld = newLoader(m, cfg.Digest)
-	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
-	defer func() { stopLoader(); <-r.ld.done }()
 	if m.Watchdog > 0 {
 		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
 	}
 	// Watch before applying, so that no edit made from here on is missed.
-	var events <-chan fsnotify.Event
+	var events <-chan event
 	var werrs <-chan error
-	w, err := fsnotify.NewWatcher()
+	w, err := newWatcher()
 	if err != nil {
 		m.log.Warn().Err(err).Msg("cannot watch the configuration file; reload it with SIGHUP")
 	} else {
@@ -50,8 +51,15 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		return err
 	}
 	defer m.Shutdown(context.Background())
+	// An edit made since main read the file, read here before the loader
+	// starts (so the loader's state stays its own) and before READY=1, as
+	// at any start: nothing is being served from the loop yet.
+	r.rewatch()
+	r.applyLoaded(r.ld.load(ctx, loadReq{file: true}))
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
-	r.check(false) // an edit made since main read the file
+	lctx, stopLoader := context.WithCancel(ctx)
+	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
+	defer func() { stopLoader(); <-r.ld.done }()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	defer debounce.Stop()
@@ -61,26 +69,12 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	resolveTick := time.NewTicker(time.Hour)
 	defer resolveTick.Stop()
 	r.resetResolve(resolveTick)
-	// Health: transitions rebuild the table; passive marks expire on time;
-	// slow start steps weights up.
-	passive := time.NewTimer(time.Hour)
-	passive.Stop()
-	defer passive.Stop()
-	ramp := time.NewTimer(time.Hour)
-	ramp.Stop()
-	defer ramp.Stop()
-	schedule := func() {
-		now := time.Now()
-		if next := m.expirePassive(now); !next.IsZero() {
-			passive.Reset(next.Sub(now))
-		}
-		if cfg := m.current(); cfg != nil {
-			if d := ramping(cfg, m.ptr.Load(), now); d > 0 {
-				ramp.Reset(d)
-			}
-		}
-	}
-	schedule()
+	// Health runs beside this loop: transitions rebuild the table through
+	// refresh, which takes m.mu like a reload.
+	hctx, stopHealth := context.WithCancel(ctx)
+	healthDone := make(chan struct{})
+	go func() { m.health.Run(hctx); close(healthDone) }() // exits when stopHealth is called, as Run returns
+	defer func() { stopHealth(); <-healthDone }()
 	var watchdog <-chan time.Time
 	if m.Watchdog > 0 {
 		t := time.NewTicker(m.Watchdog)
@@ -97,8 +91,11 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 				events = nil
 				continue
 			}
-			if ev.Op != fsnotify.Chmod {
+			switch r.classify(ev) {
+			case evFile, evDirs:
 				debounce.Reset(r.cfg.Debounce)
+			case evWriting:
+				debounce.Stop() // read when the writer closes the file
 			}
 		case err, ok := <-werrs:
 			if !ok {
@@ -106,46 +103,25 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 				continue
 			}
 			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
-			debounce.Reset(r.cfg.Debounce) // an overflow may have lost the event we need
-		case b := <-m.changes:
-			b.Seen() // before the rebuild reads its state: a later change reports again
-			changed := []*backend.Backend{b}
-			for more := true; more; { // the whole burst, then one rebuild
-				select {
-				case b := <-m.changes:
-					b.Seen()
-					changed = append(changed, b)
-				default:
-					more = false
-				}
-			}
-			m.refresh()
-			for _, b := range changed { // logged once the table reflects it
-				m.healthChanged(b)
-			}
-			schedule()
-		case <-passive.C:
-			schedule() // expiries report changes, which rebuild
-		case <-ramp.C:
-			m.refresh()
-			schedule()
+			r.writing = false // its close may be among the lost events
+			r.rewatch()       // so may a directory's removal
+			debounce.Reset(r.cfg.Debounce)
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-recheck.C:
-			r.check(false)
+			if !r.writing { // a writer at work: its close brings the read
+				r.check(false)
+			}
 		case <-resolveTick.C:
 			r.ld.request(loadReq{dns: true})
 		case res := <-r.ld.out:
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
-			schedule()
 		case <-m.Hup:
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
-			schedule()
 		case <-watchdog:
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
@@ -159,45 +135,71 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	}
 }
 
-// healthChanged logs one backend's transition, once, and applies its
-// on_down / on_up (see cut).
-func (m *Manager) healthChanged(b *backend.Backend) {
-	_, reason, _ := b.Health()
-	st, role := b.State()
-	switch st {
-	case backend.StateUp:
-		m.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend up")
-	case backend.StateWrongRole:
-		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
-	default:
-		m.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
-	}
-	m.cut(b, st)
-}
-
-// expirePassive lifts the passive marks that are due and returns when the
-// next one is, or zero.
-func (m *Manager) expirePassive(now time.Time) time.Time {
-	var next time.Time
-	if t := m.ptr.Load(); t != nil {
-		for _, s := range t.Services {
-			for _, tg := range s.All() {
-				if n := tg.B.ExpirePassive(now); !n.IsZero() && (next.IsZero() || n.Before(next)) {
-					next = n
-				}
-			}
-		}
-	}
-	return next
-}
-
 // runner is the state of Run's loop, touched only by its goroutine.
 type runner struct {
 	m       *Manager
-	ld      *loader           // reads, parses and resolves off the loop
-	w       *fsnotify.Watcher // nil when watching is unavailable
-	watched map[string]bool   // directories added to w
-	cfg     conf.Reload       // of the running configuration
+	ld      *loader          // reads, parses and resolves off the loop
+	w       *watcher         // nil when watching is unavailable
+	watched map[string]dirID // directories added to w, with the identity they had then
+	real    string           // the path with symlinks resolved at the last rewatch; "" if it did not resolve
+	missing string           // a wanted directory that is gone, watched through its parent; "" if none
+	writing bool             // the file was written and not yet closed by its writer
+	cfg     conf.Reload      // of the running configuration
+}
+
+// dirID identifies a directory across deletion and recreation at the same
+// path.
+type dirID struct{ dev, ino uint64 }
+
+func statID(dir string) (dirID, bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return dirID{}, false
+	}
+	return dirID{uint64(st.Dev), st.Ino}, true
+}
+
+// What an event means for the configuration file.
+const (
+	evIgnore  = iota // about another file: neither triggers nor delays a reload
+	evFile           // the file was replaced, closed after writing, created or deleted: read it
+	evWriting        // the file is being written in place: wait for its writer to close it
+	evDirs           // a watched directory, or one on the way to it, came or went: watch again, then read
+)
+
+// classify tells what ev means, and tracks whether a writer is at work.
+func (r *runner) classify(ev event) int {
+	path := r.m.path
+	if _, ok := r.watched[ev.Name]; ok && ev.has(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_IGNORED) {
+		r.rewatch()
+		return evDirs
+	}
+	if ev.Name == path || ev.Name == r.real {
+		switch {
+		case ev.has(unix.IN_CLOSE_WRITE):
+			r.writing = false
+			return evFile
+		case ev.has(unix.IN_MODIFY):
+			r.writing = true
+			return evWriting
+		default: // created, deleted, moved in or out
+			r.writing = false
+			return evFile
+		}
+	}
+	if r.missing != "" && ev.has(unix.IN_CREATE|unix.IN_MOVED_TO) &&
+		(r.missing == ev.Name || strings.HasPrefix(r.missing, ev.Name+string(filepath.Separator))) {
+		r.rewatch() // the directory, or one on the way to it, is back
+		return evDirs
+	}
+	// Through a symlink (a Kubernetes ConfigMap swaps "..data"), another
+	// name in the directory can change what the path leads to.
+	if r.real != path && ev.has(unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_MOVED_FROM|unix.IN_DELETE) {
+		if real, _ := filepath.EvalSymlinks(path); real != r.real {
+			return evFile
+		}
+	}
+	return evIgnore
 }
 
 func (r *runner) resetResolve(t *time.Ticker) {
@@ -219,7 +221,10 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 // check asks the loader to read the file and reload it if its content
 // changed (or if force). It never waits: the result comes back to Run's
 // loop as a loaded value.
-func (r *runner) check(force bool) { r.ld.request(loadReq{file: true, force: force, dns: force}) }
+func (r *runner) check(force bool) {
+	r.rewatch() // before the read: a directory may be back
+	r.ld.request(loadReq{file: true, force: force, dns: force})
+}
 
 // applyLoaded applies what the loader read, on Run's loop: binding and
 // swapping take milliseconds; reading, parsing and resolving were done off
@@ -256,29 +261,60 @@ func (r *runner) refuse(err error) {
 }
 
 // rewatch keeps the watch set to the file's directory and, when the path is
-// a symlink, the directory it resolves to.
+// a symlink, the directory it resolves to. A directory that is gone (or was
+// replaced by another at the same path) is dropped, and its nearest
+// existing parent watched until it is back.
 func (r *runner) rewatch() {
+	path := r.m.path
+	r.real = ""
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		r.real = real
+	}
 	if r.w == nil {
 		return
 	}
-	want := map[string]bool{filepath.Dir(r.m.path): true}
-	if real, err := filepath.EvalSymlinks(r.m.path); err == nil {
-		want[filepath.Dir(real)] = true
+	want := map[string]bool{filepath.Dir(path): true}
+	if r.real != "" {
+		want[filepath.Dir(r.real)] = true
 	}
-	for d := range r.watched {
-		if !want[d] {
-			r.w.Remove(d) // may already be gone with its directory
+	missing := ""
+	for d := range want {
+		if _, ok := statID(d); ok {
+			continue
+		}
+		delete(want, d)
+		if missing == "" {
+			missing = d
+		}
+		for p := filepath.Dir(d); ; p = filepath.Dir(p) { // the nearest parent that exists
+			if _, ok := statID(p); ok || p == filepath.Dir(p) {
+				want[p] = true
+				break
+			}
+		}
+	}
+	for d, id := range r.watched {
+		if now, ok := statID(d); !want[d] || !ok || now != id {
+			r.w.Remove(d)
 			delete(r.watched, d)
 		}
 	}
 	for d := range want {
-		if r.watched[d] {
+		if _, ok := r.watched[d]; ok {
 			continue
 		}
+		id, _ := statID(d)
 		if err := r.w.Add(d); err != nil {
 			r.m.log.Warn().Err(err).Str("dir", d).Msg("cannot watch directory; relying on SIGHUP and recheck")
 			continue
 		}
-		r.watched[d] = true
+		r.watched[d] = id
 	}
+	switch {
+	case missing != "" && r.missing == "":
+		r.m.log.Warn().Str("dir", missing).Msg("configuration directory is gone; watching its parent until it is back")
+	case missing == "" && r.missing != "":
+		r.m.log.Info().Str("dir", r.missing).Msg("configuration directory is back; watching it again")
+	}
+	r.missing = missing
 }

@@ -71,6 +71,7 @@ type Target struct {
 	ProxyProtocol int           // PROXY header sent to this backend before any client byte: 0 none, 1 or 2
 	MaxFails      int           // passive checks: connect failures within FailTimeout that mark it down; 0 = off
 	FailTimeout   time.Duration // passive checks: the window, and how long it stays down
+	SlowStart     time.Duration // after it comes up its weight ramps from 10% of Base to Base over this; 0 = at once
 
 	CutOnDown      bool // on_down = "close": its sessions end when it goes down or into the wrong role
 	CutBackupsOnUp bool // on_up = "close-backups": when it (a primary target) comes up, sessions on the backups end
@@ -272,6 +273,12 @@ type Service struct {
 	AccessLog         bool           // one log line per finished connection
 	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
 
+	// TCP keepalive on both legs of each connection (listener.keepAliveFor):
+	// the idle time before the first probe (spread ±20% per socket), 0 = off;
+	// the interval between probes; unanswered probes before a reset.
+	KeepAliveIdle     time.Duration
+	KeepAliveInterval time.Duration
+	KeepAliveCount    int
 	// SplitBrain names the backends that claim the primary role at once in
 	// a service whose checks want a primary; nil when at most one does.
 	// While it is set, with RefuseSplitBrain every target has weight 0 and

@@ -9,6 +9,10 @@ set -eu
 out=$1
 version=$2
 here=$(dirname "$0")
+if ! command -v go-md2man >/dev/null; then
+	echo "docs/man/build.sh: go-md2man is needed for the man pages (Debian: apt-get install go-md2man)" >&2
+	exit 1
+fi
 mkdir -p "$out"
 
 # configuration.md without its title, links or wide tables.

@@ -1,0 +1,191 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/cluster"
+	"fulcrum/sched"
+)
+
+// serve runs Serve on a fresh loopback port with o until the test ends.
+func serve(t *testing.T, h http.Handler, o Options) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, h, o) }() // exits at cleanup
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve = %v", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestHostCheck: only a Host naming the listen address, localhost or a
+// configured name is served, on every endpoint; a DNS-rebinding request
+// (a foreign Host with same-origin browser headers) drains nothing and reads
+// nothing.
+func TestHostCheck(t *testing.T) {
+	inst := cluster.New(func() *sched.Table { return nil }, zerolog.Nop())
+	src := Source{Table: func() *sched.Table { return nil }, Instance: inst, Hosts: []string{"lb1.example.net"}}
+	addr := serve(t, Handler(src), Options{})
+	_, port, _ := net.SplitHostPort(addr)
+	client := &http.Client{Timeout: 5 * time.Second}
+	do := func(method, path, host string, hdr map[string]string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+addr+path, nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s Host %q: %v", method, path, host, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, host := range []string{"attacker.example:" + port, "attacker.example", "127.0.0.2:" + port, "[::1]:" + port, "localhost.attacker.example"} {
+		rebind := map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin"}
+		for _, r := range []struct{ method, path string }{{"GET", "/status"}, {"GET", "/healthz"}, {"GET", "/metrics"}, {"POST", "/drain"}, {"POST", "/undrain"}} {
+			if code := do(r.method, r.path, host, rebind); code != http.StatusMisdirectedRequest {
+				t.Errorf("%s %s with Host %q = %d; want 421", r.method, r.path, host, code)
+			}
+		}
+	}
+	if st := inst.Status(); st.Draining {
+		t.Fatalf("a rebinding request drained the instance: %+v", st)
+	}
+	for _, host := range []string{addr, "127.0.0.1", "localhost:" + port, "localhost", "LB1.example.net", "lb1.example.net.:8080"} {
+		if code := do("GET", "/status", host, nil); code != http.StatusOK {
+			t.Errorf("GET /status with Host %q = %d; want 200", host, code)
+		}
+	}
+	// Same-origin still matters for POSTs from a browser on an allowed name.
+	if code := do("POST", "/drain", addr, map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}); code != http.StatusForbidden {
+		t.Errorf("cross-site POST /drain = %d; want 403", code)
+	}
+	if code := do("POST", "/drain", addr, nil); code != http.StatusOK || !inst.Status().Draining {
+		t.Errorf("POST /drain from curl = %d, draining %v; want 200, drained", code, inst.Status().Draining)
+	}
+}
+
+// TestConnCap: the listener holds at most MaxConns connections; one more
+// waits in the kernel's queue (holding no descriptor of ours) until a held
+// one goes, and idle connections go by themselves after IdleTimeout. (A
+// request answered at the cap closes its connection, so that held ones
+// cycle: hence the last place is taken without a request.)
+func TestConnCap(t *testing.T) {
+	const max = 4
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		Options{MaxConns: max, IdleTimeout: time.Second})
+	get := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
+			return err
+		}
+		buf := make([]byte, 512)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+			return fmt.Errorf("answer %q", buf[:n])
+		}
+		return nil
+	}
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range max + 1 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		switch {
+		case i < max-1: // kept alive after a request
+			if err := get(c); err != nil {
+				t.Fatalf("connection %d: %v", i, err)
+			}
+		case i == max-1: // holds the last place without asking anything
+		case i == max:
+			if err := get(c); err == nil {
+				t.Fatalf("connection %d was served while %d were held; want it to wait", i, max)
+			}
+		}
+	}
+	held[0].Close() // one goes: the waiting one is accepted
+	held[max].SetDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(io.LimitReader(held[max], 12)); err != nil || string(b) != "HTTP/1.1 200" {
+		t.Fatalf("the waiting connection after one closed: %q, %v", b, err)
+	}
+	// Idle: the server closes held[1] within IdleTimeout (plus margin).
+	held[1].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := held[1].Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("idle connection: Read = %d, %v; want EOF from the idle timeout", n, err)
+	}
+}
+
+// TestErrorLogJSON: net/http's own error lines go to the logger as JSON.
+func TestErrorLogJSON(t *testing.T) {
+	var buf syncBuffer
+	log := zerolog.New(&buf)
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.WriteHeader(500) // net/http logs "superfluous response.WriteHeader call"
+	}), Options{Log: log})
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(buf.String(), "superfluous"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line about the superfluous WriteHeader: %q", buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if !strings.HasPrefix(l, "{") || !strings.Contains(l, `"component":"admin"`) {
+			t.Errorf("log line %q; want JSON from the admin component", l)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's and the test's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex // protects b
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,82 @@
+package listener
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"fulcrum/sched"
+)
+
+// TCP keepalive, per service and per socket. Each socket's idle time is
+// spread ±20% at random: connections opened in a burst (a pool at start-up
+// or after a failover) would otherwise probe in step, and on a busy host the
+// synchronised probes and their retries overflow the backlog until the
+// kernel resets healthy connections. The setter takes a raw descriptor, so
+// that any accept or dial path can call it.
+
+// keepAlive is one service's keepalive; a zero Idle turns it off.
+type keepAlive struct {
+	Idle     time.Duration // before the first probe, before the spread
+	Interval time.Duration // between probes
+	Count    int           // unanswered probes before the connection is reset
+}
+
+// keepAliveFor returns svc's keepalive settings.
+func keepAliveFor(svc *sched.Service) keepAlive {
+	return keepAlive{Idle: svc.KeepAliveIdle, Interval: svc.KeepAliveInterval, Count: svc.KeepAliveCount}
+}
+
+// jitteredIdle returns idle spread uniformly over ±20%, in whole seconds
+// (the socket option's unit), at least one.
+func jitteredIdle(idle time.Duration) int {
+	d := float64(idle) * (0.8 + 0.4*rand.Float64())
+	return max(1, int(d/float64(time.Second)+0.5))
+}
+
+// setKeepAliveFD applies ka to the TCP socket fd: SO_KEEPALIVE and, when on,
+// the idle time (spread), interval and count. Off clears SO_KEEPALIVE, which
+// a socket may have from elsewhere (Go sets it on sockets accepted from a
+// listener systemd passed).
+func setKeepAliveFD(fd int, ka keepAlive) error {
+	if ka.Idle <= 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0); err != nil {
+			return fmt.Errorf("clear keepalive: %w", err)
+		}
+		return nil
+	}
+	for _, o := range [...]struct{ level, opt, v int }{
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(ka.Idle)},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, max(1, int(ka.Interval/time.Second))},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, max(1, ka.Count)},
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+	} {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			return fmt.Errorf("set keepalive: %w", err)
+		}
+	}
+	return nil
+}
+
+// setKeepAliveRaw applies ka through a RawConn (a net.Conn's, or a
+// Dialer.Control's before the connect).
+func setKeepAliveRaw(rc syscall.RawConn, ka keepAlive) error {
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setKeepAliveFD(int(fd), ka) }); err != nil {
+		return err
+	}
+	return serr
+}
+
+// setKeepAliveConn applies ka to an accepted connection.
+func setKeepAliveConn(c *net.TCPConn, ka keepAlive) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return setKeepAliveRaw(rc, ka)
+}

@@ -1,0 +1,86 @@
+package listener
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The global connection limit. Every proxied connection holds two
+// descriptors (client and backend), so a daemon whose descriptor table
+// fills up fails in the worst places: a dial fails with EMFILE, which must
+// never be held against the backend, and accept-then-close turns clients
+// away that the kernel's backlog would have kept waiting. As HAProxy derives
+// maxconn from ulimit -n, the Server derives a limit from RLIMIT_NOFILE at
+// New: half of what is left after a reserve for dials in flight, health
+// checks, the admin listener, listening sockets and splice pipes. An accept
+// loop at the limit stops accepting (clients wait in the kernel backlog)
+// and resumes the moment a connection ends.
+
+// reserveFDs is how many descriptors the limit leaves for everything but
+// proxied connections: a tenth of the table, at least 128.
+func reserveFDs(nofile int) int { return max(128, nofile/10) }
+
+// connLimit is the number of connections a descriptor table of nofile
+// entries holds with the reserve kept; at least 1.
+func connLimit(nofile int) int { return max(1, (nofile-reserveFDs(nofile))/2) }
+
+// nofile is the process's RLIMIT_NOFILE soft limit, or 1<<20 when unknown.
+func nofile() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+		return 1 << 20
+	}
+	return int(lim.Cur)
+}
+
+// MaxConns is the global connection limit: connections accepted and not yet
+// ended, on all listeners together.
+func (s *Server) MaxConns() int { return cap(s.slots) }
+
+// Conns is how many connections hold a slot of the global limit now.
+func (s *Server) Conns() int { return len(s.slots) }
+
+// takeSlot waits for a slot of the global limit before so's next accept. It
+// reports false when so is taken out of service meanwhile. While it waits,
+// it keeps answering the heartbeat: a daemon at its limit is busy, not
+// stuck, and the watchdog must not restart it.
+func (s *Server) takeSlot(so *socket) bool {
+	select {
+	case s.slots <- struct{}{}:
+		if s.limited.Load() {
+			s.limited.Store(false)
+			s.log.Info().Int("max_conns", cap(s.slots)).Msg("below the connection limit again")
+		}
+		return true
+	default:
+	}
+	s.atLimit.Add(1)
+	if !s.limited.Swap(true) {
+		s.log.Warn().Int("max_conns", cap(s.slots)).Int("nofile", nofile()).
+			Msg("connection limit reached: new clients wait in the listen backlog until connections end")
+	}
+	var beat <-chan time.Time
+	if d := time.Duration(s.beat.Load()); d > 0 {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		beat = t.C
+	}
+	for {
+		so.beat.Store(time.Now().UnixNano())
+		select {
+		case s.slots <- struct{}{}:
+			return true
+		case <-so.done:
+			return false
+		case <-beat:
+		}
+	}
+}
+
+// connDone ends a connection that took a slot: the slot is free for the
+// next accept, and the Server's count of running work drops.
+func (s *Server) connDone() {
+	<-s.slots
+	s.wg.Done()
+}
