@@ -247,7 +247,7 @@ var errFull = errors.New("every eligible backend is full")
 // O(n), on the refusal path only.
 func up(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
-		if t := &ts[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) {
+		if t := &ts[i]; t.Up() && !r.Tried(i) {
 			return true
 		}
 	}
@@ -260,7 +260,7 @@ func up(ts []sched.Target, r *sched.Request) bool {
 func full(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
 		t := &ts[i]
-		if t.Weight > 0 && t.MaxConns > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+		if t.MaxConns > 0 && t.Up() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
 			return true
 		}
 	}
