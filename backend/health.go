@@ -37,6 +37,10 @@ func (s State) String() string {
 		return "down"
 	case StateWrongRole:
 		return "wrong role"
+	case StateDraining:
+		return "draining"
+	case StateMaint:
+		return "maint"
 	}
 	return "up"
 }
@@ -331,6 +335,16 @@ func (b *Backend) SetAddressError(err error, now time.Time) {
 	} else {
 		b.setBit(downResolve, false, "address resolved", now)
 	}
+}
+
+// StartDown marks a backend down by its active checks before any has run
+// (it was down before a restart): rise passing checks bring it up. Without
+// active checks, ClearActive lifts it.
+func (b *Backend) StartDown(reason string) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	b.health.checkOK = 0
+	b.setBits(downActive, 0, reason, time.Now())
 }
 
 // ClearActive marks the backend up as far as active checks go, for when its

@@ -46,6 +46,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		r.w, events, werrs = w, w.Events, w.Errors
 		r.rewatch()
 	}
+	sctx, stopSaver := context.WithCancel(context.Background())
+	saverDone := make(chan struct{})
+	go func() { m.saveLoop(sctx); close(saverDone) }() // exits when stopSaver is called, as Run returns, after its last write
+	defer func() { stopSaver(); <-saverDone }()        // after Shutdown: the state at exit is written
 	if err := m.Apply(cfg); err != nil {
 		m.srv.Close()
 		return err
