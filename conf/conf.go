@@ -163,6 +163,10 @@ type Settings struct {
 	// (a FIN was passed on) while the other moves no byte for this long, as
 	// HAProxy's timeout client-fin/server-fin do; default 2m, 0 = never.
 	HalfCloseTimeout time.Duration
+
+	// PrereadTimeout, on an address routed by name (sni), bounds the wait
+	// for the client's first message (docs/routing.md); default 5s.
+	PrereadTimeout time.Duration
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -202,6 +206,16 @@ type Service struct {
 	Settings                  // inherited from [defaults] where not set
 	Backends []Backend        // in file order: the order schedulers walk
 	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
+
+	// SNI routes by name (docs/routing.md): the server names this service
+	// takes on its listen addresses, which it may then share with other
+	// routed services. Exact names, "*.suffix" one-label wildcards, or "*",
+	// the default route; lowercased. nil (default): the service owns its
+	// addresses alone.
+	SNI []string
+	// ALPN narrows SNI: the client must offer one of these protocols. nil
+	// (default): any protocol, or none.
+	ALPN []string
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -230,7 +244,8 @@ func builtinSettings() Settings {
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
 		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
-		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute}
+		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
+		PrereadTimeout: 5 * time.Second}
 }
 
 // Exposed says why the file at path is unsafe to trust, or "": a file that
@@ -409,6 +424,7 @@ func (w *walker) config(root *table) *Config {
 		return w.order[a] - w.order[b]
 	})
 	listeners := map[netip.AddrPort]string{} // address → key that first claimed it
+	w.claims = map[netip.AddrPort][]claim{}
 	for _, name := range names {
 		svc := st.sub(name)
 		if !serviceName.MatchString(name) {
@@ -418,6 +434,7 @@ func (w *walker) config(root *table) *Config {
 		svc.done()
 	}
 	st.done()
+	w.checkRoutes()
 	w.selfLoops(cfg.Services, listeners)
 	w.fallbacks(cfg.Services)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
@@ -468,6 +485,7 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
 		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
 		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
+		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
 	}
 }
 
@@ -652,6 +670,7 @@ func isPrime(n int) bool {
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
 	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
+	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -666,11 +685,14 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		// Port 0 binds a fresh port, so it overlaps nothing; but a listener
 		// is known by its address as written, so the same one twice clashes.
+		// The very same address may be shared by routed services: that is
+		// for checkRoutes to judge.
 		for other, owner := range listeners {
-			if overlaps(other, ap) && (ap.Port() != 0 || other == ap) {
+			if other != ap && overlaps(other, ap) && ap.Port() != 0 {
 				w.errorf(key, "%s is also listened on by %s", a, owner)
 			}
 		}
+		w.claims[ap] = append(w.claims[ap], claim{svc: t.path, listen: key, sni: s.SNI, alpn: s.ALPN, acceptProxy: s.AcceptProxy, proxyTimeout: s.ProxyTimeout})
 		if _, dup := listeners[ap]; !dup {
 			listeners[ap] = key
 		}

@@ -41,6 +41,9 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		s.connDone()
 		return
 	}
+	if err := setUserTimeout(c, svc.UserTimeout); err != nil {
+		s.log.Warn().Err(err).Str("service", svc.Name).Msg("cannot set user_timeout on the client socket")
+	}
 	var r sched.Request
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		r.Client = unmap(a.AddrPort())
@@ -63,6 +66,10 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		reject(kind, err)
 		return
 	}
+	if refusesSplitBrain(svc) { // logged once per split by reload; counted here
+		reject(backend.RejectSplitBrain, errSplitBrain)
+		return
+	}
 	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
 		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", svc.MaxConnsPerSource, r.Client.Addr()))
 		return
@@ -81,6 +88,9 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		return
 	}
 	bc, t, tries, err := s.connect(svc, &r, start)
+	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start)
+	}
 	if err != nil {
 		end := endConnect
 		switch {
@@ -156,7 +166,7 @@ func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.
 func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
-	targets, picker := svc.Pool()
+	targets, picker := pool(svc)
 	spins := 0
 	var w *backend.Waiter
 	defer func() {
@@ -202,8 +212,16 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive is set before the connect:
-			Control: func(_, _ string, rc syscall.RawConn) error { return setKeepAliveRaw(rc, keepAliveFor(svc)) }}
+		ut := userTimeout(svc.UserTimeout)
+		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive and the user timeout are set before the connect
+			Control: func(network, address string, rc syscall.RawConn) error {
+				if ut != nil {
+					if err := ut(network, address, rc); err != nil {
+						return err
+					}
+				}
+				return setKeepAliveRaw(rc, keepAliveFor(svc))
+			}}
 		c, err := d.Dial("tcp", t.Addr.String())
 		if err == nil {
 			t.B.PassiveOK()

@@ -325,6 +325,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
+		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
+			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
+		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)

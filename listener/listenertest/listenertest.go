@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -264,18 +265,26 @@ func Echo(c *net.TCPConn) {
 
 // DeadAddr returns a loopback address where nothing listens: a dial is
 // refused at once.
-func DeadAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := ln.Addr().String()
-	ln.Close()
-	return a
-}
+func DeadAddr(t testing.TB) string { return FreeAddr(t) }
 
-// FreeAddr returns a loopback address that was free a moment ago.
-func FreeAddr(t testing.TB) string { return DeadAddr(t) }
+// FreeAddr returns a loopback address that was free a moment ago, for a
+// test that needs an address to give a process it starts: a port below
+// 32768 (where no ephemeral port is ever handed out) on an address of
+// 127.0.0.0/8 drawn at random (where nothing else of this machine binds),
+// so that another socket cannot take it between this call and its use.
+func FreeAddr(t testing.TB) string {
+	for range 100 {
+		a := fmt.Sprintf("127.%d.%d.%d:%d", 1+rand.IntN(254), rand.IntN(256), 1+rand.IntN(254), 20000+rand.IntN(12000))
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return a
+	}
+	t.Fatal("no free loopback address in 100 draws")
+	return ""
+}
 
 // Postgres is a PostgreSQL cluster of the test's own, on 127.0.0.1.
 type Postgres struct {
