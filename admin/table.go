@@ -51,7 +51,7 @@ func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 			if verbose && b.Reason != "" {
 				notes = append(notes, fmt.Sprintf("  %s: %s", b.Name, b.Reason))
 			}
-			if verbose && b.LastCheck != nil && b.LastCheck.Error != "" && b.LastCheck.Error != b.Reason {
+			if verbose && b.LastCheck != nil && b.LastCheck.Error != "" && !strings.Contains(b.Reason, b.LastCheck.Error) {
 				notes = append(notes, fmt.Sprintf("  %s: last check: %s", b.Name, b.LastCheck.Error))
 			}
 		}
@@ -128,8 +128,19 @@ func lastCheck(c *status.LastCheck, now time.Time) string {
 	if !c.OK {
 		res = "failed"
 	}
-	lat := time.Duration(c.LatencyMS * float64(time.Millisecond))
-	return fmt.Sprintf("%s %s, %s ago", res, lat.Round(lat/100+time.Microsecond), short(now.Sub(c.At)))
+	return fmt.Sprintf("%s %s, %s ago", res, latency(c.LatencyMS), short(now.Sub(c.At)))
+}
+
+// latency formats a check's milliseconds as HAProxy's LastChk does, to a
+// useful precision: "180µs", "2.5ms", "1.20s".
+func latency(ms float64) string {
+	switch {
+	case ms < 1:
+		return fmt.Sprintf("%.0fµs", ms*1000)
+	case ms < 1000:
+		return fmt.Sprintf("%.1fms", ms)
+	}
+	return fmt.Sprintf("%.2fs", ms/1000)
 }
 
 // ago is how long ago t was, briefly; "-" for the zero time.
