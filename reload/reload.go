@@ -243,6 +243,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 
 	// Commit: from here nothing fails.
 	d := diff(old, p.table) // before settle: removed backends still show their open connections
+	d.settings = settingChanges(m.cur, cfg)
 	p.draft.Commit()
 	for _, r := range p.rates {
 		r.g.SetRate(r.perSecond, r.burst)
