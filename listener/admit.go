@@ -232,14 +232,16 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other
 			// backend would fare better now.
-			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
+				Bool("retry", false).Msg("connect failed")
 			return nil, nil, tries, err
 		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
 		last = err
-		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
+		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
+			Bool("retry", tries <= svc.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
 	return nil, nil, tries, last
 }

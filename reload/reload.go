@@ -514,7 +514,10 @@ func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration) {
 		closed := b.Drain(ctx)
 		m.pool.Forget(b)
 		e := m.log.Info()
-		if active == 0 {
+		switch {
+		case closed > 0: // sessions were cut: worth seeing
+			e = m.log.Warn()
+		case active == 0:
 			e = m.log.Debug()
 		}
 		e.Str("service", b.Service).Str("backend", b.Name).Int64("open_at_start", active).
@@ -533,7 +536,17 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		m.stopped = true
 		m.notify(systemd.Stopping)
 		m.srv.Close()
-		m.log.Info().Msg("stopped accepting; draining connections")
+		var open int64
+		var longest time.Duration
+		if t := m.ptr.Load(); t != nil {
+			for _, s := range t.Services {
+				longest = max(longest, s.DrainTimeout)
+				for _, tg := range s.All() {
+					open += tg.B.Active()
+				}
+			}
+		}
+		m.log.Info().Int64("open", open).Stringer("drain_timeout", longest).Msg("stopped accepting; draining connections")
 		m.health.Stop()
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
