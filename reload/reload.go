@@ -373,6 +373,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			KeepAliveIdle:     cs.KeepAliveIdle,
 			KeepAliveInterval: cs.KeepAliveInterval,
 			KeepAliveCount:    cs.KeepAliveCount,
+			HalfCloseTimeout:  cs.HalfCloseTimeout,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
