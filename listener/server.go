@@ -51,6 +51,10 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
+	// acceptHook, if set before the first Prepare, runs at the top of every
+	// accept loop iteration: a test freezes a loop with it.
+	acceptHook func()
+
 	mu    sync.Mutex // protects lns and spare
 	lns   map[netip.AddrPort]*socket
 	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
@@ -386,6 +390,9 @@ func (s *Server) accept(so *socket) {
 	defer acc.Close()
 	so.acc.Store(acc)
 	for {
+		if s.acceptHook != nil {
+			s.acceptHook()
+		}
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			acc.SetReadDeadline(time.Now().Add(d))
 		}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -210,5 +211,50 @@ func TestAddressChange(t *testing.T) {
 	}
 	if err := old.roundTrip(rand.New(rand.NewPCG(1, 1))); err != nil {
 		t.Errorf("the session on the old address: %v", err)
+	}
+}
+
+// TestWatchdogWithheld: while the accept loops do not answer (Alive is
+// false: a frozen loop, see listener's TestFrozenAcceptLoopNotAlive) the
+// loop sends no WATCHDOG=1, so systemd restarts the unit; pings resume
+// when they answer again.
+func TestWatchdogWithheld(t *testing.T) {
+	a := listenertest.NewServer(t, greetEcho("a"))
+	var frozen atomic.Bool
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}}),
+		func(m *Manager) {
+			m.Watchdog = 100 * time.Millisecond
+			m.Alive = func(time.Duration) bool { return !frozen.Load() }
+		})
+	pings := func(n int, within time.Duration) int {
+		t.Helper()
+		got := 0
+		timeout := time.After(within)
+		for got < n {
+			select {
+			case s := <-r.events:
+				if strings.HasPrefix(s, "WATCHDOG=1") {
+					got++
+				}
+			case <-timeout:
+				return got
+			}
+		}
+		return got
+	}
+	if n := pings(3, 10*time.Second); n < 3 {
+		t.Fatalf("%d pings in 10 s while alive; want 3", n)
+	}
+	frozen.Store(true)
+	r.logs.Wait(t, 10*time.Second, "the withheld ping", listenertest.Message("an accept loop did not answer; withholding the watchdog ping"))
+	for len(r.events) > 0 { // pings sent before the freeze was seen
+		<-r.events
+	}
+	if n := pings(1, time.Second); n != 0 { // ten intervals
+		t.Errorf("%d pings while an accept loop was frozen; want none", n)
+	}
+	frozen.Store(false)
+	if n := pings(3, 10*time.Second); n < 3 {
+		t.Errorf("%d pings in 10 s after the loop answered again; want 3", n)
 	}
 }
