@@ -387,8 +387,14 @@ type ServiceStatus struct {
 	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
 	// SplitBrain names the backends claiming primary at once; absent when
 	// at most one does. SplitBrains counts how often that began.
-	SplitBrain  []string        `json:"split_brain,omitempty"`
-	SplitBrains uint64          `json:"split_brains"`
+	SplitBrain  []string `json:"split_brain,omitempty"`
+	SplitBrains uint64   `json:"split_brains"`
+	// Holding is how many connections wait for an eligible backend now
+	// (hold_timeout); Held how many had to, HoldExpired how many of those
+	// were closed when it ran out.
+	Holding     int64           `json:"holding"`
+	Held        uint64          `json:"held"`
+	HoldExpired uint64          `json:"hold_expired"`
 	Backends    []BackendStatus `json:"backends"`
 }
 
@@ -436,6 +442,8 @@ func Snapshot(src Source) Status {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
 				ss.SplitBrains = g.Splits
+				h := s.Group.HoldStats()
+				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
 				for kind, n := range s.Group.Rejected() {
 					if ss.Rejected == nil {
 						ss.Rejected = map[string]uint64{}

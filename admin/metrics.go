@@ -32,6 +32,9 @@ var (
 	serviceRejected = prometheus.NewDesc("fulcrum_service_rejected_total", "Connections turned away before any dial: reason=\"denied\" (allow/deny), \"rate\" (accept_rate), \"per_source\" (max_conns_per_source), \"proxy\" (PROXY header missing, malformed or untrusted).", []string{"service", "reason"}, nil)
 	serviceSplit    = prometheus.NewDesc("fulcrum_service_split_brain", "1 while more than one backend of the service claims the primary role.", sLabels, nil)
 	serviceSplits   = prometheus.NewDesc("fulcrum_service_split_brains_total", "Times more than one backend of the service began to claim the primary role.", sLabels, nil)
+	serviceHolding  = prometheus.NewDesc("fulcrum_service_holding", "Connections waiting for an eligible backend now (hold_timeout).", sLabels, nil)
+	serviceHeld     = prometheus.NewDesc("fulcrum_service_held_total", "Connections that waited for an eligible backend (hold_timeout).", sLabels, nil)
+	serviceHoldExp  = prometheus.NewDesc("fulcrum_service_hold_expired_total", "Connections closed because no backend became eligible within hold_timeout.", sLabels, nil)
 	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
@@ -46,7 +49,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
 		backendState, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
@@ -70,6 +73,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(serviceRetries, float64(s.Retries), s.Name)
 		gauge(serviceSplit, boolf(len(s.SplitBrain) > 0), s.Name)
 		counter(serviceSplits, float64(s.SplitBrains), s.Name)
+		gauge(serviceHolding, float64(s.Holding), s.Name)
+		counter(serviceHeld, float64(s.Held), s.Name)
+		counter(serviceHoldExp, float64(s.HoldExpired), s.Name)
 		for reason, n := range s.Rejected {
 			counter(serviceRejected, float64(n), s.Name, reason)
 		}

@@ -35,6 +35,7 @@ type Group struct {
 	admitting atomic.Int64 // admitQ's length, read without the lock
 
 	limits limits
+	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
 }
 
 func newGroup(service string) *Group {

@@ -45,6 +45,7 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 		}
 		tw.Flush()
 	}
+	cfg.writeRoutes(w)
 }
 
 func onOff(b bool) string {

@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -44,6 +45,8 @@ type walker struct {
 	order map[string]int  // service name → rank in file order, from toml's MetaData
 	errs  []*Error        // lines are filled in by locateErrors
 	keys  map[string]bool // when not nil, done records every key read here, as "table.key" (see Keys)
+
+	claims map[netip.AddrPort][]claim // listen address → the services on it, in file order (routes.go)
 }
 
 func (w *walker) errorf(key, format string, args ...any) {

@@ -212,3 +212,124 @@ func TestSplitBrain(t *testing.T) {
 		})
 	}
 }
+
+// TestHold: with hold_timeout, connections that arrive while no backend is
+// eligible wait, and are served in arrival order once one comes up; without
+// a backend coming up, they are closed when hold_timeout runs out.
+func TestHold(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	addr := listenertest.DeadAddr(t)
+	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra:    "hold_timeout = \"10s\"\nmax_conns = 8\n" + health,
+		backends: []be{{"a", addr, 1, ""}}}))
+	front := r.addr("127.0.0.1:0")
+	r.logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
+	g := r.ptr.Load().Service("s").Group
+	type result struct {
+		i    int
+		name string
+		err  error
+		at   time.Time
+	}
+	const n = 4
+	results := make(chan result, n)
+	for i := range n {
+		c, err := net.Dial("tcp", front)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for deadline := time.Now().Add(5 * time.Second); g.HoldStats().Holding != int64(i+1); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) { // arrival order needs each to be queued before the next connects
+				t.Fatalf("connection %d is not held (holding %d)", i, g.HoldStats().Holding)
+			}
+		}
+		go func() { // exits when the greeting arrives or the deadline passes
+			c.SetReadDeadline(time.Now().Add(15 * time.Second))
+			s, err := bufio.NewReader(c).ReadString('\n')
+			results <- result{i, strings.TrimSpace(s), err, time.Now()}
+		}()
+	}
+	up := time.Now()
+	listenertest.NewServerAt(t, addr, listenertest.Greeter("a"))
+	for range n {
+		res := <-results
+		if res.err != nil || res.name != "a" {
+			t.Errorf("held connection %d: %q, %v; want served by a", res.i, res.name, res.err)
+		}
+	}
+	t.Logf("held connections served %v after the backend came up", time.Since(up).Round(time.Millisecond))
+	if h := g.HoldStats(); h.Held != n || h.Holding != 0 || h.Expired != 0 {
+		t.Errorf("HoldStats = %+v; want %d held, none holding or expired", h, n)
+	}
+
+	// Nothing comes up: closed when hold_timeout runs out.
+	r2 := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: "hold_timeout = \"300ms\"\n" + health, backends: []be{{"a", listenertest.DeadAddr(t), 1, ""}}}))
+	r2.logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
+	start := time.Now()
+	if name, err := greeting(r2.addr("127.0.0.1:0")); err == nil {
+		t.Errorf("with nothing eligible: %q; want closed", name)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Errorf("closed after %v; want about hold_timeout (300ms)", d)
+	}
+	if h := r2.ptr.Load().Service("s").Group.HoldStats(); h.Expired != 1 {
+		t.Errorf("Expired = %d; want 1", h.Expired)
+	}
+}
+
+// TestFallback: a service whose own backends are all down picks from its
+// fallback's, and returns to its own as soon as one is up.
+func TestFallback(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	w := listenertest.NewServer(t, listenertest.Greeter("writer"))
+	replica := listenertest.DeadAddr(t)
+	health := func(s string) string {
+		return "[services." + s + ".health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	}
+	r := startRun(t, t.TempDir(), render(
+		svc{name: "ro", listen: []string{"127.0.0.1:0"}, extra: "fallback = \"rw\"\n" + health("ro"), backends: []be{{"r", replica, 1, ""}}},
+		svc{name: "rw", listen: []string{"127.0.0.2:0"}, extra: health("rw"), backends: []be{{"w", w.Addr, 1, ""}}}))
+	ro := r.addr("127.0.0.1:0")
+	r.logs.Wait(t, 5*time.Second, "r down", backendLine("backend down", "r"))
+	if name, err := greeting(ro); name != "writer" {
+		t.Errorf("ro with its replica down: %q, %v; want the writer", name, err)
+	}
+	listenertest.NewServerAt(t, replica, listenertest.Greeter("replica"))
+	r.logs.Wait(t, 5*time.Second, "r up", backendLine("backend up", "r"))
+	if name, err := greeting(ro); name != "replica" {
+		t.Errorf("ro with its replica back: %q, %v; want the replica", name, err)
+	}
+}
+
+// TestSplitBrainRefuses: while two Redis masters claim primary, a new
+// connection is closed before any backend is dialled, and counted.
+func TestSplitBrainRefuses(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: "hold_timeout = \"5s\"\n" + health, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
+	r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
+		return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
+	})
+	s := r.ptr.Load().Service("rw")
+	before := s.Targets[0].B.Stats().Total + s.Targets[1].B.Stats().Total
+	c, err := net.Dial("tcp", r.addr("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("a connection during the split read %d bytes; want it closed", n)
+	}
+	if after := s.Targets[0].B.Stats().Total + s.Targets[1].B.Stats().Total; after != before {
+		t.Errorf("%d connections reached a claimant during the split", after-before)
+	}
+	if n := s.Group.Rejected()[backend.RejectSplitBrain]; n != 1 {
+		t.Errorf("rejected for split brain: %d; want 1", n)
+	}
+}

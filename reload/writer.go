@@ -63,9 +63,13 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 }
 
 // swapped runs after each swap of the table (reload or health rebuild):
-// it logs each service's split brain once as it starts and once as it
-// ends, and counts it.
+// it wakes the connections held for an eligible backend (hold_timeout) to
+// look at the new table, and logs each service's split brain once as it
+// starts and once as it ends, and counts it.
 func (m *Manager) swapped(old, next *sched.Table) {
+	for _, s := range next.Services {
+		s.Group.Kick()
+	}
 	for _, s := range next.Services {
 		var was []string
 		if old != nil {

@@ -131,6 +131,19 @@ func (p *Postgres) Replica(t testing.TB) *Postgres {
 	return r
 }
 
+// Rejoin makes a stopped server a streaming replica of primary, on its own
+// port, from a fresh base backup (as an old primary is re-attached after a
+// failover), and starts it.
+func (p *Postgres) Rejoin(t testing.TB, primary *Postgres) {
+	t.Helper()
+	if err := os.RemoveAll(p.Dir); err != nil {
+		t.Fatal(err)
+	}
+	runAs(t, p.bin+"/pg_basebackup", "-h", "127.0.0.1", "-p", fmt.Sprint(primary.Port), "-U", "postgres", "-D", p.Dir, "-R", "-X", "stream", "--no-sync")
+	p.configure(t)
+	p.Start(t)
+}
+
 // Start starts the server and waits until it accepts connections.
 func (p *Postgres) Start(t testing.TB) {
 	t.Helper()

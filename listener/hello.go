@@ -1,0 +1,443 @@
+package listener
+
+// Reading what a client says first, to route by it without terminating TLS:
+// the server name (SNI) and protocols (ALPN) of a TLS ClientHello, and
+// PostgreSQL's SSLRequest, which precedes the ClientHello of every libpq
+// client that wants TLS.
+//
+// The ClientHello is peeked (MSG_PEEK), never consumed: once the route is
+// chosen, the socket handed to splice still holds the client's first byte
+// next, so the zero-copy path is kept. Only an SSLRequest is consumed,
+// because fulcrum answers it itself (the backend gets its own SSLRequest
+// from backendSSL before the splice). The TLS structures are parsed with
+// golang.org/x/crypto/cryptobyte, as crypto/tls parses them.
+//
+// Typical use, in admission (routes.go):
+//
+//	h, err := preread(c, svc.PrereadTimeout) // SSLRequest answered, hello peeked
+//	if err != nil { /* close: err is a *PrereadError with a Reason */ }
+//	svc := routes.Match(h.SNI, h.ALPN, h.Proto != ProtoNone)
+//	... dial ...
+//	if h.Proto == ProtoPostgres { err = backendSSL(bc, timeout) } // before the splice
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/cryptobyte"
+)
+
+const (
+	// MaxHello bounds the TLS records that carry a ClientHello, their
+	// headers included: a longer hello is refused (ReasonTooLarge). Today's
+	// largest, with post-quantum key shares, take about 2 KiB.
+	MaxHello = 16 << 10
+	// DefaultPrereadTimeout is preread_timeout's default.
+	DefaultPrereadTimeout = 5 * time.Second
+)
+
+// TLS and PostgreSQL wire constants.
+const (
+	recordHeader      = 5  // content type, version, length
+	recordHandshake   = 22 // content type of handshake records
+	maxRecord         = 1 << 14
+	typeClientHello   = 1
+	extServerName     = 0
+	extALPN           = 16
+	hostName          = 0 // server_name name_type
+	sslRequestCode    = 80877103
+	gssEncRequestCode = 80877104
+)
+
+// sslRequest is PostgreSQL's SSLRequest: length 8, code 80877103.
+var sslRequest = [8]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+
+// Proto is what a client started with.
+type Proto uint8
+
+const (
+	ProtoNone     Proto = iota // not TLS: another protocol, a GSSENCRequest or StartupMessage, or nothing yet
+	ProtoTLS                   // a TLS ClientHello
+	ProtoPostgres              // PostgreSQL's SSLRequest (answered and consumed), then a TLS ClientHello
+)
+
+func (p Proto) String() string {
+	switch p {
+	case ProtoTLS:
+		return "tls"
+	case ProtoPostgres:
+		return "postgres-tls"
+	}
+	return "none"
+}
+
+// Hello is what preread learnt from a client's first bytes.
+type Hello struct {
+	Proto Proto
+	SNI   string   // the host name, lowercased; "" when none was sent (or not TLS)
+	ALPN  []string // the protocols offered, in the client's order; nil when none
+	Len   int      // bytes of the records carrying the ClientHello (peeked, not consumed)
+}
+
+// Reasons a preread refuses a connection, as logs and counters name them.
+const (
+	ReasonMalformed = "hello-malformed" // not a well-formed ClientHello after a TLS or SSLRequest start
+	ReasonTooLarge  = "hello-too-large" // the ClientHello's records exceed MaxHello
+	ReasonTimeout   = "preread-timeout" // the client stopped inside its first message
+	ReasonClosed    = "hello-closed"    // the client closed or reset inside its first message
+	ReasonNoSSL     = "backend-no-ssl"  // a backend did not accept an SSLRequest
+)
+
+// PrereadError is why a client's first bytes, or a backend's answer to an
+// SSLRequest, cannot be routed.
+type PrereadError struct {
+	Reason string // one of the Reason constants
+	Err    error  // the detail
+}
+
+func (e *PrereadError) Error() string {
+	if e.Err == nil {
+		return e.Reason
+	}
+	return e.Reason + ": " + e.Err.Error()
+}
+
+func (e *PrereadError) Unwrap() error { return e.Err }
+
+func malformed(format string, a ...any) error {
+	return &PrereadError{Reason: ReasonMalformed, Err: fmt.Errorf(format, a...)}
+}
+
+// helloBufs lends preread its MaxHello buffer; only the SNI and ALPN strings
+// are copied out of it.
+var helloBufs = sync.Pool{New: func() any { return new([MaxHello]byte) }}
+
+// preread waits, within timeout, for the first bytes of client c and reads
+// its ClientHello without consuming it. A client starting with an
+// SSLRequest is answered 'S' (its 8 bytes consumed) and its ClientHello is
+// read the same way, within the same timeout. A client that starts with
+// anything else, or sends nothing within timeout (a server-first protocol),
+// gets ProtoNone and nothing consumed. The error is a *PrereadError.
+func preread(c *net.TCPConn, timeout time.Duration) (Hello, error) {
+	if timeout <= 0 {
+		timeout = DefaultPrereadTimeout
+	}
+	c.SetReadDeadline(time.Now().Add(timeout))
+	defer c.SetReadDeadline(time.Time{})
+	buf := helloBufs.Get().(*[MaxHello]byte)
+	defer helloBufs.Put(buf)
+
+	var proto Proto
+	var total int  // the length of a TLS client's hello, once whole
+	var lerr error // why a TLS client's first bytes are no hello
+	n, err := peek(c, buf[:], func(b []byte) bool {
+		proto = ProtoNone
+		switch {
+		case b[0] == recordHandshake:
+			proto = ProtoTLS // and the hello has mostly come whole with its first byte
+			total, lerr = helloLen(b)
+			return lerr != nil || total > 0
+		case b[0] == 0: // a PostgreSQL message length: an SSLRequest?
+			k := min(len(b), len(sslRequest))
+			if !bytes.Equal(b[:k], sslRequest[:k]) {
+				return true // GSSENCRequest, StartupMessage, CancelRequest: not TLS
+			}
+			if k == len(sslRequest) {
+				proto = ProtoPostgres
+				return true
+			}
+			return false
+		}
+		return true // another protocol
+	})
+	switch {
+	case n == 0 && deadlineHit(err):
+		return Hello{}, nil // nothing sent: a server-first protocol
+	case proto == ProtoTLS:
+		return hello(buf[:], n, total, lerr, err)
+	case err != nil: // closed, or stopped inside an SSLRequest
+		return Hello{}, readFailed(err)
+	case proto == ProtoNone:
+		return Hello{}, nil
+	}
+	if err := answerSSL(c); err != nil {
+		return Hello{}, readFailed(err)
+	}
+	n, err = peek(c, buf[:], func(b []byte) bool {
+		total, lerr = helloLen(b)
+		return lerr != nil || total > 0
+	})
+	h, err := hello(buf[:], n, total, lerr, err)
+	h.Proto = ProtoPostgres
+	return h, err
+}
+
+// hello turns what a peek for a ClientHello saw into its result: n bytes
+// peeked into buf, of which helloLen found total (or lerr), and the peek's
+// own error.
+func hello(buf []byte, n, total int, lerr, err error) (Hello, error) {
+	switch {
+	case lerr != nil:
+		return Hello{}, lerr
+	case total == 0 && err == nil: // buf is full without a whole hello; helloLen refuses that itself
+		return Hello{}, &PrereadError{Reason: ReasonTooLarge, Err: fmt.Errorf("no whole ClientHello in %d bytes", n)}
+	case total == 0:
+		return Hello{}, readFailed(err)
+	}
+	h, err := parseHello(buf[:total])
+	h.Proto = ProtoTLS
+	return h, err
+}
+
+func deadlineHit(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+
+// readFailed turns the error of a read inside the first message into a
+// *PrereadError.
+func readFailed(err error) error {
+	if deadlineHit(err) {
+		return &PrereadError{Reason: ReasonTimeout, Err: err}
+	}
+	return &PrereadError{Reason: ReasonClosed, Err: err}
+}
+
+// helloLen returns the length of the TLS records at the start of b that
+// carry the whole first handshake message, 0 if more bytes are needed, or
+// an error if b cannot start a ClientHello or it would exceed MaxHello. It
+// looks at framing only; parseHello reads the message.
+func helloLen(b []byte) (int, error) {
+	s := cryptobyte.String(b)
+	off := 0       // bytes of the whole records before this one
+	hb := 0        // handshake bytes in them
+	var hs [4]byte // the handshake header, which may itself span records
+	need := -1     // the handshake message's length, header included, once known
+	for {
+		var typ uint8
+		var ver, rlen uint16
+		if !s.ReadUint8(&typ) || !s.ReadUint16(&ver) || !s.ReadUint16(&rlen) {
+			if off+recordHeader > MaxHello {
+				return 0, tooLarge(off + recordHeader)
+			}
+			return 0, nil
+		}
+		switch {
+		case typ != recordHandshake:
+			return 0, malformed("record type %d inside the ClientHello", typ)
+		case ver>>8 != 3:
+			return 0, malformed("record version %#04x", ver)
+		case rlen == 0 || rlen > maxRecord:
+			return 0, malformed("record length %d", rlen)
+		case off+recordHeader+int(rlen) > MaxHello:
+			return 0, tooLarge(off + recordHeader + int(rlen))
+		}
+		frag := []byte(s)
+		if len(frag) > int(rlen) {
+			frag = frag[:rlen]
+		}
+		if hb < len(hs) && need < 0 {
+			if k := copy(hs[hb:], frag); hb+k == len(hs) {
+				if hs[0] != typeClientHello {
+					return 0, malformed("handshake type %d, not ClientHello", hs[0])
+				}
+				need = len(hs) + (int(hs[1])<<16 | int(hs[2])<<8 | int(hs[3]))
+				// The fewest bytes the hello can take, were the rest of it
+				// in this record, must fit.
+				if least := off + recordHeader + need - hb; least > MaxHello {
+					return 0, tooLarge(least)
+				}
+			}
+		}
+		if !s.Skip(int(rlen)) {
+			return 0, nil // the record is not all here yet
+		}
+		off += recordHeader + int(rlen)
+		hb += int(rlen)
+		if need >= 0 && hb >= need {
+			return off, nil
+		}
+	}
+}
+
+func tooLarge(n int) error {
+	return &PrereadError{Reason: ReasonTooLarge, Err: fmt.Errorf("ClientHello takes %d bytes or more, over %d", n, MaxHello)}
+}
+
+// parseHello parses the records of a whole ClientHello (exactly what
+// helloLen measured) for its server name and ALPN protocols. The message is
+// read in place when one record carries it, as nearly every client sends
+// it; a hello spread over several records is joined into one copy.
+func parseHello(b []byte) (Hello, error) {
+	h := Hello{Len: len(b)}
+	var msg []byte
+	if rlen := int(binary.BigEndian.Uint16(b[3:5])); recordHeader+rlen == len(b) {
+		msg = b[recordHeader:]
+	} else {
+		msg = make([]byte, 0, len(b))
+		for len(b) > 0 {
+			rlen := int(binary.BigEndian.Uint16(b[3:5]))
+			msg = append(msg, b[recordHeader:recordHeader+rlen]...)
+			b = b[recordHeader+rlen:]
+		}
+	}
+	s := cryptobyte.String(msg)
+	var typ uint8
+	var body cryptobyte.String
+	if !s.ReadUint8(&typ) || typ != typeClientHello || !s.ReadUint24LengthPrefixed(&body) {
+		return h, malformed("no ClientHello message")
+	}
+	if !s.Empty() {
+		return h, malformed("%d bytes after the ClientHello in its records", len(s))
+	}
+	var ver uint16
+	var sessionID, suites, comp cryptobyte.String
+	if !body.ReadUint16(&ver) || !body.Skip(32) || // legacy_version, random
+		!body.ReadUint8LengthPrefixed(&sessionID) || len(sessionID) > 32 ||
+		!body.ReadUint16LengthPrefixed(&suites) || len(suites) < 2 || len(suites)%2 != 0 ||
+		!body.ReadUint8LengthPrefixed(&comp) || len(comp) < 1 {
+		return h, malformed("ClientHello fields")
+	}
+	if body.Empty() {
+		return h, nil // no extensions (TLS 1.2 and older may send none)
+	}
+	var exts cryptobyte.String
+	if !body.ReadUint16LengthPrefixed(&exts) || !body.Empty() {
+		return h, malformed("ClientHello extensions")
+	}
+	var seenSNI, seenALPN bool
+	for !exts.Empty() {
+		var ext uint16
+		var data cryptobyte.String
+		if !exts.ReadUint16(&ext) || !exts.ReadUint16LengthPrefixed(&data) {
+			return h, malformed("extension framing")
+		}
+		switch ext {
+		case extServerName:
+			if seenSNI {
+				return h, malformed("two server_name extensions")
+			}
+			seenSNI = true
+			name, err := serverName(data)
+			if err != nil {
+				return h, err
+			}
+			h.SNI = name
+		case extALPN:
+			if seenALPN {
+				return h, malformed("two ALPN extensions")
+			}
+			seenALPN = true
+			protos, err := alpn(data)
+			if err != nil {
+				return h, err
+			}
+			h.ALPN = protos
+		}
+	}
+	return h, nil
+}
+
+// serverName reads the server_name extension (RFC 6066, section 3): its one
+// host_name, lowercased. Names of other types are skipped.
+func serverName(data cryptobyte.String) (string, error) {
+	var list cryptobyte.String
+	if !data.ReadUint16LengthPrefixed(&list) || list.Empty() || !data.Empty() {
+		return "", malformed("server_name list")
+	}
+	var name string
+	for !list.Empty() {
+		var typ uint8
+		var n cryptobyte.String
+		if !list.ReadUint8(&typ) || !list.ReadUint16LengthPrefixed(&n) || n.Empty() {
+			return "", malformed("server_name entry")
+		}
+		if typ != hostName {
+			continue
+		}
+		if name != "" {
+			return "", malformed("two host names in server_name")
+		}
+		if len(n) > 253 {
+			return "", malformed("host name of %d bytes", len(n))
+		}
+		var low [253]byte
+		for i, c := range n {
+			switch {
+			case c >= 'A' && c <= 'Z':
+				c += 'a' - 'A'
+			case c <= ' ' || c >= 0x7f: // IDNA names come as A-labels (xn--), ASCII
+				return "", malformed("host name byte %#02x", c)
+			}
+			low[i] = c
+		}
+		name = string(low[:len(n)])
+	}
+	return name, nil
+}
+
+// alpn reads the ALPN extension (RFC 7301, section 3.1): its protocol names,
+// copied into one string that they slice.
+func alpn(data cryptobyte.String) ([]string, error) {
+	var list cryptobyte.String
+	if !data.ReadUint16LengthPrefixed(&list) || list.Empty() || !data.Empty() {
+		return nil, malformed("ALPN list")
+	}
+	n := 0
+	for l := list; !l.Empty(); n++ {
+		var p cryptobyte.String
+		if !l.ReadUint8LengthPrefixed(&p) {
+			break
+		}
+	}
+	all := string(list)
+	protos := make([]string, 0, n)
+	off := 0
+	for !list.Empty() {
+		var p cryptobyte.String
+		if !list.ReadUint8LengthPrefixed(&p) || p.Empty() {
+			return nil, malformed("ALPN protocol name")
+		}
+		protos = append(protos, all[off+1:off+1+len(p)])
+		off += 1 + len(p)
+	}
+	return protos, nil
+}
+
+// answerSSL consumes the client's SSLRequest, which preread has peeked, and
+// accepts it: the client sends its ClientHello next.
+func answerSSL(c *net.TCPConn) error {
+	var b [len(sslRequest)]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return err
+	}
+	_, err := c.Write([]byte{'S'})
+	return err
+}
+
+// backendSSL asks a PostgreSQL backend for TLS on behalf of a client whose
+// SSLRequest fulcrum answered: it sends an SSLRequest and reads exactly the
+// one byte of the answer, which must be 'S'; the ClientHello (still in the
+// client's socket) then follows by splice. Anything else is a
+// *PrereadError with ReasonNoSSL, to be treated like a failed connect.
+func backendSSL(bc *net.TCPConn, timeout time.Duration) error {
+	if timeout > 0 {
+		bc.SetDeadline(time.Now().Add(timeout))
+		defer bc.SetDeadline(time.Time{})
+	}
+	if _, err := bc.Write(sslRequest[:]); err != nil {
+		return &PrereadError{Reason: ReasonNoSSL, Err: fmt.Errorf("send SSLRequest: %w", err)}
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(bc, b[:]); err != nil {
+		return &PrereadError{Reason: ReasonNoSSL, Err: fmt.Errorf("read the SSLRequest answer: %w", err)}
+	}
+	if b[0] != 'S' {
+		return &PrereadError{Reason: ReasonNoSSL, Err: fmt.Errorf("answered %q to SSLRequest", b[0])}
+	}
+	return nil
+}
