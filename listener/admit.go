@@ -215,14 +215,16 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other
 			// backend would fare better now.
-			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
+				Bool("retry", false).Msg("connect failed")
 			return -1, nil, tries, err
 		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
 		last = err
-		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
+		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
+			Bool("retry", tries <= svc.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
 	return -1, nil, tries, last
 }
@@ -248,7 +250,7 @@ var errFull = errors.New("every eligible backend is full")
 // O(n), on the refusal path only.
 func up(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
-		if t := &ts[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) {
+		if t := &ts[i]; t.Up() && !r.Tried(i) {
 			return true
 		}
 	}
@@ -261,7 +263,7 @@ func up(ts []sched.Target, r *sched.Request) bool {
 func full(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
 		t := &ts[i]
-		if t.Weight > 0 && t.MaxConns > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+		if t.MaxConns > 0 && t.Up() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
 			return true
 		}
 	}

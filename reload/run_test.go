@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -407,10 +408,14 @@ func TestRunBadFiles(t *testing.T) {
 			t.Errorf("%s: status = %+v; want failure %d or later with %q", c.name, st, i+1, c.want)
 		}
 		line := r.logs.Wait(t, time.Second, "refusing "+c.name, func(m map[string]any) bool {
-			return m["level"] == "error" && strings.Contains(fmt.Sprint(m["message"]), c.want)
+			return m["level"] == "error" && strings.Contains(fmt.Sprint(m["errors"]), c.want)
 		})
-		if !strings.HasPrefix(fmt.Sprint(line["message"]), "reload refused, generation 1 keeps serving: ") {
-			t.Errorf("%s: log line %q", c.name, line["message"])
+		if !strings.HasPrefix(fmt.Sprint(line["message"]), "reload refused, generation 1 keeps serving: ") || line["trigger"] != "file" {
+			t.Errorf("%s: log line %q (trigger %v)", c.name, line["message"], line["trigger"])
+		}
+		// Each problem is its own entry, none of them joined.
+		if errs, ok := line["errors"].([]any); !ok || len(errs) == 0 || slices.ContainsFunc(errs, func(e any) bool { return strings.Contains(fmt.Sprint(e), "\n") }) {
+			t.Errorf("%s: errors field %#v; want one entry per problem", c.name, line["errors"])
 		}
 	}
 	writeInPlace(t, r.path, strings.Replace(good, "weight = 1", "weight = 2", 1))

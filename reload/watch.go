@@ -46,6 +46,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		r.w, events, werrs = w, w.Events, w.Errors
 		r.rewatch()
 	}
+	sctx, stopSaver := context.WithCancel(context.Background())
+	saverDone := make(chan struct{})
+	go func() { m.saveLoop(sctx); close(saverDone) }() // exits when stopSaver is called, as Run returns, after its last write
+	defer func() { stopSaver(); <-saverDone }()        // after Shutdown: the state at exit is written
 	if err := m.Apply(cfg); err != nil {
 		m.srv.Close()
 		return err
@@ -117,7 +121,8 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			r.resetRecheck(recheck)
 		case <-recheck.C:
 			if !r.writing { // a writer at work: its close brings the read
-				r.check(false)
+				r.rewatch()
+				r.ld.request(loadReq{file: true, recheck: true})
 			}
 		case <-resolveTick.C:
 			r.ld.request(loadReq{dns: true})
@@ -259,15 +264,16 @@ func (r *runner) applyLoaded(res loaded) {
 		err = m.apply(res.cfg, res.dns, res.trigger)
 	}
 	if err != nil {
-		r.refuse(err)
+		r.refuse(err, res.trigger)
 	} else {
 		r.cfg = res.cfg.Reload
 	}
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 }
 
-// refuse records and logs a reload that was not applied, on one line.
-func (r *runner) refuse(err error) {
+// refuse records and logs a reload that was not applied, on one line whose
+// errors field holds each problem as its own entry.
+func (r *runner) refuse(err error, trigger string) {
 	m := r.m
 	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
 	m.statusMu.Lock()
@@ -275,7 +281,28 @@ func (r *runner) refuse(err error) {
 	m.status.LastError, m.status.LastAttempt = msg, time.Now()
 	gen := m.status.Generation
 	m.statusMu.Unlock()
-	m.log.Error().Uint64("generation", gen).Msgf("reload refused, generation %d keeps serving: %s", gen, msg)
+	var list []string
+	for _, e := range flatten(err) {
+		list = append(list, strings.ReplaceAll(e.Error(), "\n", "; "))
+	}
+	e := m.log.Error().Uint64("generation", gen).Strs("errors", list)
+	if trigger != "" {
+		e = e.Str("trigger", trigger)
+	}
+	e.Msgf("reload refused, generation %d keeps serving: %d problems", gen, len(list))
+}
+
+// flatten lists the errors joined in err (errors.Join, as conf returns
+// every problem), or err alone.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
 }
 
 // rewatch keeps the watch set to the file's directory and, when the path is
