@@ -1,0 +1,399 @@
+package listener
+
+import (
+	"math"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// fulcrum's data path: event loops over raw descriptors. An idle
+// connection holds no goroutine, buffer or pipe; a busy one is served where
+// its readiness event lands, with no goroutine woken per message.
+//
+// Sockets never enter Go's poller: accept4 on the listening socket and a
+// non-blocking connect (loop_dial.go) give descriptors that only a loop's
+// epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
+// would block). A Server has one loop per two Ps (at least one), sessions
+// spread round robin. A loop's epoll descriptor is itself watched by Go's
+// poller (a nested epoll): the loop's goroutine parks there, holding no
+// thread, and when woken runs, inline, whatever directions its events wake,
+// each until it would block or has used its budget, after which it goes on
+// in a goroutine of its own until it would block (a bulk transfer then does
+// not hold up the other sessions of its loop). The syscalls that move bytes
+// never block and are made raw (no entersyscall): the loop keeps its P, and
+// the runtime does not hand it off or wake sysmon per message.
+//
+// Measured against a loop locked to its thread that blocks in epoll_wait
+// (redis-benchmark GET, 50 clients, 6 interleaved runs): that loop costs
+// 8.1 µs of proxy CPU per request against 6.0 nested, since every time it
+// blocks its syscall wakes sysmon, which then polls every 20 µs, and its P
+// is handed off and taken back.
+//
+// Lost wakeups are what can go wrong, so:
+//   - a direction's state is idle, running, kicked (an event came while
+//     running: run again) or done, changed only by compare-and-swap, so that
+//     one runner at a time owns its xfer and no kick is lost between "would
+//     block" and "parked";
+//   - a direction that would write wants EPOLLOUT before it writes, since an
+//     edge between the EAGAIN and the flag would be lost, and EPOLLOUT wakes
+//     only a direction that wants it;
+//   - after a read shorter than the buffer, the socket was empty then, and
+//     new bytes make a new edge, so the direction parks without the read that
+//     would return EAGAIN; unless an event for that socket carried
+//     RDHUP|HUP|ERR (flag set before the kick), since a FIN already queued
+//     behind the bytes read makes no new edge.
+//
+// Descriptors are closed only by session.finish, once both directions are
+// done and nothing else (stop) is using them, after their table entries are
+// cleared: a descriptor number reused by a new connection then never maps
+// to the old session, and a stale event costs at most a spurious kick.
+
+const (
+	stIdle    int32 = iota // parked: no goroutine, waiting for an event
+	stRunning              // a runner owns the direction
+	stKicked               // running, and an event came meanwhile
+	stDone                 // ended; never runs again
+)
+
+// runBudget is how many fill/flush rounds a direction runs inline in the
+// loop before it continues in a goroutine of its own.
+const runBudget = 16
+
+// loop is one epoll instance and the goroutine that waits on it.
+type loop struct {
+	epfd int
+	f    *os.File                  // epfd, non-blocking, so that Go's poller watches it; closed by close
+	tab  []atomic.Pointer[session] // by descriptor: the session a socket belongs to
+	dial []atomic.Pointer[dialing] // by descriptor: a connect in progress waiting for its outcome
+	done chan struct{}             // closed when run returns
+}
+
+// dialing is a connect waiting in a loop for its socket to become writable.
+type dialing struct{ ready chan struct{} }
+
+func newLoop() (*loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	// The tables cover every descriptor the process may ever open: the hard
+	// limit, which the soft one can be raised to at any time.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	n := min(max(lim.Max, lim.Cur), 1<<20)
+	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
+		tab: make([]atomic.Pointer[session], n), dial: make([]atomic.Pointer[dialing], n)}
+	go lp.run() // exits when close closes f
+	return lp, nil
+}
+
+// close stops the loop, waits for its goroutine and closes its epoll. No
+// session or dial may be registered any more.
+func (lp *loop) close() {
+	lp.f.Close()
+	<-lp.done
+}
+
+// run waits for events and dispatches them. The callback drains the ready
+// list before it lets Go's poller wait again: the outer registration is
+// edge-triggered, and an inner event left unread would raise no new edge.
+func (lp *loop) run() {
+	defer close(lp.done)
+	rc, err := lp.f.SyscallConn()
+	if err != nil {
+		return
+	}
+	var events [128]unix.EpollEvent
+	wait := func(fd uintptr) bool {
+		for {
+			n, err := epollWaitRaw(int(fd), events[:])
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return true // EBADF: being closed
+			}
+			for i := range n {
+				lp.dispatch(events[i])
+			}
+			if n < len(events) {
+				return false
+			}
+		}
+	}
+	for rc.Read(wait) == nil {
+	}
+}
+
+// epollWaitRaw is epoll_wait with a zero timeout, made raw: it never blocks.
+func epollWaitRaw(epfd int, events []unix.EpollEvent) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// dispatch wakes the directions an event concerns: the one reading the
+// socket on input, hang-up or error; the one writing it on output if it
+// wants output, or on hang-up or error. An event for a connect in progress
+// wakes its dialer.
+func (lp *loop) dispatch(ev unix.EpollEvent) {
+	fd := int(ev.Fd)
+	if fd < 0 || fd >= len(lp.tab) {
+		return
+	}
+	ss := lp.tab[fd].Load()
+	if ss == nil {
+		if d := lp.dial[fd].Swap(nil); d != nil {
+			close(d.ready)
+		}
+		return // else an event for a socket closed meanwhile
+	}
+	in, out := &ss.up, &ss.down // the halves that read and write fd
+	if fd == ss.backendFD {
+		in, out = &ss.down, &ss.up
+	}
+	e := ev.Events
+	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		in.hup.Store(true) // before the kick: see the package comment
+	}
+	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		in.kick()
+	}
+	if e&(unix.EPOLLHUP|unix.EPOLLERR) != 0 || e&unix.EPOLLOUT != 0 && out.wantOut.Load() {
+		out.kick()
+	}
+}
+
+// epollIn is what a socket is registered for; armOut adds EPOLLOUT.
+const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET
+
+// armOut adds EPOLLOUT to fd's registration, the first time a write to it
+// would block: until then its output edges would only wake the loop for
+// nothing. EPOLL_CTL_MOD reports readiness at once, so space freed between
+// the EAGAIN and the MOD is not lost.
+func (lp *loop) armOut(fd int) error {
+	ev := unix.EpollEvent{Events: epollIn | unix.EPOLLOUT, Fd: int32(fd)}
+	return epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+}
+
+// epollCtl is epoll_ctl made raw: it never blocks.
+func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// register adds fd to the epoll for input, or changes its registration to
+// that if a dial left it registered here.
+func (lp *loop) register(fd int) error {
+	ev := unix.EpollEvent{Events: epollIn, Fd: int32(fd)}
+	err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	if err == unix.EEXIST {
+		err = epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	}
+	return err
+}
+
+// add registers both sockets of ss. On failure nothing stays registered.
+func (lp *loop) add(ss *session) error {
+	c, b := ss.clientFD, ss.backendFD
+	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
+		return unix.EBADF
+	}
+	lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
+	lp.tab[b].Store(ss)
+	if err := lp.register(c); err != nil {
+		lp.forget(ss)
+		return err
+	}
+	if err := lp.register(b); err != nil {
+		epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
+		lp.forget(ss)
+		return err
+	}
+	return nil
+}
+
+// forget unmaps both sockets of ss; it comes before they are closed, so a
+// descriptor number reused by a new session never maps to ss. Closing the
+// sockets removes them from the epoll.
+func (lp *loop) forget(ss *session) {
+	lp.tab[ss.clientFD].CompareAndSwap(ss, nil)
+	lp.tab[ss.backendFD].CompareAndSwap(ss, nil)
+}
+
+// begin runs ss in lp: it registers both sockets, whose readiness, if any,
+// the epoll reports at once. On failure the session has not started.
+func (ss *session) begin(lp *loop) error {
+	ss.up.sfd, ss.up.dfd = ss.clientFD, ss.backendFD
+	ss.down.sfd, ss.down.dfd = ss.backendFD, ss.clientFD
+	ss.lp = lp
+	ss.live.Store(2)
+	if ss.idle > 0 {
+		ss.last.Store(mono())
+		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
+		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
+		ss.timer.Reset(ss.idle)
+	}
+	err := lp.add(ss)
+	if err != nil {
+		if ss.timer != nil {
+			ss.timer.Stop()
+		}
+		ss.live.Store(0)
+	}
+	return err
+}
+
+// idleCheck runs when the idle timer fires: it stops the session if no
+// byte has moved either way for its limit (idle_timeout, or once a
+// direction has closed the shorter half_close_timeout), or sets the timer
+// to fire that long after the last byte.
+func (ss *session) idleCheck() {
+	if ss.live.Load() == 0 {
+		return
+	}
+	limit, half := ss.idleLimit()
+	quiet := time.Duration(mono() - ss.last.Load())
+	if quiet < limit {
+		ss.timer.Reset(limit - quiet)
+		return
+	}
+	ss.halfFired.Store(half)
+	ss.idleFired.Store(true)
+	ss.stop()
+}
+
+// idleLimit is how long the session may go without a byte: idle_timeout,
+// or half_close_timeout when one direction has closed and it is shorter
+// (half reports that).
+func (ss *session) idleLimit() (limit time.Duration, half bool) {
+	if ss.first.Load() != 0 && ss.halfClose > 0 && (ss.idle == 0 || ss.halfClose < ss.idle) {
+		return ss.halfClose, true
+	}
+	return ss.idle, false
+}
+
+// armHalfClose starts the half-close limit when a direction has closed
+// cleanly: the other direction's bytes are timed from now, by the idle
+// timer (made now if idle_timeout did not make one). Called once, by the
+// half that closed first.
+func (ss *session) armHalfClose() {
+	ss.last.Store(mono())
+	if ss.timer == nil {
+		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
+		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
+		ss.timer.Reset(ss.halfClose)
+		return
+	}
+	if limit, _ := ss.idleLimit(); limit < ss.idle {
+		ss.timer.Reset(limit) // sooner than the idle timer would look
+	}
+}
+
+// kick makes the direction run: now, in the caller, if it is parked; again
+// after its current run if it is running.
+func (h *half) kick() {
+	for {
+		switch h.state.Load() {
+		case stIdle:
+			if h.state.CompareAndSwap(stIdle, stRunning) {
+				h.runParked(runBudget)
+				return
+			}
+		case stRunning:
+			if h.state.CompareAndSwap(stRunning, stKicked) {
+				return
+			}
+		default: // already kicked, or done
+			return
+		}
+	}
+}
+
+// runParked runs the direction, which the caller owns (stRunning), until
+// it would block (it parks), ends, or has run budget rounds (it goes on in
+// a goroutine of its own); budget 0 is no limit.
+func (h *half) runParked(budget int) {
+	for {
+		switch r, err := h.step(budget); r {
+		case stepDone:
+			h.state.Store(stDone)
+			h.ss.halfDone(h, err)
+			return
+		case stepMore:
+			go h.runParked(0) // owns the direction now; exits when it parks or ends
+			return
+		}
+		if h.state.CompareAndSwap(stRunning, stIdle) {
+			return
+		}
+		h.state.Store(stRunning) // kicked meanwhile: there may be more
+	}
+}
+
+type stepResult uint8
+
+const (
+	stepBlocked stepResult = iota // would block: park
+	stepDone                      // EOF (err nil), an error, or the session is stopping
+	stepMore                      // the budget is used up and there may be more
+)
+
+// step runs fill/flush rounds on the raw descriptors.
+func (h *half) step(budget int) (stepResult, error) {
+	x := &h.x
+	for i := 0; budget == 0 || i < budget; i++ {
+		if h.ss.stopping.Load() {
+			return stepDone, nil
+		}
+		if x.pending() {
+			h.wantOut.Store(true) // before the write: see the package comment
+			n, err := x.flush(h.dfd)
+			h.count(n)
+			if err == unix.EAGAIN {
+				if !h.outArmed {
+					if err := h.ss.lp.armOut(h.dfd); err != nil {
+						return stepDone, err
+					}
+					h.outArmed = true
+				}
+				return stepBlocked, nil
+			}
+			h.wantOut.Store(false)
+			if err != nil {
+				return stepDone, err
+			}
+			if h.drained && !h.hup.Load() {
+				h.drained = false
+				return stepBlocked, nil
+			}
+		}
+		n, err := x.fill(h.sfd)
+		switch {
+		case err == unix.EAGAIN:
+			return stepBlocked, nil
+		case err != nil:
+			return stepDone, err
+		case n == 0:
+			return stepDone, nil // EOF
+		}
+		h.drained = x.buf != nil && n < bufSize
+	}
+	return stepMore, nil
+}
