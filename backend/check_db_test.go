@@ -248,7 +248,7 @@ func TestRedisProbeHygiene(t *testing.T) {
 	}
 	pw := secret(t, "redis-pw")
 	for _, p := range []*Probe{
-		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                     // PING, -NOAUTH, QUIT
+		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                      // PING, -NOAUTH, QUIT
 		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: RolePrimary}, // AUTH, INFO, QUIT
 	} {
 		for i := range 100 {
