@@ -168,6 +168,7 @@ timeout = "100ms"
 	path := writeFile(t, "fulcrum.toml", config)
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
 	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	d.await(t, "configuration applied")
 
 	var out, errOut strings.Builder
 	if code := run([]string{"set", "-admin", adm, "web/two", "maint"}, &out, &errOut); code != 0 {
@@ -205,7 +206,7 @@ timeout = "100ms"
 		if code := run([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
 			t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
 		}
-		if strings.Contains(table.String(), "ok ") || time.Now().After(deadline) { // a check has run
+		if strings.Count(table.String(), " ok ") >= 3 || time.Now().After(deadline) { // each backend was checked
 			break
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"fulcrum/sched"
 	"io"
 	"net"
 	"net/netip"
@@ -37,19 +38,6 @@ import (
 
 // DefaultPath is where the daemon looks for its file without -config.
 const DefaultPath = "/etc/fulcrum/fulcrum.toml"
-
-// Schedulers lists the scheduler names a service may use. The sched package
-// implements each; a test in reload keeps the two in step.
-var Schedulers = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
-
-// HashKeys lists the values of hash_key (sh, mh).
-var HashKeys = []string{"ip", "ip_port"}
-
-// Limits of the scheduler parameters; sched enforces the same.
-const (
-	MaxChoices   = 16        // p2c choices
-	MaxTableSize = 1<<24 - 3 // mh table_size, the largest prime below 2^24
-)
 
 // MaxRetries bounds retries: a connection never tries more backends than this plus one.
 const MaxRetries = 15
@@ -118,12 +106,12 @@ type Reload struct {
 // Settings are the per-service values that [defaults] supplies and a service
 // may override.
 type Settings struct {
-	Scheduler      string        // one of Schedulers; default "wrr"
+	Scheduler      string        // one of sched.Names; default "wrr"
 	ConnectTimeout time.Duration // per dial attempt; default 3s, never 0
 	IdleTimeout    time.Duration // no byte either way for this long closes the connection; 0 (default) = never
 	Retries        int           // further backends tried after a failed connect; default 2
 	DrainTimeout   time.Duration // how long a removed backend's connections (or all, at shutdown) may run on; default 5m, 0 = no limit
-	Choices        int           // p2c: backends drawn per pick, 1..MaxChoices; default 2
+	Choices        int           // p2c: backends drawn per pick, 1..sched.MaxChoices; default 2
 	HashKey        string        // sh, mh: "ip" (default) or "ip_port"
 	TableSize      int           // mh: lookup table size, a prime larger than the number of backends; default 65537
 
@@ -139,7 +127,7 @@ type Settings struct {
 	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
 	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
-	ProxyProtocol     string         // send a PROXY header to backends: "none" (default) | "v1" | "v2"; a backend may override
+	ProxyProtocol     int            // the PROXY header version sent to backends (proxy_protocol "none", "v1", "v2"): 0 (default) = none, 1 or 2; a backend may override
 	AcceptProxy       []netip.Prefix // read a PROXY header (v1 or v2) from these sources, and refuse one from any other
 	ProxyTimeout      time.Duration  // for that header to arrive; default 3s
 	Allow             []netip.Prefix // if set, only these client addresses may connect
@@ -171,18 +159,18 @@ type Settings struct {
 
 // Health is a [health] table: how to check that a backend is up.
 type Health struct {
-	Check    string        // none (default) | tcp | send-expect | pgsql | redis | mysql | http
-	Interval time.Duration // between checks; default 2s
-	Timeout  time.Duration // for one check; default 1s, at most Interval
-	Rise     int           // consecutive successes to come up; default 2
-	Fall     int           // consecutive failures to go down; default 3
-	Port     int           // check this port on the backend's host; 0 = the backend's port
-	Address  string        // check this host:port instead of the backend ("" = the backend)
-	Send     string        // send-expect: bytes to send first
-	Expect   string        // send-expect: a regular expression the answer must match
-	Path     string        // http: the path to GET; default "/"
-	Status   int           // http: the status that means up; default 200
-	User     string        // pgsql, mysql: the user to log in as; default "fulcrum"
+	Check    string         // none (default) | tcp | send-expect | pgsql | redis | mysql | http
+	Interval time.Duration  // between checks; default 2s
+	Timeout  time.Duration  // for one check; default 1s, at most Interval
+	Rise     int            // consecutive successes to come up; default 2
+	Fall     int            // consecutive failures to go down; default 3
+	Port     int            // check this port on the backend's host; 0 = the backend's port
+	Address  string         // check this host:port instead of the backend ("" = the backend)
+	Send     string         // send-expect: bytes to send first
+	Expect   *regexp.Regexp // send-expect: what the answer must match (compiled); nil = none
+	Path     string         // http: the path to GET; default "/"
+	Status   int            // http: the status that means up; default 200
+	User     string         // pgsql, mysql: the user to log in as; default "fulcrum"
 
 	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
@@ -234,16 +222,16 @@ type Backend struct {
 	Health        Health         // the service's [health] with this backend's overrides
 	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
 	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
-	ProxyProtocol string         // from the service unless set here
+	ProxyProtocol int            // from the service unless set here
 	OnDown        string         // from the service unless set here
 	OnUp          string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyProtocol: "none", ProxyTimeout: 3 * time.Second,
+		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
 }
@@ -450,13 +438,13 @@ func (w *walker) config(root *table) *Config {
 
 func (w *walker) settings(t *table, base Settings) Settings {
 	return Settings{
-		Scheduler:      t.oneOf("scheduler", base.Scheduler, Schedulers...),
+		Scheduler:      t.oneOf("scheduler", base.Scheduler, sched.Names...),
 		ConnectTimeout: t.duration("connect_timeout", base.ConnectTimeout, time.Millisecond),
 		IdleTimeout:    t.duration("idle_timeout", base.IdleTimeout, 0),
 		Retries:        int(t.integer("retries", int64(base.Retries), 0, MaxRetries)),
 		DrainTimeout:   t.duration("drain_timeout", base.DrainTimeout, 0),
-		Choices:        int(t.integer("choices", int64(base.Choices), 1, MaxChoices)),
-		HashKey:        t.oneOf("hash_key", base.HashKey, HashKeys...),
+		Choices:        int(t.integer("choices", int64(base.Choices), 1, sched.MaxChoices)),
+		HashKey:        t.oneOf("hash_key", base.HashKey, sched.HashKeys...),
 		TableSize:      w.tableSize(t, base.TableSize),
 
 		Health:       w.health(t.sub("health"), base.Health),
@@ -471,7 +459,7 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
 		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
-		ProxyProtocol:     t.oneOf("proxy_protocol", base.ProxyProtocol, ProxyVersions...),
+		ProxyProtocol:     proxyVersion(t, base.ProxyProtocol),
 		AcceptProxy:       w.prefixes(t, "accept_proxy", base.AcceptProxy),
 		ProxyTimeout:      t.duration("proxy_timeout", base.ProxyTimeout, time.Millisecond),
 		Allow:             w.prefixes(t, "allow", base.Allow),
@@ -514,8 +502,14 @@ var (
 	OnUps   = []string{"keep", "close-backups"}
 )
 
-// ProxyVersions are the values of proxy_protocol.
+// ProxyVersions are the values of proxy_protocol, by PROXY version.
 var ProxyVersions = []string{"none", "v1", "v2"}
+
+// proxyVersion reads proxy_protocol as the PROXY version it names: 0 for
+// "none", 1 or 2.
+func proxyVersion(t *table, def int) int {
+	return slices.Index(ProxyVersions, t.oneOf("proxy_protocol", ProxyVersions[def], ProxyVersions...))
+}
 
 // prefixes reads a list of CIDR prefixes; a bare address is a /32 or /128.
 func (w *walker) prefixes(t *table, k string, base []netip.Prefix) []netip.Prefix {
@@ -557,7 +551,7 @@ func (w *walker) health(ht *table, base Health) Health {
 		Port:     int(ht.integer("port", int64(base.Port), 0, 65535)),
 		Address:  ht.str("address", base.Address),
 		Send:     ht.str("send", base.Send),
-		Expect:   ht.str("expect", base.Expect),
+		Expect:   base.Expect,
 		Path:     ht.str("path", base.Path),
 		Status:   int(ht.integer("status", int64(base.Status), 100, 599)),
 		User:     ht.str("user", base.User),
@@ -574,11 +568,13 @@ func (w *walker) health(ht *table, base Health) Health {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
 	}
 	if ht.has("expect") {
-		if _, err := regexp.Compile(h.Expect); err != nil {
+		re, err := regexp.Compile(ht.str("expect", ""))
+		if err != nil {
 			w.errorf(ht.key("expect"), "not a regular expression: %v", err)
 		}
+		h.Expect = re
 	}
-	if h.Check == "send-expect" && h.Expect == "" && ht.has("check") {
+	if h.Check == "send-expect" && h.Expect == nil && ht.has("check") {
 		w.errorf(ht.key("expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 	}
 	if ht.has("path") && !strings.HasPrefix(h.Path, "/") {
@@ -644,28 +640,14 @@ func (w *walker) passwordFile(key, p string) string {
 	return p
 }
 
-// tableSize reads table_size: a prime, since Maglev's permutations cover
-// every slot only when the size is prime.
+// tableSize reads table_size, as sched.CheckTableSize allows.
 func (w *walker) tableSize(t *table, def int) int {
-	n := int(t.integer("table_size", int64(def), 2, MaxTableSize))
-	if !isPrime(n) {
-		w.errorf(t.key("table_size"), "%d is not a prime (65537 and 655373 are)", n)
+	n := int(t.integer("table_size", int64(def), 2, sched.MaxTableSize))
+	if err := sched.CheckTableSize(n); err != nil {
+		w.errorf(t.key("table_size"), "%v", err)
 		return def
 	}
 	return n
-}
-
-// isPrime reports whether n is prime, by trial division (n ≤ MaxTableSize).
-func isPrime(n int) bool {
-	if n < 2 {
-		return false
-	}
-	for d := 2; d*d <= n; d++ {
-		if n%d == 0 {
-			return false
-		}
-	}
-	return true
 }
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
@@ -714,7 +696,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			MaxFails:      int(bt.integer("max_fails", int64(s.MaxFails), 0, 1000)),
 			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
 			Health:        w.health(bt.sub("health"), s.Health),
-			ProxyProtocol: bt.oneOf("proxy_protocol", s.ProxyProtocol, ProxyVersions...),
+			ProxyProtocol: proxyVersion(bt, s.ProxyProtocol),
 			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
 			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
 		}
@@ -738,7 +720,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 				b.CheckHost, b.CheckAddr = host, ap
 			}
 		}
-		if b.Health.Check == "send-expect" && b.Health.Expect == "" {
+		if b.Health.Check == "send-expect" && b.Health.Expect == nil {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
 		if h := b.Health; h.Role != "any" && !slices.Contains(roleChecks, h.Check) {
@@ -756,9 +738,8 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		s.Backends = append(s.Backends, b)
 	}
-	if s.Scheduler == "mh" && s.TableSize <= len(s.Backends) {
-		w.errorf(t.key("table_size"), "%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced",
-			s.TableSize, len(s.Backends))
+	if err := sched.CheckBackends(s.Scheduler, sched.Options{Choices: s.Choices, HashKey: s.HashKey, TableSize: s.TableSize}, len(s.Backends)); err != nil {
+		w.errorf(t.key("table_size"), "%v", err)
 	}
 	return s
 }

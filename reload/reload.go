@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"sync"
@@ -338,7 +337,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
-				ProxyProtocol: map[string]int{"none": 0, "v1": 1, "v2": 2}[b.ProxyProtocol],
+				ProxyProtocol: b.ProxyProtocol,
 				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
 			if aerr != nil {
 				t.Weight = 0 // no address: never picked, whatever its health says
@@ -445,7 +444,7 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
 	if h.Check == "send-expect" {
 		p.Send = []byte(h.Send)
-		p.Expect = regexp.MustCompile(h.Expect) // validated by conf
+		p.Expect = h.Expect
 	}
 	return backend.CheckSpec{Probe: p, Interval: h.Interval, Rise: h.Rise, Fall: h.Fall}
 }

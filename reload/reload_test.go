@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,31 +19,6 @@ import (
 	"fulcrum/listener"
 	"fulcrum/sched"
 )
-
-// TestSchedulerNames keeps conf's list of scheduler names and sched's
-// implementations in step.
-func TestSchedulerNames(t *testing.T) {
-	if !slices.Equal(conf.Schedulers, sched.Names) {
-		t.Errorf("conf.Schedulers = %v; sched.Names = %v", conf.Schedulers, sched.Names)
-	}
-	for _, n := range conf.Schedulers {
-		if _, err := sched.New(n, nil, nil, sched.Options{}); err != nil {
-			t.Errorf("sched.New(%q): %v", n, err)
-		}
-	}
-	if conf.MaxChoices != sched.MaxChoices || conf.MaxTableSize != sched.MaxTableSize {
-		t.Errorf("conf limits %d, %d; sched limits %d, %d", conf.MaxChoices, conf.MaxTableSize, sched.MaxChoices, sched.MaxTableSize)
-	}
-	cfg := config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")
-	if s := cfg.Services[0]; s.Choices != sched.DefaultChoices || s.TableSize != sched.DefaultTableSize || s.HashKey != "ip" {
-		t.Errorf("conf defaults %+v; sched's are choices %d, table_size %d, hash_key ip", s.Settings, sched.DefaultChoices, sched.DefaultTableSize)
-	}
-	for _, k := range conf.HashKeys {
-		if _, err := sched.New("sh", nil, nil, sched.Options{HashKey: k}); err != nil {
-			t.Errorf("hash_key %q: %v", k, err)
-		}
-	}
-}
 
 type harness struct {
 	t   *testing.T

@@ -450,6 +450,10 @@ func TestRunHalfWritten(t *testing.T) {
 		)
 	}
 	r := startRun(t, t.TempDir(), text(1))
+	// An edit first, so that the check Run makes at start (off the loop) is
+	// done: a read asked for before the writer began could see half a file.
+	renameOver(t, r.path, text(2))
+	r.expectGen(2, 3*time.Second)
 
 	stop := make(chan struct{})
 	bad := make(chan string, 1)
@@ -479,14 +483,14 @@ func TestRunHalfWritten(t *testing.T) {
 	defer f.Close() // on failure; closed below
 	f.WriteString(full[:cut])
 	time.Sleep(400 * time.Millisecond) // the writer's pause, part of the scenario
-	if st := r.m.Status(); st.Failed != 0 || r.gen() != 1 {
+	if st := r.m.Status(); st.Failed != 0 || r.gen() != 2 {
 		t.Errorf("while the writer paused: generation %d, status %+v; want the file not read yet", r.gen(), st)
 	}
 	f.WriteString(full[cut:])
 	f.Close()
 	r.attempt(3 * time.Second)
-	if g, st := r.gen(), r.m.Status(); g != 2 || st.Failed != 0 {
-		t.Fatalf("after the writer closed the file: generation %d, status %+v; want 2, the first attempt", g, st)
+	if g, st := r.gen(), r.m.Status(); g != 3 || st.Failed != 0 {
+		t.Fatalf("after the writer closed the file: generation %d, status %+v; want 3, the first attempt", g, st)
 	}
 	close(stop)
 	if msg, ok := <-bad; ok {

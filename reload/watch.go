@@ -79,6 +79,20 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	healthDone := make(chan struct{})
 	go func() { m.health.Run(hctx); close(healthDone) }() // exits when stopHealth is called, as Run returns
 	defer func() { stopHealth(); <-healthDone }()
+	onEvent := func(ev event) {
+		switch r.classify(ev) {
+		case evFile, evDirs:
+			debounce.Reset(r.cfg.Debounce)
+		case evWriting:
+			debounce.Stop() // read when the writer closes the file
+		}
+	}
+	onErr := func(err error) {
+		m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
+		r.writing = false // its close may be among the lost events
+		r.rewatch()       // so may a directory's removal
+		debounce.Reset(r.cfg.Debounce)
+	}
 	var watchdog <-chan time.Time
 	if m.Watchdog > 0 {
 		t := time.NewTicker(m.Watchdog)
@@ -95,21 +109,13 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 				events = nil
 				continue
 			}
-			switch r.classify(ev) {
-			case evFile, evDirs:
-				debounce.Reset(r.cfg.Debounce)
-			case evWriting:
-				debounce.Stop() // read when the writer closes the file
-			}
+			onEvent(ev)
 		case err, ok := <-werrs:
 			if !ok {
 				werrs = nil
 				continue
 			}
-			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
-			r.writing = false // its close may be among the lost events
-			r.rewatch()       // so may a directory's removal
-			debounce.Reset(r.cfg.Debounce)
+			onErr(err)
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
@@ -121,6 +127,9 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		case <-resolveTick.C:
 			r.ld.request(loadReq{dns: true})
 		case res := <-r.ld.out:
+			if r.w != nil { // every event the kernel has first: a writer may have begun since the read was asked for
+				r.w.Sync(onEvent, onErr)
+			}
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
 		case <-m.Hup:
@@ -149,6 +158,7 @@ type runner struct {
 	real    string           // the path with symlinks resolved at the last rewatch; "" if it did not resolve
 	missing string           // a wanted directory that is gone, watched through its parent; "" if none
 	writing bool             // the file was written and not yet closed by its writer
+	again   bool             // a read was dropped for being taken mid-write: the next must apply even if unchanged
 	cfg     conf.Reload      // of the running configuration
 }
 
@@ -174,7 +184,7 @@ const (
 
 // classify tells what ev means, and tracks whether a writer is at work.
 func (r *runner) classify(ev event) int {
-	path := r.m.path
+	path := filepath.Clean(r.m.path) // as event names are spelled
 	if _, ok := r.watched[ev.Name]; ok && ev.has(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_IGNORED) {
 		r.rewatch()
 		return evDirs
@@ -228,7 +238,8 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 // loop as a loaded value.
 func (r *runner) check(force bool) {
 	r.rewatch() // before the read: a directory may be back
-	r.ld.request(loadReq{file: true, force: force, dns: force})
+	r.ld.request(loadReq{file: true, force: force, dns: force, again: r.again})
+	r.again = false
 }
 
 // applyLoaded applies what the loader read, on Run's loop: binding and
@@ -239,6 +250,13 @@ func (r *runner) applyLoaded(res loaded) {
 	defer r.rewatch() // a symlink may now lead elsewhere
 	if res.cfg == nil && res.err == nil {
 		return // unchanged
+	}
+	if r.writing && res.trigger != "dns" {
+		// Read while a writer had the file open: maybe half of it. Its close
+		// brings the next read, which must apply even if the content is
+		// what was read now (the writer may have been done but for closing).
+		r.again = true
+		return
 	}
 	m.notify(systemd.Reloading())
 	err := res.err

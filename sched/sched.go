@@ -24,10 +24,10 @@
 // Shared rules. Weight 0 excludes a target from new picks (drain). No
 // targets, or total weight 0, gives ErrNoBackend. One eligible target is
 // returned without drawing. A backend that is full (Target.MaxConns) or
-// draining (and, once health checks exist, down), or already tried by this
-// connection, is skipped at pick
-// time by the one function eligible(), which reads atomics only, so nothing
-// is rebuilt per connection: sequence schedulers pass over its slot,
+// draining or down (health checks, passive failures, no address, the wrong
+// role), or already tried by this connection, is skipped at pick time by
+// the one function eligible(), which reads atomics only, so nothing is
+// rebuilt per connection: sequence schedulers pass over its slot,
 // random ones draw again, the lc family and p2c leave it out, and the
 // hashing ones fall back to other slots deterministically. Every fast path
 // is bounded and ends in an exact scan, so a connection is refused only
@@ -189,6 +189,32 @@ func (o Options) tableSize() int {
 	return o.TableSize
 }
 
+// HashKeys lists the values of Options.HashKey ("" means "ip").
+var HashKeys = []string{"ip", "ip_port"}
+
+// CheckTableSize says why n cannot be mh's table size, or nil: Maglev's
+// permutations cover every slot only when the size is a prime, and no
+// larger than MaxTableSize.
+func CheckTableSize(n int) error {
+	if n < 2 || n > MaxTableSize {
+		return fmt.Errorf("%d is not between 2 and %d", n, MaxTableSize)
+	}
+	if !isPrime(n) {
+		return fmt.Errorf("%d is not a prime (65537 and 655373 are)", n)
+	}
+	return nil
+}
+
+// CheckBackends says why a service of n backends cannot use scheduler name
+// with options o, or nil: mh needs a table larger than the number of
+// backends.
+func CheckBackends(name string, o Options, n int) error {
+	if name == "mh" && o.tableSize() <= n {
+		return fmt.Errorf("%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced", o.tableSize(), n)
+	}
+	return nil
+}
+
 // withPort reports whether the hash key includes the client port.
 func (o Options) withPort() (bool, error) {
 	switch o.HashKey {
@@ -207,42 +233,42 @@ func (o Options) withPort() (bool, error) {
 func New(name string, targets []Target, prev Picker, o Options) (Picker, error) {
 	switch name {
 	case "rr":
-		return NewRoundRobin(targets, prev), nil
+		return newRoundRobin(targets, prev), nil
 	case "wrr":
-		return NewWeightedRoundRobin(targets, prev), nil
+		return newWeightedRoundRobin(targets, prev), nil
 	case "swrr":
-		return NewSmoothWeightedRoundRobin(targets, prev), nil
+		return newSmoothWeightedRoundRobin(targets, prev), nil
 	case "random":
-		return NewRandom(targets, o.Source), nil
+		return newRandomSched(targets, o.Source), nil
 	case "wrandom":
-		return NewWeightedRandom(targets, o.Source), nil
+		return newWeightedRandom(targets, o.Source), nil
 	case "lc":
-		return NewLeastConn(targets), nil
+		return newLeastConnSched(targets), nil
 	case "wlc":
-		return NewWeightedLeastConn(targets), nil
+		return newWeightedLeastConn(targets), nil
 	case "sed":
-		return NewShortestExpectedDelay(targets), nil
+		return newShortestExpectedDelay(targets), nil
 	case "nq":
-		return NewNeverQueue(targets), nil
+		return newNeverQueue(targets), nil
 	case "p2c":
 		if c := o.choices(); c < 1 || c > MaxChoices {
 			return nil, fmt.Errorf("p2c choices %d is not between 1 and %d", c, MaxChoices)
 		}
-		return NewP2C(targets, o.choices(), o.Source), nil
+		return newP2cSched(targets, o.choices(), o.Source), nil
 	case "sh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewSourceHash(targets, wp), nil
+		return newSourceHash(targets, wp), nil
 	case "mh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewMaglev(targets, o.tableSize(), wp)
+		return newMaglevSched(targets, o.tableSize(), wp)
 	case "first":
-		return NewFirst(targets), nil
+		return newFirstSched(targets), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }

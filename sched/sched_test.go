@@ -83,7 +83,7 @@ func TestWRRVectors(t *testing.T) {
 		for _, form := range []string{"cycle", "walk"} {
 			t.Run(c.ID+"/"+form, func(t *testing.T) {
 				ts := targets(c.Backends)
-				s := NewWeightedRoundRobin(ts, nil)
+				s := newWeightedRoundRobin(ts, nil)
 				if form == "walk" {
 					s = forceWalk(s)
 				}
@@ -96,7 +96,7 @@ func TestWRRVectors(t *testing.T) {
 }
 
 // forceWalk rebuilds s in its walk form, as if its cycle were too long.
-func forceWalk(s *WeightedRoundRobin) *WeightedRoundRobin {
+func forceWalk(s *weightedRoundRobin) *weightedRoundRobin {
 	w := make([]int, len(s.ts))
 	for i, t := range s.ts {
 		w[i] = t.Weight
@@ -122,8 +122,8 @@ func TestWRRWalkMatchesCycle(t *testing.T) {
 			sum += bs[i].Weight
 		}
 		ts := targets(bs)
-		a := picks(NewWeightedRoundRobin(ts, nil), ts, 2*sum+1)
-		b := picks(forceWalk(NewWeightedRoundRobin(ts, nil)), ts, 2*sum+1)
+		a := picks(newWeightedRoundRobin(ts, nil), ts, 2*sum+1)
+		b := picks(forceWalk(newWeightedRoundRobin(ts, nil)), ts, 2*sum+1)
 		if strings.Join(a, "") != strings.Join(b, "") {
 			t.Fatalf("case %d %v: cycle %v; walk %v", k, bs, a, b)
 		}
@@ -136,7 +136,7 @@ func TestWRRSkipsIneligible(t *testing.T) {
 	ts := targets([]vecBackend{{Name: "A", Weight: 3}, {Name: "B", Weight: 2}, {Name: "C", Weight: 1}})
 	for _, form := range []string{"cycle", "walk"} {
 		t.Run(form, func(t *testing.T) {
-			s := NewWeightedRoundRobin(ts, nil) // cycle A A B A B C
+			s := newWeightedRoundRobin(ts, nil) // cycle A A B A B C
 			if form == "walk" {
 				s = forceWalk(s)
 			}
@@ -166,14 +166,14 @@ func TestRRVectors(t *testing.T) {
 	for _, c := range v.RR {
 		t.Run(c.ID, func(t *testing.T) {
 			ts := targets(c.Dests)
-			s := NewRoundRobin(ts, nil)
+			s := newRoundRobin(ts, nil)
 			if c.ID == "quiesce_A_after_2" {
 				// LVS keeps its position when a weight changes: two picks, then
 				// A is set to weight 0 and the scheduler rebuilt from s.
 				got := picks(s, ts, 2)
 				ts2 := append([]Target(nil), ts...)
 				ts2[0].Weight = 0
-				got = append(got, picks(NewRoundRobin(ts2, s), ts2, len(c.Picks)-2)...)
+				got = append(got, picks(newRoundRobin(ts2, s), ts2, len(c.Picks)-2)...)
 				if strings.Join(got, "") != strings.Join(c.Picks, "") {
 					t.Errorf("picks = %v; want %v", got, c.Picks)
 				}
@@ -363,5 +363,31 @@ func itoa(n int) string {
 		if n == 0 {
 			return s
 		}
+	}
+}
+
+// TestNamesBuild: every name sched.Names lists (the list conf offers)
+// builds a scheduler, and every hash key is accepted.
+func TestNamesBuild(t *testing.T) {
+	for _, n := range Names {
+		if _, err := New(n, nil, nil, Options{}); err != nil {
+			t.Errorf("New(%q): %v", n, err)
+		}
+	}
+	for _, k := range HashKeys {
+		if _, err := New("sh", nil, nil, Options{HashKey: k}); err != nil {
+			t.Errorf("hash_key %q: %v", k, err)
+		}
+	}
+	for _, c := range []struct {
+		n  int
+		ok bool
+	}{{65537, true}, {65536, false}, {1, false}, {MaxTableSize, true}, {MaxTableSize + 2, false}} {
+		if err := CheckTableSize(c.n); (err == nil) != c.ok {
+			t.Errorf("CheckTableSize(%d) = %v; want ok %v", c.n, err, c.ok)
+		}
+	}
+	if err := CheckBackends("mh", Options{TableSize: 7}, 7); err == nil {
+		t.Error("CheckBackends accepted an mh table no larger than the backends")
 	}
 }
