@@ -36,6 +36,7 @@ type session struct {
 	addr                netip.AddrPort // the client's
 	start               time.Time
 	idle                time.Duration // 0 = none
+	tm                  timing        // queue and connect times, retries: for the access line
 
 	up   half // client → backend
 	down half // backend → client
@@ -166,7 +167,7 @@ func (ss *session) finish() {
 	b.Release()
 	ss.svc.Group.Release()
 	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
-	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
 	ss.srv.connDone()
 }
 
