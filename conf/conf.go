@@ -567,8 +567,8 @@ func (w *walker) health(ht *table, base Health) Health {
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
 	}
-	if ht.has("expect") {
-		re, err := regexp.Compile(ht.str("expect", ""))
+	if src := ht.str("expect", ""); ht.has("expect") {
+		re, err := regexp.Compile(src)
 		if err != nil {
 			w.errorf(ht.key("expect"), "not a regular expression: %v", err)
 		}
