@@ -36,7 +36,9 @@ func TestOf(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	tbl := table(t, []*backend.Backend{up, zero, held}, []int{1, 0, 1})
 	st := Of(Source{Table: func() *sched.Table { return tbl },
-		Draining: func() []Drain { return []Drain{{B: gone, Addr: netip.MustParseAddrPort("127.0.0.1:2"), Deadline: deadline}} }})
+		Draining: func() []Drain {
+			return []Drain{{B: gone, Addr: netip.MustParseAddrPort("127.0.0.1:2"), Deadline: deadline}}
+		}})
 	want := map[string]struct {
 		state, cause string
 		up           bool
