@@ -69,10 +69,11 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	}
 	// From here a source slot is held, and from admit on a service slot:
 	// an early end gives them back here, a session gives them back in finish.
+	var tm0 timing
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
-		s.access(svc, r.Client, t, start, 0, 0, end, err)
+		s.access(svc, r.Client, t, start, tm0, 0, 0, end, err)
 		s.connDone()
 	}
 	if !admit(svc, start) {
@@ -80,10 +81,12 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		fail(nil, endFull, errFull)
 		return
 	}
-	bc, t, tries, err := s.connect(svc, &r, start)
+	var tm timing
+	bc, t, tries, err := s.connect(svc, &r, start, &tm)
 	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
-		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start)
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start, &tm)
 	}
+	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
@@ -94,6 +97,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 			end = endNoBackend
 		}
 		svc.Group.Release()
+		tm0 = tm
 		fail(nil, end, err)
 		return
 	}
@@ -107,6 +111,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		}
 	}
 	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	ss.tm = tm
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.finish()
@@ -156,7 +161,7 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 // every eligible backend is full it waits up to svc.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error) {
+func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time, tm *timing) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -205,8 +210,13 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
+		d0 := time.Now()
+		if tm.dialled == 0 {
+			tm.queue, tm.dialled = d0.Sub(start), 1
+		}
 		c, err := s.dial(svc, t.Addr)
 		if err == nil {
+			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
 			return c, t, tries, nil
 		}
@@ -288,7 +298,16 @@ func (s *Server) logsAccess(svc *sched.Service) bool {
 	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
 }
 
-func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
+// timing is what the access line says about the way to a backend, after
+// HAProxy's tcplog timers: the session carries it from connect to finish.
+type timing struct {
+	queue   time.Duration // accept to the first dial (Tw): the service and backend queues, admission
+	connect time.Duration // the successful dial (Tc)
+	retries int           // dials that failed before it
+	dialled int8          // 1 once a dial began: queue is set
+}
+
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
 		e = s.log.Info()
@@ -300,11 +319,20 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Targ
 	}
 	e = e.Str("service", svc.Name).Stringer("client", client)
 	if t != nil {
-		e = e.Str("backend", t.B.Name)
+		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
 	}
-	e = e.Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	if tm.dialled != 0 {
+		e = e.Float64("queue_ms", ms(tm.queue))
+	}
+	if t != nil {
+		e = e.Float64("connect_ms", ms(tm.connect))
+	}
+	e = e.Int("retries", tm.retries).Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
 	if err != nil && end != endClient && end != endBackend {
 		e = e.AnErr("error", err)
 	}
 	e.Msg("connection")
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
