@@ -90,6 +90,7 @@ type socket struct {
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
+	refused refusals // connections routing by name turned away (routes.go)
 }
 
 // New returns a Server with no listeners.
@@ -176,6 +177,7 @@ type SocketStats struct {
 	Accepts      uint64
 	AcceptErrors uint64
 	Inherited    bool
+	Refused      map[string]uint64 // routing by name: connections turned away, by reason; nil if none
 }
 
 // Sockets returns the counters of every open listener.
@@ -185,7 +187,7 @@ func (s *Server) Sockets() []SocketStats {
 	out := make([]SocketStats, 0, len(s.lns))
 	for _, so := range s.lns {
 		out = append(out, SocketStats{Listen: so.key, Addr: so.ln.Addr().String(), Accepts: so.accepts.Load(),
-			AcceptErrors: so.errors.Load(), Inherited: so.inherited})
+			AcceptErrors: so.errors.Load(), Inherited: so.inherited, Refused: so.refused.counts()})
 	}
 	return out
 }
@@ -220,6 +222,9 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 		return setNoDelay(c)
 	}}
 	for _, a := range want {
+		if c.want[a] {
+			continue // listed twice: services that share it, routed by name
+		}
 		c.want[a] = true
 		if _, ok := s.lns[a]; ok {
 			continue

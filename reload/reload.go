@@ -329,9 +329,6 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
-		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
-			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
-		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
@@ -406,7 +403,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 		}
 		for _, a := range svc.Listen {
-			listen[a] = svc
+			if listen[a] == nil { // a routed address: any of its services (they agree on accept_proxy)
+				listen[a] = svc
+			}
 		}
 	}
 	for i, cs := range cfg.Services {
@@ -415,6 +414,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 	}
 	p.table = sched.NewTable(gen, services, listen)
+	if err := routes(cfg, p.table); err != nil {
+		return nil, err
+	}
 	p.table.Seq = m.seq.Add(1)
 	return p, nil
 }
