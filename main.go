@@ -7,6 +7,7 @@
 //	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
 //	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
+//	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
 //
 // main.go holds flags and wiring only.
@@ -26,6 +27,8 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -66,6 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "drain" {
 		return drain(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "upgrade" {
+		return upgrade(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "healthz" {
 		return healthz(args[1:], stdout, stderr)
@@ -142,15 +148,46 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stopHup()
 	m.Hup = hup
 	var sd systemd.Notifier
-	m.Notify = func(state string) error { _, err := sd.Notify(state); return err }
+	var handedOff atomic.Bool // set once the new process of an upgrade serves: systemd listens to it alone
+	var upgraded func() error // set when an upgrade started this process: tells the old one it serves
+	var readyOnce sync.Once
+	m.Notify = func(state string) error {
+		if handedOff.Load() {
+			return nil
+		}
+		if upgraded != nil && strings.HasPrefix(state, systemd.Ready) {
+			// The old process makes this one main (MAINPID=) once told;
+			// systemd takes no message from this one before.
+			err := errors.New("upgrade: readiness already reported")
+			readyOnce.Do(func() { srv.CloseUnadopted(); err = upgraded() })
+			return err
+		}
+		_, err := sd.Notify(state)
+		return err
+	}
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
+	up := &upgrader{srv: srv, sd: &sd, log: mlog, names: map[netip.AddrPort]string{}, timeout: upgradeTimeout, handoff: make(chan int, 1)}
+	var adminLn *net.TCPListener // handed over by the process this one replaces
 	for _, so := range socks {
+		if a, ok := decodeKey(listenPrefix, so.Name); ok {
+			srv.Adopt(a, so.Listener)
+			mlog.Info().Stringer("listen", a).Msg("socket handed over by the old process")
+			continue
+		}
+		if a, ok := decodeKey(adminPrefix, so.Name); ok && adminLn == nil && a == cfg.Admin.Listen {
+			adminLn = so.Listener
+			continue
+		} else if ok {
+			so.Listener.Close() // [admin] listen changed during the upgrade
+			continue
+		}
 		a := srv.Inherit(so.Listener)
+		up.names[a] = so.Name
 		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
 		if so.Name != "" {
 			if m.Sockets == nil {
@@ -159,22 +196,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
 		}
 	}
+	upgraded = sd.UpgradeReady() // after Listeners, which reads its variable
 	if os.Geteuid() == 0 {
 		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
 	}
 	if why := conf.Exposed(*path); why != "" {
 		mlog.Warn().Msg(why)
 	}
+	stopAdmin := func() {}
 	if a := cfg.Admin.Listen; a.IsValid() {
-		ln, err := net.Listen("tcp", a.String())
-		if err != nil {
-			mlog.Error().Err(err).Msg("cannot start the admin listener")
-			return 1
+		ln := adminLn
+		if ln == nil {
+			l, err := net.Listen("tcp", a.String())
+			if err != nil {
+				mlog.Error().Err(err).Msg("cannot start the admin listener")
+				return 1
+			}
+			ln = l.(*net.TCPListener)
 		}
+		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts}
-		actx, stopAdmin := context.WithCancel(context.Background())
+			Hosts: cfg.Admin.Hosts, Upgrade: up.Upgrade}
+		actx, cancel := context.WithCancel(context.Background())
+		stopAdmin = cancel
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
 		defer func() {                                                                             // after the drain, so that it can be watched
@@ -184,7 +229,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	if err := m.Run(ctx, cfg); err != nil {
+	// After an upgrade the new process serves: stop the admin listener (the
+	// new one answers on the same socket) and drain, as on SIGTERM but
+	// telling systemd nothing.
+	rctx, handOver := context.WithCancel(ctx)
+	hoDone := make(chan struct{})
+	defer func() { handOver(); <-hoDone }()
+	go func() { // exits at the handoff or when run returns
+		defer close(hoDone)
+		select {
+		case <-up.handoff:
+			handedOff.Store(true)
+			stopAdmin()
+			handOver()
+		case <-rctx.Done():
+		}
+	}()
+	if err := m.Run(rctx, cfg); err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
@@ -311,6 +372,7 @@ func mainUsage(fs *flag.FlagSet) {
        fulcrum status [-config FILE | -admin ADDR] [-json]
        fulcrum drain [-undo] [-config FILE | -admin ADDR]
        fulcrum healthz [-config FILE | -admin ADDR]
+       fulcrum upgrade [-config FILE | -admin ADDR]
        fulcrum demo [-listen ADDR] [-n N]
 
 Signals: SIGHUP reloads, SIGTERM drains and stops, SIGUSR1/SIGUSR2 drain/undrain the instance.

@@ -1,0 +1,138 @@
+package main
+
+// The binary upgrade: the running daemon starts the binary now installed
+// at its own path, hands it every listening socket (and the admin one),
+// waits until it serves, makes it systemd's main process (MAINPID=) and
+// then drains and exits. Both processes accept from the same sockets
+// during the overlap, so no connection is refused or reset. A new binary
+// that fails to start, exits or is not ready within upgradeTimeout is
+// stopped, and this one serves on as if nothing had happened.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"fulcrum/listener"
+	"fulcrum/systemd"
+)
+
+// upgradeTimeout bounds how long the new process may take to load its
+// configuration, resolve its backends and bind: above reload's resolve
+// timeout, below systemd's WatchdogSec= in the unit.
+const upgradeTimeout = 20 * time.Second
+
+// Names of the sockets this process bound itself, in LISTEN_FDNAMES: the
+// prefix, then the configured address with ':' written as '_' (a name may
+// not hold ':'). Sockets systemd passed keep systemd's names.
+const (
+	listenPrefix = "fulcrum.listen."
+	adminPrefix  = "fulcrum.admin."
+)
+
+func encodeKey(prefix string, a netip.AddrPort) string {
+	return prefix + strings.ReplaceAll(a.String(), ":", "_")
+}
+
+// decodeKey parses a name made by encodeKey with prefix.
+func decodeKey(prefix, name string) (netip.AddrPort, bool) {
+	s, ok := strings.CutPrefix(name, prefix)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	a, err := netip.ParseAddrPort(strings.ReplaceAll(s, "_", ":"))
+	return a, err == nil
+}
+
+// upgrader performs upgrades for the admin listener's POST /upgrade.
+type upgrader struct {
+	srv      *listener.Server
+	sd       *systemd.Notifier
+	log      zerolog.Logger
+	names    map[netip.AddrPort]string // systemd's names for the sockets it passed
+	admin    *net.TCPListener          // nil without [admin] listen
+	adminKey netip.AddrPort            // admin's address as configured
+	timeout  time.Duration
+
+	mu   sync.Mutex // serialises upgrades; protects done
+	done bool       // handed over: this process is draining
+	// handoff receives the new process's pid once, when it serves: run
+	// then stops the admin listener and drains. Buffered 1.
+	handoff chan int
+}
+
+// errUpgraded refuses a second upgrade in a process that has handed over.
+var errUpgraded = errors.New("this process has already handed over to a new one and is draining")
+
+// Upgrade replaces this process and returns the new one's pid, or the
+// reason it did not, in which case this process serves on.
+func (u *upgrader) Upgrade() (int, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.done {
+		return 0, errUpgraded
+	}
+	pid, err := u.start()
+	if err != nil {
+		u.log.Error().Err(err).Msg("upgrade failed; this process serves on")
+		return 0, err
+	}
+	u.done = true
+	// Sent before handing over: once the new process is main, systemd
+	// would no longer accept this one's messages (NotifyAccess=main).
+	if _, err := u.sd.Notify(systemd.MainPID(pid) + "\n" + systemd.Status(fmt.Sprintf("upgraded: pid %d serves, pid %d drains", pid, os.Getpid()))); err != nil {
+		u.log.Warn().Err(err).Msg("sd_notify failed")
+	}
+	u.log.Info().Int("pid", pid).Msg("upgrade: the new process serves; draining")
+	u.handoff <- pid
+	return pid, nil
+}
+
+// start exports the sockets, starts the new binary and waits for it.
+func (u *upgrader) start() (int, error) {
+	exe, err := os.Executable() // re-resolved: the binary now installed at our path
+	if err != nil {
+		return 0, fmt.Errorf("upgrade: find the binary: %w", err)
+	}
+	exp, err := u.srv.Export()
+	if err != nil {
+		return 0, fmt.Errorf("upgrade: %w", err)
+	}
+	var socks []systemd.Passed
+	defer func() {
+		for _, s := range socks {
+			s.File.Close()
+		}
+	}()
+	for _, e := range exp {
+		name := encodeKey(listenPrefix, e.Key)
+		if e.Inherited {
+			if name = u.names[e.Key]; name == "" {
+				name = "unknown" // sd_listen_fds_with_names(3)'s word for no name
+			}
+		}
+		socks = append(socks, systemd.Passed{Name: name, File: e.File})
+	}
+	if u.admin != nil {
+		ln, err := listener.Dup(u.admin)
+		if err != nil {
+			return 0, fmt.Errorf("upgrade: admin listener: %w", err)
+		}
+		socks = append(socks, systemd.Passed{Name: encodeKey(adminPrefix, u.adminKey), File: ln})
+	}
+	u.log.Info().Str("binary", exe).Int("sockets", len(socks)).Msg("upgrade: starting the new process")
+	p, err := systemd.Upgrade(exe, os.Args[1:], os.Environ(), socks, os.Stdout, os.Stderr, u.timeout)
+	if err != nil {
+		return 0, err
+	}
+	pid := p.Pid
+	p.Release() // its next parent reaps it
+	return pid, nil
+}
