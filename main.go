@@ -6,6 +6,7 @@
 //	fulcrum version                                version, commit, Go version, build date (also -version)
 //	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
+//	fulcrum set [-config PATH | -admin ADDR] SERVICE/BACKEND drain|maint|ready  hold one backend (or let it go)
 //	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
 //	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
@@ -75,6 +76,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "healthz" {
 		return healthz(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "set" {
+		return set(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "demo" {
 		ctx, stop := signalContext(func() { fmt.Fprintln(stderr, "fulcrum demo: second signal, exiting now") })
@@ -147,6 +151,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	hup, stopHup := hupChannel()
 	defer stopHup()
 	m.Hup = hup
+	if f := cfg.Admin.StateFile; f != "" {
+		st, err := reload.ReadState(f)
+		if err != nil {
+			mlog.Warn().Err(err).Msg("cannot read the state file; starting without it")
+		}
+		m.StateFile, m.Instance, inst.OnChange = f, inst.Drained, m.StateChanged
+		m.Restore(st)
+		if d := st.Instance; d != nil {
+			mlog.Warn().Str("by", d.By).Time("since", d.Since).Msg("the instance was drained before the restart; it stays drained (fulcrum drain -undo)")
+			inst.Drain(d.By)
+		}
+	}
 	var sd systemd.Notifier
 	var handedOff atomic.Bool // set once the new process of an upgrade serves: systemd listens to it alone
 	var upgraded func() error // set when an upgrade started this process: tells the old one it serves
@@ -217,7 +233,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Upgrade: up.Upgrade}
+			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)
@@ -369,8 +385,9 @@ func mainUsage(fs *flag.FlagSet) {
 	fmt.Fprint(fs.Output(), `usage: fulcrum [-config FILE]                 run (default /etc/fulcrum/fulcrum.toml)
        fulcrum -check [-q] [-config FILE]    validate; -q prints nothing when valid
        fulcrum version                       version, commit, Go version, build date
-       fulcrum status [-config FILE | -admin ADDR] [-json]
+       fulcrum status [-config FILE | -admin ADDR] [-json] [-v]
        fulcrum drain [-undo] [-config FILE | -admin ADDR]
+       fulcrum set [-config FILE | -admin ADDR] SERVICE/BACKEND drain|maint|ready
        fulcrum healthz [-config FILE | -admin ADDR]
        fulcrum upgrade [-config FILE | -admin ADDR]
        fulcrum demo [-listen ADDR] [-n N]

@@ -52,6 +52,24 @@ func TestProbeSendExpect(t *testing.T) {
 	}
 }
 
+// TestProbeTimeoutSays: a backend that never answers (the kernel accepts,
+// nobody reads) fails its check with "timed out after", not with the
+// closed socket the deadline left behind.
+func TestProbeTimeoutSays(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close() // never accepted: the backlog holds the probe's connection
+	for _, kind := range []string{"redis", "send-expect"} {
+		p := &Probe{Kind: kind, Addr: ln.Addr().String(), Timeout: 200 * time.Millisecond, Send: []byte("HELLO\r\n"), Expect: regexp.MustCompile(`^OK`)}
+		err := p.Run(t.Context())
+		if want := kind + " check timed out after 200ms"; err == nil || err.Error() != want {
+			t.Errorf("%s on a mute backend: %v; want %q", kind, err, want)
+		}
+	}
+}
+
 func TestProbeHTTP(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -8,9 +8,13 @@
 #
 # Environment (all optional):
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
-#   TARGETS="direct haproxy nginx naive fulcrum"   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle"
-#     (also "parked": fulcrum with copy = "parked", its other copy design)
-#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+502)   RECORD=0 (do not append to RESULTS.md)
+#   TARGETS="direct haproxy nginx naive fulcrum"
+#     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
+#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew"
+#     pg: pgbench -S, 16 persistent clients, against a PostgreSQL 15 it initdb's and starts itself;
+#     rget: redis-benchmark -t get -c 50; rpipe: the same with -P 32 -d 1024; rnew: with -k 0
+#     (a new connection per request), against a redis-server it starts itself
+#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+504; all below 32768)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
 #
 # Everything it starts runs in its own process group and is stopped on exit,
@@ -24,7 +28,7 @@ cd "$ROOT"
 
 # The command as given, for RESULTS.md: the knobs set in the environment, then the script.
 CMDLINE=""
-for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE; do
+for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
 	if [[ -n ${!v:-} ]]; then
 		printf -v q '%q' "${!v}"
 		CMDLINE+="$v=$q "
@@ -38,7 +42,7 @@ else
 	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}"
 fi
 read -r -a TARGETS <<<"${TARGETS:-direct haproxy nginx naive fulcrum}"
-read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 idle}"
+read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew}"
 PORT_BASE=${PORT_BASE:-21000}
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
 
@@ -192,6 +196,9 @@ nginx_stream() { # how nginx has its stream module: static, dynamic or none
 }
 nginx_modules() { nginx -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p'; }
 
+PG_BIN=/usr/lib/postgresql/15/bin
+wants() { [[ " ${WORKLOADS[*]} " == *" $1 "* ]]; }
+
 install_missing() {
 	local pkgs=()
 	have haproxy || pkgs+=(haproxy)
@@ -201,6 +208,14 @@ install_missing() {
 	fi
 	have iperf3 || pkgs+=(iperf3)
 	have jq || pkgs+=(jq)
+	if wants pg; then
+		have pgbench || pkgs+=(postgresql-client-15)
+		[[ -x $PG_BIN/initdb ]] || pkgs+=(postgresql-15)
+	fi
+	if wants rget || wants rpipe || wants rnew; then
+		have redis-server || pkgs+=(redis-server)
+		have redis-benchmark || pkgs+=(redis-tools)
+	fi
 	((${#pkgs[@]})) || return 0
 	[[ $(id -u) == 0 ]] || fail "missing ${pkgs[*]}; install them (apt-get install -y ${pkgs[*]}) or run as root"
 	have apt-get || fail "missing ${pkgs[*]} and there is no apt-get to install them"
@@ -237,21 +252,28 @@ LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)
 
 P_ECHO=($((PORT_BASE + 1)) $((PORT_BASE + 2)) $((PORT_BASE + 3)))
 P_IPERF=$((PORT_BASE + 10))
-declare -A FRONT=() IFRONT=() # a proxy's ports for the echo backends and for iperf3
-for t in haproxy nginx naive fulcrum parked; do
-	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; parked) p=$((PORT_BASE + 501)) ;; esac
+P_PG=$((PORT_BASE + 20))
+P_REDIS=$((PORT_BASE + 21))
+declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis
+for t in haproxy nginx naive fulcrum other; do
+	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; other) p=$((PORT_BASE + 501)) ;; esac
 	FRONT[$t]=$p
 	IFRONT[$t]=$((p + 1))
+	PGFRONT[$t]=$((p + 2))
+	RFRONT[$t]=$((p + 3))
 done
 ECHO_ADDRS="127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}"
 
 echo_addr() { if [[ $1 == direct ]]; then echo "$ECHO_ADDRS"; else echo "127.0.0.1:${FRONT[$1]}"; fi; }
 iperf_port() { if [[ $1 == direct ]]; then echo "$P_IPERF"; else echo "${IFRONT[$1]}"; fi; }
+pg_port() { if [[ $1 == direct ]]; then echo "$P_PG"; else echo "${PGFRONT[$1]}"; fi; }
+redis_port() { if [[ $1 == direct ]]; then echo "$P_REDIS"; else echo "${RFRONT[$1]}"; fi; }
 
 for t in "${TARGETS[@]}"; do
-	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum parked)"
+	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum other)"
+	[[ $t != other || -x ${OTHER:-} ]] || fail "target other needs OTHER=path to a fulcrum binary"
 done
-for p in "${P_ECHO[@]}" "$P_IPERF" "${FRONT[@]}" "${IFRONT[@]}"; do
+for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}"; do
 	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
 done
 
@@ -284,6 +306,16 @@ frontend iperf
     default_backend iperf
 backend iperf
     server iperf 127.0.0.1:$P_IPERF
+frontend pg
+    bind 127.0.0.1:${PGFRONT[haproxy]}
+    default_backend pg
+backend pg
+    server pg 127.0.0.1:$P_PG
+frontend redis
+    bind 127.0.0.1:${RFRONT[haproxy]}
+    default_backend redis
+backend redis
+    server redis 127.0.0.1:$P_REDIS
 EOF
 
 # nginx: the stream module, two workers, one listening socket per worker
@@ -320,12 +352,23 @@ stream {
         listen 127.0.0.1:${IFRONT[nginx]} reuseport;
         proxy_pass iperf;
     }
+    server {
+        listen 127.0.0.1:${PGFRONT[nginx]} reuseport;
+        proxy_pass 127.0.0.1:$P_PG;
+    }
+    server {
+        listen 127.0.0.1:${RFRONT[nginx]} reuseport;
+        proxy_pass 127.0.0.1:$P_REDIS;
+    }
 }
 EOF
 } >"$WORK/nginx.conf"
 
-# fulcrum: round robin, no access log, the same addresses.
-cat >"$WORK/fulcrum.toml" <<EOF
+# fulcrum_toml TARGET [LINE]: round robin, no access log, the same backends,
+# on TARGET's ports; LINE is added to [defaults].
+fulcrum_toml() {
+	local t=$1
+	cat <<EOF
 [log]
 level  = "info"
 format = "json"
@@ -336,9 +379,10 @@ scheduler       = "rr"
 connect_timeout = "5s"
 retries         = 2
 drain_timeout   = "1s"
+${2:-}
 
 [services.echo]
-listen   = ["127.0.0.1:${FRONT[fulcrum]}"]
+listen   = ["127.0.0.1:${FRONT[$t]}"]
 backends = [
   { name = "echo1", address = "127.0.0.1:${P_ECHO[0]}" },
   { name = "echo2", address = "127.0.0.1:${P_ECHO[1]}" },
@@ -346,17 +390,25 @@ backends = [
 ]
 
 [services.iperf]
-listen   = ["127.0.0.1:${IFRONT[fulcrum]}"]
+listen   = ["127.0.0.1:${IFRONT[$t]}"]
 backends = [{ name = "iperf", address = "127.0.0.1:$P_IPERF" }]
+
+[services.pg]
+listen   = ["127.0.0.1:${PGFRONT[$t]}"]
+backends = [{ name = "pg", address = "127.0.0.1:$P_PG" }]
+
+[services.redis]
+listen   = ["127.0.0.1:${RFRONT[$t]}"]
+backends = [{ name = "redis", address = "127.0.0.1:$P_REDIS" }]
 EOF
+}
+fulcrum_toml fulcrum >"$WORK/fulcrum.toml"
+# other: the same for another fulcrum binary, on its own ports.
+fulcrum_toml other >"$WORK/other.toml"
 
 haproxy -c -f "$WORK/haproxy.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
 nginx -t -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
-# parked: the same with the other copy design, on its own ports.
-sed -e 's/^drain_timeout   = "1s"$/&\ncopy            = "parked"/' \
-	-e "s/:${FRONT[fulcrum]}\"/:${FRONT[parked]}\"/" -e "s/:${IFRONT[fulcrum]}\"/:${IFRONT[parked]}\"/" \
-	"$WORK/fulcrum.toml" >"$WORK/parked.toml"
-for f in fulcrum parked; do
+for f in fulcrum other; do
 	"$BIN/fulcrum" -check -config "$WORK/$f.toml" >"$LOG/$f-check.log" 2>&1 || fail "fulcrum -check $f.toml: $(cat "$LOG/$f-check.log")"
 done
 
@@ -365,11 +417,12 @@ start_proxy() {
 	case $t in
 	haproxy) start haproxy haproxy -db -f "$WORK/haproxy.cfg" ;;
 	nginx) start nginx nginx -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr ;;
-	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" ;;
+	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" \
+		"127.0.0.1:${PGFRONT[naive]}=127.0.0.1:$P_PG" "127.0.0.1:${RFRONT[naive]}=127.0.0.1:$P_REDIS" ;;
 	fulcrum) start fulcrum "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
-	parked) start parked "$BIN/fulcrum" -config "$WORK/parked.toml" ;;
+	other) start other "$OTHER" -config "$WORK/other.toml" ;;
 	esac
-	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}"
+	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}" "${PGFRONT[$t]}" "${RFRONT[$t]}"
 }
 
 # smoke TARGET: one connection must echo before anything is measured.
@@ -380,11 +433,41 @@ smoke() {
 	[[ $(jq '.errors' "$out") == 0 && $(jq '.ops' "$out") -gt 0 ]] || fail "$1 does not echo: $(cat "$out")"
 }
 
+# start_pg: a PostgreSQL 15 cluster of its own in $WORK/pg, on 127.0.0.1:$P_PG,
+# with pgbench's tables at scale 1. PostgreSQL refuses to run as root: then
+# it runs as the postgres user.
+start_pg() {
+	local as=()
+	if [[ $(id -u) == 0 ]]; then
+		chmod 711 "$WORK"
+		as=(runuser -u postgres --)
+	fi
+	mkdir -p "$WORK/pg"
+	[[ $(id -u) == 0 ]] && chown postgres "$WORK/pg"
+	"${as[@]}" "$PG_BIN/initdb" -D "$WORK/pg/data" -A trust -U postgres --no-sync >"$LOG/initdb.log" 2>&1 ||
+		fail "initdb: $(tail -n 5 "$LOG/initdb.log")"
+	start pg "${as[@]}" "$PG_BIN/postgres" -D "$WORK/pg/data" -p "$P_PG" -c listen_addresses=127.0.0.1 \
+		-c unix_socket_directories="$WORK/pg" -c fsync=off -c synchronous_commit=off -c max_connections=100 \
+		-c shared_buffers=128MB
+	wait_listen pg "$P_PG"
+	local i
+	for ((i = 0; i < 100; i++)); do
+		pgbench -i -q -s 1 -h 127.0.0.1 -p "$P_PG" -U postgres postgres >"$LOG/pgbench-init.log" 2>&1 && return 0
+		sleep 0.1 # listening before it accepts logins
+	done
+	fail "pgbench -i: $(tail -n 5 "$LOG/pgbench-init.log")"
+}
+
 say "starting 3 echo backends, an iperf3 server and ${TARGETS[*]}"
 for i in 0 1 2; do start "echo$((i + 1))" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"; done
 start iperf3 iperf3 -s -B 127.0.0.1 -p "$P_IPERF"
 for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
 wait_listen iperf3 "$P_IPERF"
+wants pg && start_pg
+if wants rget || wants rpipe || wants rnew; then
+	start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+	wait_listen redis "$P_REDIS"
+fi
 for t in "${TARGETS[@]}"; do
 	[[ $t == direct ]] || start_proxy "$t"
 	smoke "$t"
@@ -456,6 +539,50 @@ pp() {
 	fi
 }
 
+# pg TARGET: pgbench -S (select only) on 16 persistent connections; proxy
+# CPU over the run.
+pg() {
+	local t=$1 out=$RAW/$REP-$1-pg.txt c0 c1 tps n
+	c0=$(cpu_ticks_of "$t")
+	if client "$out" $((DUR + 30)) pgbench -S -n -c 16 -j 2 -T "$DUR" -h 127.0.0.1 -p "$(pg_port "$t")" -U postgres postgres; then
+		c1=$(cpu_ticks_of "$t")
+		tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out" | tail -n 1)
+		n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
+		if [[ -n $tps && -n $n ]]; then
+			sample "$t" pg_tps "$tps"
+			sample "$t" pg_ops "$n"
+			[[ $t == direct ]] || sample "$t" pg_cpu_ticks $((c1 - c0))
+			return 0
+		fi
+	fi
+	warn "$t pg: pgbench failed: $(tail -n 2 "$out" "$LOG/clients.err" 2>/dev/null | head -c 300)"
+	sample "$t" pg_failed 1
+}
+
+# redis TARGET KEY VALUE_BYTES REQUESTS ARGS…: redis-benchmark -t get with
+# ARGS, after setting the key it reads to VALUE_BYTES bytes; proxy CPU over
+# the run. REQUESTS is per second of DUR (redis-benchmark runs a count, not
+# a duration).
+redis() {
+	local t=$1 k=$2 size=$3 n=$(($4 * DUR)) out=$RAW/$REP-$1-$2.csv c0 c1 rps
+	shift 4
+	redis-cli -h 127.0.0.1 -p "$P_REDIS" set key:__rand_int__ "$(head -c "$size" /dev/zero | tr '\0' x)" >/dev/null ||
+		fail "redis-cli set failed"
+	c0=$(cpu_ticks_of "$t")
+	if client "$out" $((DUR * 5 + 30)) redis-benchmark -h 127.0.0.1 -p "$(redis_port "$t")" -t get -n "$n" --csv "$@"; then
+		c1=$(cpu_ticks_of "$t")
+		rps=$(awk -F'"' '$2 == "GET" {print $4}' "$out")
+		if [[ -n $rps ]]; then
+			sample "$t" "${k}_rps" "$rps"
+			sample "$t" "${k}_ops" "$n"
+			[[ $t == direct ]] || sample "$t" "${k}_cpu_ticks" $((c1 - c0))
+			return 0
+		fi
+	fi
+	warn "$t $k: redis-benchmark failed: $(tail -n 2 "$out" 2>/dev/null | head -c 300)"
+	sample "$t" "${k}_failed" 1
+}
+
 # idle TARGET: a fresh proxy, then $IDLE connections opened, pinged and held;
 # RSS and descriptors before and $SETTLE s after all are up; a final ping of
 # each. The proxy is restarted again afterwards so that the next workload
@@ -516,7 +643,11 @@ for ((REP = 1; REP <= REPS; REP++)); do
 			pp1) pp "$t" 1 pp1 ;;
 			pp32) pp "$t" 32 pp32 ;;
 			idle) idle "$t" ;;
-			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 idle)" ;;
+			pg) pg "$t" ;;
+			rget) redis "$t" rget 3 40000 -c 50 ;;
+			rpipe) redis "$t" rpipe 1024 600000 -c 50 -P 32 ;;
+			rnew) redis "$t" rnew 3 7000 -c 50 -k 0 ;;
+			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew)" ;;
 			esac
 		done
 	done
@@ -532,7 +663,7 @@ LABEL[haproxy]="HAProxy ${HAPROXY_V%%-*}" # 2.6.12, without Debian's package rev
 LABEL[nginx]="nginx $NGINX_V"
 LABEL[naive]="naive Go io.Copy"
 LABEL[fulcrum]=fulcrum
-LABEL[parked]="fulcrum parked"
+LABEL[other]="fulcrum ${OTHER_LABEL:-other}"
 cols=""
 for t in "${TARGETS[@]}"; do cols+="${cols:+,}$t=${LABEL[$t]}"; done
 "$BIN/report" -samples "$SAMPLES" -targets "$cols" -clk-tck "$CLK_TCK" >"$WORK/table.md" || fail "report failed"

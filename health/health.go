@@ -275,10 +275,10 @@ func expirePassive(t *sched.Table, now time.Time) time.Time {
 }
 
 // EffectiveWeight is a backend's weight as the schedulers see it at now:
-// 0 while it is down, and from 10% up to 100% of base during slow start
+// 0 while it is down or held by an operator's drain or maint, and from 10% up to 100% of base during slow start
 // after it came up (never below 1).
 func EffectiveWeight(base int, slowStart time.Duration, b *backend.Backend, now time.Time) int {
-	if base == 0 {
+	if o, _, _ := b.Override(); base == 0 || o != backend.Ready {
 		return 0
 	}
 	up, _, since := b.Health()

@@ -8,10 +8,8 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -26,32 +24,27 @@ import (
 // goroutine that accepted and dialled then exits, and the session's two
 // directions run in fresh goroutines (whose stacks have not grown with the
 // dial's) until the last of them finishes the session.
-func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
+func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
 	svc := s.tbl.Load().Route(key)
 	if svc == nil { // the listener is being closed by a reload
-		c.Close()
+		closeFD(c)
 		s.connDone()
 		return
 	}
 	ka := keepAliveFor(svc)
-	if err := setKeepAliveConn(c, ka); err != nil { // a socket that takes no option is not worth serving
+	if err := setKeepAliveFD(c, ka); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
-		c.Close()
+		closeFD(c)
 		s.connDone()
 		return
 	}
-	if err := setUserTimeout(c, svc.UserTimeout); err != nil {
+	if err := setUserTimeoutFD(c, svc.UserTimeout); err != nil {
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("cannot set user_timeout on the client socket")
 	}
 	var r sched.Request
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		r.Client = unmap(a.AddrPort())
-	}
-	orig := netip.AddrPort{} // the address the client asked for
-	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		orig = unmap(a.AddrPort())
-	}
+	r.Client = unmap(peer)
+	orig := localAddr(c, key) // the address the client asked for
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
 	reject := func(kind int, err error) {
@@ -59,7 +52,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
 				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
-		c.Close()
+		closeFD(c)
 		s.connDone()
 	}
 	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
@@ -78,7 +71,7 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 	// an early end gives them back here, a session gives them back in finish.
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
-		c.Close()
+		closeFD(c)
 		s.access(svc, r.Client, t, start, 0, 0, end, err)
 		s.connDone()
 	}
@@ -105,8 +98,8 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		return
 	}
 	if t.ProxyProtocol > 0 {
-		if err := writeHeader(bc, t.ProxyProtocol, r.Client, orig); err != nil {
-			bc.Close()
+		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
+			closeFD(bc)
 			t.B.Release()
 			svc.Group.Release()
 			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
@@ -119,11 +112,6 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 		ss.finish()
 		return
 	}
-	if s.parked || svc.Parked {
-		if pl := s.poller(); pl != nil && ss.park(pl) {
-			return
-		}
-	}
 	ss.run()
 }
 
@@ -131,8 +119,13 @@ func (s *Server) handle(c *net.TCPConn, key netip.AddrPort) {
 // header (read from a trusted balancer, which may change client and orig;
 // refused from anyone else), the access lists and the accept rate. It
 // returns the backend.Reject kind and why when the connection must go.
-func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.AddrPort) (int, error) {
+func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
 	if len(svc.AcceptProxy) > 0 {
+		c, err := goConn(fd)
+		if err != nil {
+			return backend.RejectProxy, err
+		}
+		defer c.Close()
 		if svc.TrustsProxy(client.Addr()) {
 			h, err := readHeader(c, svc.ProxyTimeout)
 			if err != nil {
@@ -163,7 +156,7 @@ func (s *Server) screen(svc *sched.Service, c *net.TCPConn, client, orig *netip.
 // every eligible backend is full it waits up to svc.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error) {
+func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -178,21 +171,21 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
-				return nil, nil, tries, last // nothing is up: close at once
+				return -1, nil, tries, last // nothing is up: close at once
 			}
 			if spins < 3 && !full(targets, r) {
 				spins++ // a slot freed between the pick and now: pick again
 				continue
 			}
 			if svc.QueueTimeout <= 0 {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			if w == nil {
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
 			if !w.Wait(start.Add(svc.QueueTimeout)) {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			continue
 		}
@@ -201,47 +194,39 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 			// Full or draining since the pick: not a failure, and not tried
 			// (the next pick skips it while it is full, takes it once free).
 			if spins++; spins > 64 {
-				return nil, nil, tries, errFull
+				return -1, nil, tries, errFull
 			}
 			continue
 		}
 		if !r.MarkTried(i) {
 			t.B.Release()
-			return nil, nil, tries, last
+			return -1, nil, tries, last
 		}
 		if tries > 0 {
 			svc.Group.Retried()
 		}
-		ut := userTimeout(svc.UserTimeout)
-		d := net.Dialer{Timeout: svc.ConnectTimeout, KeepAlive: -1, // keepalive and the user timeout are set before the connect
-			Control: func(network, address string, rc syscall.RawConn) error {
-				if ut != nil {
-					if err := ut(network, address, rc); err != nil {
-						return err
-					}
-				}
-				return setKeepAliveRaw(rc, keepAliveFor(svc))
-			}}
-		c, err := d.Dial("tcp", t.Addr.String())
+		c, err := s.dial(svc, t.Addr)
 		if err == nil {
 			t.B.PassiveOK()
-			return c.(*net.TCPConn), t, tries, nil
+			return c, t, tries, nil
 		}
 		t.B.Release()
 		if localError(err) {
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other
 			// backend would fare better now.
-			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Bool("local", true).Msg("connect failed")
-			return nil, nil, tries, err
+			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
+				Bool("retry", false).Msg("connect failed")
+			return -1, nil, tries, err
 		}
 		t.B.ConnectFailed()
 		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		tries++
 		last = err
-		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Msg("connect failed")
+		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
+			Bool("retry", tries <= svc.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
-	return nil, nil, tries, last
+	return -1, nil, tries, last
 }
 
 // localError reports whether a dial failed for want of a local resource:
@@ -265,7 +250,7 @@ var errFull = errors.New("every eligible backend is full")
 // O(n), on the refusal path only.
 func up(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
-		if t := &ts[i]; t.Weight > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) {
+		if t := &ts[i]; t.Up() && !r.Tried(i) {
 			return true
 		}
 	}
@@ -278,7 +263,7 @@ func up(ts []sched.Target, r *sched.Request) bool {
 func full(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
 		t := &ts[i]
-		if t.Weight > 0 && t.MaxConns > 0 && !t.B.Down() && !t.B.Draining() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+		if t.MaxConns > 0 && t.Up() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
 			return true
 		}
 	}

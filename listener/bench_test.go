@@ -24,7 +24,7 @@ func quiet(s *sched.Service) { s.AccessLog = false }
 // proxy-B/conn subtract the same loop run straight to the backend, which
 // leaves what the proxy adds per connection.
 //
-// It runs once per copy design.
+// It runs with one event loop and with two.
 //
 //	go test -run '^$' -bench ProxyConnection -benchmem ./listener/
 func BenchmarkProxyConnection(b *testing.B) {
@@ -33,11 +33,11 @@ func BenchmarkProxyConnection(b *testing.B) {
 	}
 }
 
-// designs are the copy designs the benchmarks compare.
+// designs are the event-loop counts the benchmarks compare.
 var designs = []struct {
 	name string
 	opts []func(*Server)
-}{{"pooled", nil}, {"parked", []func(*Server){withParked}}}
+}{{"loops=1", []func(*Server){withLoops(1)}}, {"loops=2", []func(*Server){withLoops(2)}}}
 
 func benchmarkProxyConnection(b *testing.B, opts ...func(*Server)) {
 	be := listenertest.NewServer(b, listenertest.Echo)
@@ -105,7 +105,7 @@ func benchmarkProxyConnection(b *testing.B, opts ...func(*Server)) {
 // connection to a backend that reads and drops them; MB/s is the proxy's
 // throughput, with the drain of the last bytes inside the timing.
 //
-// It runs once per copy design.
+// It runs with one event loop and with two.
 //
 //	go test -run '^$' -bench SpliceThroughput -benchmem ./listener/
 func BenchmarkSpliceThroughput(b *testing.B) {

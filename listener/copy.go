@@ -2,8 +2,6 @@ package listener
 
 import (
 	"errors"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,9 +11,10 @@ import (
 )
 
 // fulcrum's copy path: each direction of a session moves bytes with its own
-// non-blocking syscalls on the two sockets' descriptors, and waits for them
-// through Go's poller (syscall.RawConn), so that nothing but the two sockets
-// is held while a connection is idle.
+// non-blocking syscalls on the two sockets' descriptors, run by an event
+// loop (loop.go), so that nothing but the two sockets is held while a
+// connection is idle. The syscalls are raw: they never block, and the
+// runtime's bookkeeping around a syscall would cost more than most of them.
 //
 // A direction starts in buffer mode: read(2) into a pooled 16 KiB buffer,
 // then send(2) with MSG_NOSIGNAL. A read that fills the buffer switches it
@@ -103,7 +102,7 @@ func (x *xfer) fill(src int) (int, error) {
 		x.buf = bufs.Get().(*[bufSize]byte)
 	}
 	for {
-		n, err := unix.Read(src, x.buf[:])
+		n, err := read(src, x.buf[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -185,24 +184,33 @@ func (x *xfer) release() {
 var errShortSplice = errors.New("splice from a non-empty pipe moved nothing")
 
 // spliceRetry splices up to n bytes from in to out without blocking on the
-// pipe side; a socket side never blocks since Go opens sockets O_NONBLOCK.
+// pipe side; a socket side never blocks since every socket is O_NONBLOCK.
 func spliceRetry(in, out, n int) (int, error) {
 	for {
-		k, err := unix.Splice(in, nil, out, nil, n, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		if err == unix.EINTR {
+		k, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		if e == unix.EINTR {
 			continue
 		}
-		if err != nil {
-			return 0, err
+		if e != 0 {
+			return 0, e
 		}
 		return int(k), nil
 	}
 }
 
-// send is send(2) with MSG_NOSIGNAL: a peer that has reset gives EPIPE, not
-// a SIGPIPE to be ignored.
+// read is read(2), raw: fd is non-blocking.
+func read(fd int, p []byte) (int, error) {
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// send is send(2) with MSG_NOSIGNAL, raw: a peer that has reset gives
+// EPIPE, not a SIGPIPE to be ignored; MSG_DONTWAIT, so it never blocks.
 func send(fd int, p []byte) (int, error) {
-	n, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
 		unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, 0, 0)
 	if e != 0 {
 		return 0, e
@@ -216,80 +224,20 @@ var epoch = time.Now()
 // mono is nanoseconds on the monotonic clock since the process started.
 func mono() int64 { return int64(time.Since(epoch)) }
 
-// half is one direction of a session, run by a goroutine of its own.
+// half is one direction of a session, run by its event loop (loop.go).
 type half struct {
-	ss       *session
-	id       int32 // 1 up (client → backend), 2 down
-	src, dst *net.TCPConn
-	x        xfer
-	n        int64 // bytes written to dst; the half's own, read by the session after both end
-	err      error // what ended the half, nil for a clean EOF; set before the half ends
+	ss  *session
+	id  int32 // 1 up (client → backend), 2 down
+	x   xfer
+	n   int64 // bytes written to dst; the half's own, read by the session after both end
+	err error // what ended the half, nil for a clean EOF; set before the half ends
 
-	// The parked design only (parked.go).
-	sfd, dfd int          // src's and dst's descriptors
+	sfd, dfd int          // the descriptors it reads and writes
 	state    atomic.Int32 // stIdle, stRunning, stKicked or stDone
 	hup      atomic.Bool  // an event for src carried RDHUP, HUP or ERR
 	wantOut  atomic.Bool  // waiting for dst to take more: EPOLLOUT concerns this half
 	drained  bool         // the last fill was a short read: src was empty then
 	outArmed bool         // dst's registration has EPOLLOUT (only this half writes dst)
-}
-
-// run copies until EOF, an error or the session's stop, then reports to the
-// session; the last half to end finishes the session.
-func (h *half) run() {
-	h.ss.halfDone(h, h.copy())
-}
-
-// copy is the loop. The RawConns and the two callbacks are local on
-// purpose: SyscallConn is inlined, its Read and Write are devirtualized, and
-// nothing here is allocated per connection or per chunk.
-func (h *half) copy() error {
-	src, err := h.src.SyscallConn()
-	if err != nil {
-		return err
-	}
-	dst, err := h.dst.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var n int
-	var serr error
-	fill := func(fd uintptr) bool {
-		n, serr = h.x.fill(int(fd))
-		return serr != unix.EAGAIN
-	}
-	flush := func(fd uintptr) bool {
-		var k int
-		k, serr = h.x.flush(int(fd))
-		h.count(k)
-		return serr != unix.EAGAIN
-	}
-	for {
-		if err := src.Read(fill); err != nil {
-			if err = h.timedOut(err, h.src.SetReadDeadline); err != nil {
-				return err
-			}
-			continue
-		}
-		if serr != nil {
-			return serr
-		}
-		if n == 0 {
-			return nil // EOF
-		}
-		for {
-			err := dst.Write(flush)
-			if err == nil {
-				break
-			}
-			if err = h.timedOut(err, h.dst.SetWriteDeadline); err != nil {
-				return err
-			}
-		}
-		if serr != nil {
-			return serr
-		}
-	}
 }
 
 // count books n bytes written: the half's total, the backend's live
@@ -308,25 +256,4 @@ func (h *half) count(n int) {
 	if ss.idle > 0 {
 		ss.last.Store(mono())
 	}
-}
-
-// timedOut decides what a failed wait means. A deadline is the idle timer:
-// if either direction has moved bytes within idle_timeout, it is set again
-// to idle_timeout after that activity and timedOut returns nil (wait
-// again); otherwise errIdle. Any other error is returned as it is.
-//
-// The deadlines are per socket and side, and each belongs to one direction
-// (up: the client's read side, the backend's write side; down: the other
-// two), so only that direction moves it.
-func (h *half) timedOut(err error, set func(time.Time) error) error {
-	ss := h.ss
-	if ss.idle <= 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
-		return err
-	}
-	quiet := time.Duration(mono() - ss.last.Load())
-	if quiet >= ss.idle {
-		return errIdle
-	}
-	set(time.Now().Add(ss.idle - quiet))
-	return nil
 }

@@ -384,7 +384,7 @@ func FuzzCopy(f *testing.F) {
 		})
 		opts := []func(*Server){withMode(copyMode(mode % 3))}
 		if mode%6 >= 3 {
-			opts = append(opts, withParked)
+			opts = append(opts, withLoops(3))
 		}
 		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, opts...)
 		echoThrough(t, p, n, randomSizes(r), randomSizes(rand.New(rand.NewPCG(seed+2, seed))))
@@ -466,15 +466,15 @@ func TestPipePool(t *testing.T) {
 	}
 }
 
-// TestParked runs the proxy tests again with every session in the parked
-// design, with one poller and with three.
-func TestParked(t *testing.T) {
+// TestLoops runs the proxy tests again with one event loop and with three,
+// whatever the number of Ps.
+func TestLoops(t *testing.T) {
 	for _, n := range []int{1, 3} {
-		t.Run(fmt.Sprintf("pollers=%d", n), func(t *testing.T) { testParkedSuite(t, n) })
+		t.Run(fmt.Sprintf("loops=%d", n), func(t *testing.T) { testLoopsSuite(t, n) })
 	}
 }
 
-func testParkedSuite(t *testing.T, pollers int) {
+func testLoopsSuite(t *testing.T, loops int) {
 	for _, tt := range []struct {
 		name string
 		f    func(*testing.T)
@@ -492,8 +492,8 @@ func testParkedSuite(t *testing.T, pollers int) {
 		{"DrainClosesSession", TestDrainClosesSession},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			testParked, testPollers = true, pollers
-			defer func() { testParked, testPollers = false, 0 }()
+			testLoops = loops
+			defer func() { testLoops = 0 }()
 			tt.f(t)
 		})
 	}

@@ -64,7 +64,7 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
-	p.srv.parked, p.srv.npl = testParked, testPollers
+	p.srv.nlp = testLoops
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -86,18 +86,12 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	return p
 }
 
-// testParked makes startProxy's Servers use the parked design; the
-// parked variants of the tests set it (tests here do not run in parallel).
-var testParked bool
+// testLoops, if not 0, is the number of event loops startProxy's Servers
+// get; TestLoops sets it (tests here do not run in parallel).
+var testLoops int
 
-// testPollers, if not 0, is the number of pollers startProxy's Servers get.
-var testPollers int
-
-// withParked makes every session of the Server use the parked design.
-func withParked(s *Server) { s.parked = true }
-
-// withPollers gives the Server n pollers for its parked sessions.
-func withPollers(n int) func(*Server) { return func(s *Server) { s.npl = n } }
+// withLoops gives the Server n event loops.
+func withLoops(n int) func(*Server) { return func(s *Server) { s.nlp = n } }
 
 // withMode makes every session of the Server copy in mode m.
 func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }

@@ -9,7 +9,6 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
@@ -66,7 +65,7 @@ func eligibleNow(svc *sched.Service) bool {
 // service, which it returns. The connection keeps the service slot it
 // holds, so max_conns bounds the waiting too. A listener removed meanwhile
 // ends the wait.
-func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, start time.Time) (*net.TCPConn, *sched.Target, int, error, *sched.Service) {
+func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error, *sched.Service) {
 	g := svc.Group
 	g.HoldBegan()
 	deadline := start.Add(svc.HoldTimeout)
@@ -76,7 +75,7 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Re
 		cur := s.tbl.Load().Route(key) // after Hold: a table swapped in from here on kicks us
 		if cur == nil {
 			h.Leave()
-			return nil, nil, 0, sched.ErrNoBackend, svc
+			return -1, nil, 0, sched.ErrNoBackend, svc
 		}
 		// Wait while nothing is eligible, or while the table is the one
 		// whose backends just failed. A split brain ends the wait at once.
@@ -85,14 +84,14 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Re
 			h.Leave()
 			if !ok {
 				g.HoldExpired()
-				return nil, nil, 0, errHoldExpired, svc
+				return -1, nil, 0, errHoldExpired, svc
 			}
 			continue
 		}
 		h.Leave()
 		svc = cur
 		if refusesSplitBrain(svc) {
-			return nil, nil, 0, errSplitBrain, svc
+			return -1, nil, 0, errSplitBrain, svc
 		}
 		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
 		bc, t, tries, err := s.connect(svc, r, start)

@@ -44,7 +44,7 @@ func jitteredIdle(idle time.Duration) int {
 // listener systemd passed).
 func setKeepAliveFD(fd int, ka keepAlive) error {
 	if ka.Idle <= 0 {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0); err != nil {
+		if err := setsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0); err != nil {
 			return fmt.Errorf("clear keepalive: %w", err)
 		}
 		return nil
@@ -55,7 +55,7 @@ func setKeepAliveFD(fd int, ka keepAlive) error {
 		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, max(1, ka.Count)},
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 	} {
-		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+		if err := setsockoptInt(fd, o.level, o.opt, o.v); err != nil {
 			return fmt.Errorf("set keepalive: %w", err)
 		}
 	}

@@ -199,7 +199,7 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 
 // writeHeader sends a PROXY header of version 1 or 2 for a connection from
 // src to dst, before any client byte.
-func writeHeader(c *net.TCPConn, version int, src, dst netip.AddrPort) error {
+func writeHeader(c io.Writer, version int, src, dst netip.AddrPort) error {
 	if src.Addr().Is4() != dst.Addr().Is4() { // the protocol needs one family: keep the client's
 		if src.Addr().Is4() {
 			dst = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)

@@ -60,19 +60,17 @@ type Server struct {
 	atLimit atomic.Uint64 // times an accept loop waited for a slot
 	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
 
-	pipes  pipePool // splice pipes lent to sessions while they move data
-	mode   copyMode // how sessions copy; copyAuto but in tests
-	parked bool     // every session uses the parked design (parked.go), as if each service said so; tests
+	pipes pipePool // splice pipes lent to sessions while they move data
+	mode  copyMode // how sessions copy; copyAuto but in tests
 
-	npl  int                     // pollers for parked sessions; 0 = one per two Ps (GOMAXPROCS), at least one
-	plMu sync.Mutex              // serialises starting and stopping the pollers
-	pls  atomic.Pointer[pollers] // the parked sessions' epolls, started with the first
-	next atomic.Uint32           // round robin over pls
+	nlp  int                   // event loops; 0 = one per two Ps (GOMAXPROCS), at least one
+	lpMu sync.Mutex            // serialises starting and stopping the loops
+	lps  atomic.Pointer[loops] // the sessions' event loops, started with the first
+	next atomic.Uint32         // round robin over lps
 }
 
-// pollers are the epolls of a Server's parked sessions: a session stays
-// with the one it was given.
-type pollers []*poller
+// loops are a Server's event loops: a session stays in the one it was given.
+type loops []*loop
 
 // socket is one listening socket and its accept loop.
 type socket struct {
@@ -81,9 +79,14 @@ type socket struct {
 	inherited bool          // passed by systemd: never closed by a reload, only handed back
 	done      chan struct{} // closed when the socket is taken out of service
 	exited    chan struct{} // closed when its accept loop has returned
-	beat      atomic.Int64  // unix nanoseconds of the loop's last answer
-	accepts   atomic.Uint64
-	errors    atomic.Uint64
+	// acc is the listening socket again, as a conn on a duplicate
+	// descriptor: what the accept loop waits on in Go's poller, with its
+	// deadline, since a listener's RawConn cannot wait. Set by the loop,
+	// which closes it when it returns; nil until then.
+	acc     atomic.Pointer[net.TCPConn]
+	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
+	accepts atomic.Uint64
+	errors  atomic.Uint64
 }
 
 // New returns a Server with no listeners.
@@ -114,8 +117,8 @@ func (s *Server) SetHeartbeat(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, so := range s.lns { // loops already waiting wait at most d from now
-		if d > 0 {
-			so.ln.SetDeadline(time.Now().Add(d))
+		if c := so.acc.Load(); c != nil && d > 0 {
+			c.SetReadDeadline(time.Now().Add(d))
 		}
 	}
 }
@@ -132,6 +135,19 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 		}
 	}
 	return true
+}
+
+// setNoDelay sets TCP_NODELAY on a listening socket, which every socket
+// it accepts inherits (Linux copies it to each): no setsockopt per accept.
+func setNoDelay(c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) { serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("set TCP_NODELAY: %w", serr)
+	}
+	return nil
 }
 
 // setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
@@ -191,11 +207,14 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 	defer s.mu.Unlock()
 	// Go is told to set no keepalive per accept: each accepted socket gets
 	// its service's own, with its idle time spread (keepalive.go).
+	// TCP_NODELAY is inherited from the listening socket.
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(network, address string, c syscall.RawConn) error {
 		if freebind {
-			return setFreebind(network, address, c)
+			if err := setFreebind(network, address, c); err != nil {
+				return err
+			}
 		}
-		return nil
+		return setNoDelay(c)
 	}}
 	for _, a := range want {
 		c.want[a] = true
@@ -262,13 +281,14 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 func (s *Server) retire(so *socket) {
 	delete(s.lns, so.key)
 	close(so.done)
+	if c := so.acc.Load(); c != nil {
+		c.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes c as it returns
+	}
 	if !so.inherited {
 		so.ln.Close()
 		return
 	}
-	so.ln.SetDeadline(time.Unix(1, 0)) // wake the loop without closing the socket
 	<-so.exited
-	so.ln.SetDeadline(time.Time{})
 	s.spare[so.key] = so.ln
 }
 
@@ -298,55 +318,56 @@ func (s *Server) Close() {
 }
 
 // Wait blocks until every accept loop and session has ended, then closes
-// the splice pipes kept for reuse.
+// the splice pipes kept for reuse and stops the event loops.
 func (s *Server) Wait() {
 	s.wg.Wait()
 	s.pipes.closeIdle()
-	s.plMu.Lock()
-	if pls := s.pls.Swap(nil); pls != nil {
-		for _, pl := range *pls {
-			pl.close()
+	s.lpMu.Lock()
+	if lps := s.lps.Swap(nil); lps != nil {
+		for _, lp := range *lps {
+			lp.close()
 		}
 	}
-	s.plMu.Unlock()
+	s.lpMu.Unlock()
 }
 
-// poller returns an epoll for a parked session, round robin over the
-// Server's, starting them if need be, or nil if they cannot be started.
-func (s *Server) poller() *poller {
-	pls := s.pls.Load()
-	if pls == nil {
-		if pls = s.startPollers(); pls == nil {
-			return nil
+// loop returns an event loop for a session or a dial, round robin over the
+// Server's, starting them if need be.
+func (s *Server) loop() (*loop, error) {
+	lps := s.lps.Load()
+	if lps == nil {
+		var err error
+		if lps, err = s.startLoops(); err != nil {
+			return nil, err
 		}
 	}
-	return (*pls)[s.next.Add(1)%uint32(len(*pls))]
+	return (*lps)[s.next.Add(1)%uint32(len(*lps))], nil
 }
 
-func (s *Server) startPollers() *pollers {
-	s.plMu.Lock()
-	defer s.plMu.Unlock()
-	if pls := s.pls.Load(); pls != nil {
-		return pls
+func (s *Server) startLoops() (*loops, error) {
+	s.lpMu.Lock()
+	defer s.lpMu.Unlock()
+	if lps := s.lps.Load(); lps != nil {
+		return lps, nil
 	}
-	n := s.npl
+	n := s.nlp
 	if n <= 0 {
 		n = max(1, runtime.GOMAXPROCS(0)/2)
 	}
-	pls := make(pollers, 0, n)
+	lps := make(loops, 0, n)
 	for range n {
-		pl, err := newPoller()
+		lp, err := newLoop()
 		if err != nil {
-			for _, pl := range pls {
-				pl.close()
+			for _, lp := range lps {
+				lp.close()
 			}
-			s.log.Warn().Err(err).Msg("cannot start the epoll of parked sessions; copying in the pooled design")
-			return nil
+			s.log.Error().Err(err).Msg("cannot start an event loop")
+			return nil, fmt.Errorf("start event loop: %w", err)
 		}
-		pls = append(pls, pl)
+		lps = append(lps, lp)
 	}
-	s.pls.Store(&pls)
-	return &pls
+	s.lps.Store(&lps)
+	return &lps, nil
 }
 
 // accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
@@ -359,14 +380,26 @@ func (s *Server) accept(so *socket) {
 	defer close(so.exited)
 	var delay time.Duration
 	var t *time.Timer
+	acc, rc, err := acceptConn(so.ln)
+	if err != nil {
+		s.log.Error().Err(err).Stringer("listen", so.key).Msg("cannot accept")
+		return
+	}
+	defer acc.Close()
+	so.acc.Store(acc)
 	for {
 		if d := time.Duration(s.beat.Load()); d > 0 {
-			so.ln.SetDeadline(time.Now().Add(d))
+			acc.SetReadDeadline(time.Now().Add(d))
+		}
+		select { // after the deadline: retire closes done, then sets a deadline in the past
+		case <-so.done:
+			return
+		default:
 		}
 		if !s.takeSlot(so) {
 			return
 		}
-		c, err := so.ln.AcceptTCP()
+		fd, peer, err := acceptRaw(rc)
 		so.beat.Store(time.Now().UnixNano())
 		if err != nil {
 			<-s.slots // not taken after all
@@ -375,7 +408,7 @@ func (s *Server) accept(so *socket) {
 			delay = 0
 			so.accepts.Add(1)
 			s.wg.Add(1)
-			go s.handle(c, so.key) // exits when the connection ends; its slot is freed by connDone
+			go s.handle(fd, peer, so.key) // exits when the connection ends; its slot is freed by connDone
 			continue
 		}
 		select {

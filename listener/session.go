@@ -2,7 +2,6 @@ package listener
 
 import (
 	"errors"
-	"net"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -25,29 +24,27 @@ const (
 )
 
 // session is one proxied connection after a successful dial. It owns both
-// sockets and the count of Server.wg that handle took for the connection.
-// Its two halves run in goroutines of their own; the last one to end closes
-// both sockets, releases the backend, logs and calls connDone (finish).
+// sockets (raw descriptors, outside Go's poller) and the count of Server.wg
+// that handle took for the connection. Its two halves run in an event loop
+// (loop.go); whoever ends last of the halves and stop closes both sockets,
+// releases the backend, logs and calls connDone (finish).
 type session struct {
-	srv     *Server
-	svc     *sched.Service
-	t       *sched.Target
-	client  *net.TCPConn
-	backend *net.TCPConn
-	addr    netip.AddrPort // the client's
-	start   time.Time
-	idle    time.Duration // 0 = none
+	srv                 *Server
+	svc                 *sched.Service
+	t                   *sched.Target
+	clientFD, backendFD int            // the sockets; closed by finish only
+	addr                netip.AddrPort // the client's
+	start               time.Time
+	idle                time.Duration // 0 = none
 
 	up   half // client → backend
 	down half // backend → client
 
-	// The parked design only (parked.go).
-	pl                  *poller     // the epoll both sockets are registered in; nil in the pooled design
-	clientFD, backendFD int         // the sockets' descriptors
-	timer               *time.Timer // the idle timer
-	idleFired           atomic.Bool // the idle timer stopped the session
+	lp        *loop       // the epoll both sockets are registered in
+	timer     *time.Timer // the idle timer; nil without idle timeout
+	idleFired atomic.Bool // the idle timer stopped the session
 
-	live     atomic.Int32 // halves still running
+	live     atomic.Int32 // halves still running, plus a stop shutting the sockets down
 	last     atomic.Int64 // mono() of the last byte written either way (idle timeout only)
 	first    atomic.Int32 // which half reached EOF first: 1 up, 2 down
 	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
@@ -57,24 +54,26 @@ type session struct {
 
 var errIdle = errors.New("idle timeout")
 
-func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend *net.TCPConn, addr netip.AddrPort, start time.Time) *session {
-	ss := &session{srv: s, svc: svc, t: t, client: client, backend: backend, addr: addr, start: start, idle: svc.IdleTimeout}
-	ss.up = half{ss: ss, id: 1, src: client, dst: backend, x: newXfer(&s.pipes, s.mode)}
-	ss.down = half{ss: ss, id: 2, src: backend, dst: client, x: newXfer(&s.pipes, s.mode)}
+func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend int, addr netip.AddrPort, start time.Time) *session {
+	ss := &session{srv: s, svc: svc, t: t, clientFD: client, backendFD: backend, addr: addr, start: start, idle: svc.IdleTimeout}
+	ss.up = half{ss: ss, id: 1, x: newXfer(&s.pipes, s.mode)}
+	ss.down = half{ss: ss, id: 2, x: newXfer(&s.pipes, s.mode)}
 	return ss
 }
 
-// run starts both halves and returns; the session finishes itself.
+// run starts the session in one of the Server's event loops and returns;
+// the session finishes itself. If no loop can take it, it ends at once as
+// reset.
 func (ss *session) run() {
-	ss.live.Store(2)
-	if ss.idle > 0 {
-		ss.last.Store(mono())
-		d := time.Now().Add(ss.idle)
-		ss.client.SetDeadline(d)
-		ss.backend.SetDeadline(d)
+	lp, err := ss.srv.loop()
+	if err == nil {
+		err = ss.begin(lp)
 	}
-	go ss.up.run()   // exits when the client → backend direction ends
-	go ss.down.run() // exits when the backend → client direction ends
+	if err != nil {
+		ss.up.err = err
+		ss.failed.Store(1)
+		ss.finish()
+	}
 }
 
 // Close makes both directions end now; the session then ends as drained.
@@ -87,21 +86,25 @@ func (ss *session) Close() error {
 
 // stop shuts down both sockets both ways. That wakes a half waiting on
 // either (reads then see EOF, writes EPIPE) without closing a descriptor
-// that the other half may be using: only finish closes.
+// that a half may be using: only finish closes. stop counts itself in live
+// while it uses the descriptors, so that finish cannot close them (and the
+// numbers be reused) under it; a session already finishing is left alone.
 func (ss *session) stop() {
 	if ss.stopping.Swap(true) {
 		return
 	}
-	shutdown(ss.client)
-	shutdown(ss.backend)
-}
-
-func shutdown(c *net.TCPConn) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return
+	for {
+		n := ss.live.Load()
+		if n == 0 {
+			return
+		}
+		if ss.live.CompareAndSwap(n, n+1) {
+			break
+		}
 	}
-	rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) }) // ENOTCONN after a reset: nothing to do
+	shutdownFD(ss.clientFD, unix.SHUT_RDWR)
+	shutdownFD(ss.backendFD, unix.SHUT_RDWR)
+	ss.release()
 }
 
 // halfDone is called by each half as it ends. A clean EOF is passed on as a
@@ -115,30 +118,49 @@ func (ss *session) halfDone(h *half, err error) {
 		ss.stop()
 	case !ss.stopping.Load():
 		ss.first.CompareAndSwap(0, h.id)
-		h.dst.CloseWrite()
-	}
-	if ss.live.Add(-1) == 0 {
-		if ss.pl != nil && ss.srv.logsAccess(ss.svc) {
-			// Not in the poller, which runs parked directions: the access
-			// log may block on a slow sink and would stall them all.
-			go ss.finish() // exits when the session is logged and released
-			return
+		// A FIN; the other direction keeps flowing. Unless it has ended
+		// too: then close sends the FIN, one syscall fewer per connection
+		// (its socket has nothing unread, so close does not reset).
+		if ss.other(h).state.Load() != stDone {
+			shutdownFD(h.dfd, unix.SHUT_WR)
 		}
-		ss.finish()
 	}
+	ss.release()
+}
+
+// other is the half that is not h.
+func (ss *session) other(h *half) *half {
+	if h == &ss.up {
+		return &ss.down
+	}
+	return &ss.up
+}
+
+// release ends one count of live; the last finishes the session.
+func (ss *session) release() {
+	if ss.live.Add(-1) != 0 {
+		return
+	}
+	if ss.srv.logsAccess(ss.svc) {
+		// Not in the loop: the access log may block on a slow sink and
+		// would stall every session of the loop.
+		go ss.finish() // exits when the session is logged and released
+		return
+	}
+	ss.finish()
 }
 
 // finish closes both sockets, gives the backend its slot back, logs the
 // session and ends its count in the Server's WaitGroup.
 func (ss *session) finish() {
-	if ss.pl != nil {
-		ss.pl.forget(ss)
-		if ss.timer != nil {
-			ss.timer.Stop()
-		}
+	if ss.lp != nil {
+		ss.lp.forget(ss)
 	}
-	ss.client.Close()
-	ss.backend.Close()
+	if ss.timer != nil {
+		ss.timer.Stop()
+	}
+	closeFD(ss.clientFD)
+	closeFD(ss.backendFD)
 	b := ss.t.B
 	b.Untrack(ss)
 	b.Release()

@@ -78,9 +78,11 @@ type Target struct {
 }
 
 // Up reports whether t takes new connections as far as configuration,
-// health and drain go: weight above 0, backend neither down nor draining.
-// Fullness (MaxConns) is not considered: it passes as connections end.
-func (t *Target) Up() bool { return t.Weight > 0 && !t.B.Down() && !t.B.Draining() }
+// health and drain go: weight above 0 and the backend's own rule
+// (backend.Takes: not down, not draining, no operator override). Fullness
+// (MaxConns) is not considered: it passes as connections end. Status views
+// name the same rule's outcome with backend.Condition.
+func (t *Target) Up() bool { return t.Weight > 0 && t.B.Takes() }
 
 // MaxTries bounds how many backends one connection may try.
 const MaxTries = 16
@@ -131,7 +133,7 @@ type Picker interface {
 // rebuilt with a down backend's weight at 0 so that cycles stay fair.
 func eligible(ts []Target, i int, r *Request) bool {
 	t := &ts[i]
-	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining() && !t.B.Down() &&
+	return t.Up() && !r.Tried(i) &&
 		(t.MaxConns <= 0 || t.B.Active() < int64(t.MaxConns))
 }
 

@@ -61,7 +61,7 @@ func rowOf(t *testing.T, out, label string) string {
 func TestRender(t *testing.T) {
 	out := renderString(t, sampleTSV)
 	for _, c := range []struct{ label, want string }{
-		// medians 35, 13.5, 18; ratios to direct; fulcrum ÷ HAProxy 18/13.5
+		// medians 35, 13.5, 18; ratios to direct; fulcrum ÷ best peer (HAProxy) 18/13.5
 		{"bulk, 1 stream (iperf3), Gbit/s", "| 35.0 (1.00) | 13.5 (0.39) | 18.0 (0.51) | 1.33 |"},
 		// one repetition of three: marked †1; ratio to HAProxy
 		{"idle connections held (alive at the end, of those asked)", "| — | 9,000 of 9,000 (1.00) †1 | 3,000 of 9,000 (0.33) †1 | 0.33 |"},
@@ -76,7 +76,7 @@ func TestRender(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"| workload | direct | HAProxy | fulcrum | fulcrum ÷ HAProxy |",
+		"| workload | direct | HAProxy | fulcrum | fulcrum ÷ best peer |",
 		"median of 3 repetitions; in brackets its ratio to direct for the data rows, to HAProxy for the per-proxy rows.",
 		"- HAProxy, conn: 1 (run failed 1)",
 		"- fulcrum, idle: 6,002 (dial: timeout 6,000; final ping: eof 2)",
