@@ -164,6 +164,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var sd systemd.Notifier
+	up := &upgrader{srv: srv, sd: &sd, log: mlog, names: map[netip.AddrPort]string{}, timeout: upgradeTimeout, handoff: make(chan int, 1),
+		stored: map[string]bool{}}
 	var handedOff atomic.Bool // set once the new process of an upgrade serves: systemd listens to it alone
 	var upgraded func() error // set when an upgrade started this process: tells the old one it serves
 	var readyOnce sync.Once
@@ -178,6 +180,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			readyOnce.Do(func() { srv.CloseUnadopted(); err = upgraded() })
 			return err
 		}
+		if strings.HasPrefix(state, systemd.Ready) {
+			up.syncStore()
+		}
 		_, err := sd.Notify(state)
 		return err
 	}
@@ -187,19 +192,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
-	up := &upgrader{srv: srv, sd: &sd, log: mlog, names: map[netip.AddrPort]string{}, timeout: upgradeTimeout, handoff: make(chan int, 1)}
 	var adminLn *net.TCPListener // handed over by the process this one replaces
 	for _, so := range socks {
 		if a, ok := decodeKey(listenPrefix, so.Name); ok {
+			up.stored[so.Name] = true // from systemd's fd store, or from an old process that kept it there
 			srv.Adopt(a, so.Listener)
-			mlog.Info().Stringer("listen", a).Msg("socket handed over by the old process")
+			mlog.Info().Stringer("listen", a).Msg("socket adopted from the previous process")
 			continue
 		}
-		if a, ok := decodeKey(adminPrefix, so.Name); ok && adminLn == nil && a == cfg.Admin.Listen {
-			adminLn = so.Listener
-			continue
-		} else if ok {
-			so.Listener.Close() // [admin] listen changed during the upgrade
+		if a, ok := decodeKey(adminPrefix, so.Name); ok {
+			up.stored[so.Name] = true
+			if a == cfg.Admin.Listen && adminLn == nil {
+				adminLn = so.Listener
+			} else {
+				so.Listener.Close() // [admin] listen changed in between
+			}
 			continue
 		}
 		a := srv.Inherit(so.Listener)

@@ -61,8 +61,9 @@ type upgrader struct {
 	adminKey netip.AddrPort            // admin's address as configured
 	timeout  time.Duration
 
-	mu   sync.Mutex // serialises upgrades; protects done
-	done bool       // handed over: this process is draining
+	mu     sync.Mutex      // serialises upgrades and store syncs; protects done and stored
+	done   bool            // handed over: this process is draining
+	stored map[string]bool // names in systemd's fd store, when it keeps one (syncStore)
 	// handoff receives the new process's pid once, when it serves: run
 	// then stops the admin listener and drains. Buffered 1.
 	handoff chan int
@@ -101,32 +102,15 @@ func (u *upgrader) start() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("upgrade: find the binary: %w", err)
 	}
-	exp, err := u.srv.Export()
+	socks, err := u.sockets(true)
 	if err != nil {
 		return 0, fmt.Errorf("upgrade: %w", err)
 	}
-	var socks []systemd.Passed
 	defer func() {
 		for _, s := range socks {
 			s.File.Close()
 		}
 	}()
-	for _, e := range exp {
-		name := encodeKey(listenPrefix, e.Key)
-		if e.Inherited {
-			if name = u.names[e.Key]; name == "" {
-				name = "unknown" // sd_listen_fds_with_names(3)'s word for no name
-			}
-		}
-		socks = append(socks, systemd.Passed{Name: name, File: e.File})
-	}
-	if u.admin != nil {
-		ln, err := listener.Dup(u.admin)
-		if err != nil {
-			return 0, fmt.Errorf("upgrade: admin listener: %w", err)
-		}
-		socks = append(socks, systemd.Passed{Name: encodeKey(adminPrefix, u.adminKey), File: ln})
-	}
 	u.log.Info().Str("binary", exe).Int("sockets", len(socks)).Msg("upgrade: starting the new process")
 	p, err := systemd.Upgrade(exe, os.Args[1:], os.Environ(), socks, os.Stdout, os.Stderr, u.timeout)
 	if err != nil {
@@ -135,4 +119,87 @@ func (u *upgrader) start() (int, error) {
 	pid := p.Pid
 	p.Release() // its next parent reaps it
 	return pid, nil
+}
+
+// sockets duplicates the listening sockets to pass on, named for
+// LISTEN_FDNAMES: those systemd passed (only withSystemd) under its names,
+// the rest under encodeKey's, the admin listener's included. The caller
+// closes the Files.
+func (u *upgrader) sockets(withSystemd bool) ([]systemd.Passed, error) {
+	exp, err := u.srv.Export()
+	if err != nil {
+		return nil, err
+	}
+	socks := make([]systemd.Passed, 0, len(exp)+1)
+	for _, e := range exp {
+		name := encodeKey(listenPrefix, e.Key)
+		if e.Inherited {
+			if !withSystemd {
+				e.File.Close()
+				continue
+			}
+			if name = u.names[e.Key]; name == "" {
+				name = "unknown" // sd_listen_fds_with_names(3)'s word for no name
+			}
+		}
+		socks = append(socks, systemd.Passed{Name: name, File: e.File})
+	}
+	if u.admin != nil {
+		f, err := listener.Dup(u.admin)
+		if err != nil {
+			for _, s := range socks {
+				s.File.Close()
+			}
+			return nil, fmt.Errorf("admin listener: %w", err)
+		}
+		socks = append(socks, systemd.Passed{Name: encodeKey(adminPrefix, u.adminKey), File: f})
+	}
+	return socks, nil
+}
+
+// syncStore makes systemd's file descriptor store (FileDescriptorStoreMax=)
+// hold exactly the sockets this process bound, so that `systemctl restart`
+// keeps them bound: connections queue while the old process drains and the
+// new one starts, and none is refused unless the backlog overflows. Sockets
+// systemd passed are its already. Called at every READY=1; a no-op without
+// a store.
+func (u *upgrader) syncStore() {
+	if u.sd.FDStoreMax() == 0 {
+		return
+	}
+	// Called on the reload loop, which must not wait: during an upgrade
+	// (which holds mu while the new process starts) the next READY syncs.
+	if !u.mu.TryLock() {
+		return
+	}
+	defer u.mu.Unlock()
+	if u.done {
+		return
+	}
+	socks, err := u.sockets(false)
+	if err != nil {
+		u.log.Warn().Err(err).Msg("fd store: cannot export the listening sockets")
+		return
+	}
+	want := make(map[string]bool, len(socks))
+	for _, s := range socks {
+		want[s.Name] = true
+		if !u.stored[s.Name] {
+			if _, err := u.sd.Store(s.Name, s.File); err != nil {
+				u.log.Warn().Err(err).Str("name", s.Name).Msg("fd store: cannot store the socket")
+			} else {
+				u.stored[s.Name] = true
+			}
+		}
+		s.File.Close()
+	}
+	for name := range u.stored {
+		if !want[name] {
+			if _, err := u.sd.Unstore(name); err != nil {
+				u.log.Warn().Err(err).Str("name", name).Msg("fd store: cannot remove the socket")
+				continue
+			}
+			delete(u.stored, name)
+		}
+	}
 }

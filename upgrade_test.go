@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -425,4 +426,191 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
 	}
 	d.expectExit(t, 10*time.Second)
+}
+
+// fdStore plays systemd's notify socket with FileDescriptorStoreMax= set:
+// it keeps the descriptors sent with FDSTORE=1 under their FDNAME= and
+// drops them on FDSTOREREMOVE=1.
+type fdStore struct {
+	path string
+	msgs chan string // every message's text
+	mu   sync.Mutex  // protects fds
+	fds  map[string]*os.File
+}
+
+func newFDStore(t *testing.T) *fdStore {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sd") // short: unix socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	s := &fdStore{path: filepath.Join(dir, "notify"), msgs: make(chan string, 1000), fds: map[string]*os.File{}}
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: s.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { // exits when the cleanup closes c
+		defer close(done)
+		buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4*16))
+		for {
+			k, ok, _, _, err := c.ReadMsgUnix(buf, oob)
+			if err != nil {
+				return
+			}
+			msg := string(buf[:k])
+			var fds []int
+			if cms, err := unix.ParseSocketControlMessage(oob[:ok]); err == nil {
+				for _, cm := range cms {
+					if r, err := unix.ParseUnixRights(&cm); err == nil {
+						fds = append(fds, r...)
+					}
+				}
+			}
+			name := ""
+			for _, kv := range strings.Split(msg, "\n") {
+				if v, ok := strings.CutPrefix(kv, "FDNAME="); ok {
+					name = v
+				}
+			}
+			s.mu.Lock()
+			switch {
+			case strings.HasPrefix(msg, "FDSTORE=1") && len(fds) == 1:
+				if old := s.fds[name]; old != nil {
+					old.Close()
+				}
+				s.fds[name] = os.NewFile(uintptr(fds[0]), name)
+				fds = nil
+			case strings.HasPrefix(msg, "FDSTOREREMOVE=1"):
+				if old := s.fds[name]; old != nil {
+					old.Close()
+				}
+				delete(s.fds, name)
+			}
+			s.mu.Unlock()
+			for _, fd := range fds { // not kept
+				unix.Close(fd)
+			}
+			s.msgs <- msg
+		}
+	}()
+	t.Cleanup(func() {
+		c.Close()
+		<-done
+		for _, f := range s.fds {
+			f.Close()
+		}
+	})
+	return s
+}
+
+// awaitReady returns once a READY=1 message has come.
+func (s *fdStore) awaitReady(t *testing.T) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m := <-s.msgs:
+			if strings.HasPrefix(m, "READY=1") {
+				return
+			}
+		case <-timeout:
+			t.Fatal("no READY=1 within 10s")
+		}
+	}
+}
+
+// names returns the stored names, sorted.
+func (s *fdStore) names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for n := range s.fds {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRestartKeepsFDStore plays `systemctl restart` of a unit with
+// FileDescriptorStoreMax= and no socket unit: fulcrum stores the sockets it
+// bound (the admin one too), and removes one a reload drops; connections
+// made while the old process drains and before the new one starts are
+// queued, not refused, and the new process, given the store in
+// LISTEN_FDS, serves them on the same ports.
+func TestRestartKeepsFDStore(t *testing.T) {
+	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	st := newFDStore(t)
+	config := func(extra string) string {
+		return fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"%s]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", extra, be)
+	}
+	path := writeFile(t, "fulcrum.toml", config(`, "127.0.0.2:0"`))
+	d := startDaemonArgs(t, []string{"-config", path}, []string{"NOTIFY_SOCKET=" + st.path, "FDSTORE=8"}, nil)
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	st.awaitReady(t)
+	want := []string{"fulcrum.admin.127.0.0.1_0", "fulcrum.listen.127.0.0.1_0", "fulcrum.listen.127.0.0.2_0"}
+	if got := st.names(); !slices.Equal(got, want) {
+		t.Fatalf("stored %q; want %q", got, want)
+	}
+	replaceFile(t, path, []byte(config("")))
+	st.awaitReady(t)
+	if got := st.names(); !slices.Equal(got, want[:2]) {
+		t.Fatalf("stored after a reload removed a listener: %q; want %q", got, want[:2])
+	}
+	addr := d.awaitMatch(t, "listening on 127.0.0.1", func(m map[string]any) bool {
+		a, _ := m["addr"].(string)
+		return m["message"] == "listening" && strings.HasPrefix(a, "127.0.0.1:")
+	})["addr"].(string)
+
+	long, err := net.Dial("tcp", addr) // keeps the old process draining for its drain_timeout
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+	if err := exchange(long, "long\n"); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.await(t, "stopped accepting; draining connections")
+	const n = 20
+	queued := make([]net.Conn, n)
+	for i := range queued {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("connection %d while the old process drains: %v; want it queued", i, err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "queued %d\n", i)
+		queued[i] = c
+	}
+	d.expectExit(t, 10*time.Second)
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err != nil {
+		t.Fatalf("while no process runs: %v; want it queued", err)
+	} else {
+		c.Close()
+	}
+
+	// systemd starts the next process with the store in LISTEN_FDS.
+	st.mu.Lock()
+	var names []string
+	var files []*os.File
+	for _, name := range want[:2] {
+		names = append(names, name)
+		files = append(files, st.fds[name])
+	}
+	st.mu.Unlock()
+	next := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", path},
+		[]string{"LISTEN_FDS=" + strconv.Itoa(len(files)), "LISTEN_FDNAMES=" + strings.Join(names, ":")}, files)
+	if got := next.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string); got != adm {
+		t.Errorf("the next process's admin listens on %s; want the stored %s", got, adm)
+	}
+	for i, c := range queued {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != fmt.Sprintf("queued %d\n", i) {
+			t.Errorf("queued connection %d: %q, %v; want it served by the next process", i, line, err)
+		}
+	}
+	next.cmd.Process.Signal(syscall.SIGTERM)
+	next.expectExit(t, 10*time.Second)
 }
