@@ -28,8 +28,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -164,51 +162,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var sd systemd.Notifier
-	up := &upgrader{srv: srv, sd: &sd, log: mlog, names: map[netip.AddrPort]string{}, timeout: upgradeTimeout, handoff: make(chan int, 1),
-		stored: map[string]bool{}}
-	var handedOff atomic.Bool // set once the new process of an upgrade serves: systemd listens to it alone
-	var upgraded func() error // set when an upgrade started this process: tells the old one it serves
-	var readyOnce sync.Once
-	m.Notify = func(state string) error {
-		if handedOff.Load() {
-			return nil
-		}
-		if upgraded != nil && strings.HasPrefix(state, systemd.Ready) {
-			// The old process makes this one main (MAINPID=) once told;
-			// systemd takes no message from this one before.
-			err := errors.New("upgrade: readiness already reported")
-			readyOnce.Do(func() { srv.CloseUnadopted(); err = upgraded() })
-			return err
-		}
-		if strings.HasPrefix(state, systemd.Ready) {
-			up.syncStore()
-		}
-		_, err := sd.Notify(state)
-		return err
-	}
+	up := newUpgrader(srv, &sd, mlog)
+	m.Notify = up.Notify
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
-	var adminLn *net.TCPListener // handed over by the process this one replaces
+	socks, adminLn := up.adopt(socks, cfg.Admin.Listen) // a previous fulcrum's (upgrade, fd store); systemd's are left
 	for _, so := range socks {
-		if a, ok := decodeKey(listenPrefix, so.Name); ok {
-			up.stored[so.Name] = true // from systemd's fd store, or from an old process that kept it there
-			srv.Adopt(a, so.Listener)
-			mlog.Info().Stringer("listen", a).Msg("socket adopted from the previous process")
-			continue
-		}
-		if a, ok := decodeKey(adminPrefix, so.Name); ok {
-			up.stored[so.Name] = true
-			if a == cfg.Admin.Listen && adminLn == nil {
-				adminLn = so.Listener
-			} else {
-				so.Listener.Close() // [admin] listen changed in between
-			}
-			continue
-		}
 		a := srv.Inherit(so.Listener)
 		up.names[a] = so.Name
 		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
@@ -219,7 +182,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
 		}
 	}
-	upgraded = sd.UpgradeReady() // after Listeners, which reads its variable
+	up.ready = sd.UpgradeReady() // after Listeners, which reads its variable
 	if os.Geteuid() == 0 {
 		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
 	}
@@ -262,7 +225,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer close(hoDone)
 		select {
 		case <-up.handoff:
-			handedOff.Store(true)
 			stopAdmin()
 			handOver()
 		case <-rctx.Done():

@@ -16,6 +16,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -67,6 +68,73 @@ type upgrader struct {
 	// handoff receives the new process's pid once, when it serves: run
 	// then stops the admin listener and drains. Buffered 1.
 	handoff chan int
+	// handedOff is set with done, for Notify, which must not take mu.
+	handedOff atomic.Bool
+	// ready, set before Run when an upgrade started this process, tells
+	// the old process that this one serves (systemd.Notifier.UpgradeReady).
+	ready     func() error
+	readyOnce sync.Once
+}
+
+func newUpgrader(srv *listener.Server, sd *systemd.Notifier, log zerolog.Logger) *upgrader {
+	return &upgrader{srv: srv, sd: sd, log: log, names: map[netip.AddrPort]string{}, timeout: upgradeTimeout,
+		stored: map[string]bool{}, handoff: make(chan int, 1)}
+}
+
+// adopt takes from socks those a previous fulcrum passed (an upgrading
+// one, or systemd's fd store): the listeners go to the Server, the admin
+// listener is returned if it is still bound to admin (else closed). It
+// returns the sockets left, systemd's own.
+func (u *upgrader) adopt(socks []systemd.Socket, admin netip.AddrPort) (rest []systemd.Socket, adminLn *net.TCPListener) {
+	for _, so := range socks {
+		if a, ok := decodeKey(listenPrefix, so.Name); ok {
+			u.stored[so.Name] = true // if it came from the fd store, it is there; syncStore removes it if need be
+			u.srv.Adopt(a, so.Listener)
+			u.log.Info().Stringer("listen", a).Msg("socket adopted from the previous process")
+			continue
+		}
+		if a, ok := decodeKey(adminPrefix, so.Name); ok {
+			u.stored[so.Name] = true
+			if a == admin && adminLn == nil {
+				adminLn = so.Listener
+			} else {
+				so.Listener.Close() // [admin] listen changed in between
+			}
+			continue
+		}
+		rest = append(rest, so)
+	}
+	return rest, adminLn
+}
+
+// Notify is reload's notify: it sends state to systemd, but
+//   - in a process an upgrade started, the first READY=1 goes to the old
+//     process instead, which then sends MAINPID= (systemd takes no message
+//     from this one before);
+//   - in a process that has handed over, nothing is sent: the new one is
+//     systemd's main process now;
+//   - with an fd store, each READY=1 first brings it up to date.
+func (u *upgrader) Notify(state string) error {
+	if u.handedOff.Load() {
+		return nil
+	}
+	ready := strings.HasPrefix(state, systemd.Ready)
+	if ready && u.ready != nil {
+		err := errors.New("upgrade: readiness already reported")
+		u.readyOnce.Do(func() {
+			u.srv.CloseUnadopted()
+			err = u.ready()
+		})
+		if err == nil {
+			u.log.Info().Msg("upgrade: told the old process that this one serves")
+		}
+		return err
+	}
+	if ready {
+		u.syncStore()
+	}
+	_, err := u.sd.Notify(state)
+	return err
 }
 
 // errUpgraded refuses a second upgrade in a process that has handed over.
@@ -86,8 +154,9 @@ func (u *upgrader) Upgrade() (int, error) {
 		return 0, err
 	}
 	u.done = true
-	// Sent before handing over: once the new process is main, systemd
-	// would no longer accept this one's messages (NotifyAccess=main).
+	u.handedOff.Store(true)
+	// This process's last message, and the one only it may send: under
+	// NotifyAccess=main systemd takes MAINPID= from the main process alone.
 	if _, err := u.sd.Notify(systemd.MainPID(pid) + "\n" + systemd.Status(fmt.Sprintf("upgraded: pid %d serves, pid %d drains", pid, os.Getpid()))); err != nil {
 		u.log.Warn().Err(err).Msg("sd_notify failed")
 	}

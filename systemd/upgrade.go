@@ -97,27 +97,33 @@ func Upgrade(path string, args, env []string, socks []Passed, stdout, stderr *os
 	if err == nil && bytes.Equal(got, []byte(readyWord)) {
 		return p, nil
 	}
-	why := "exited before it was ready"
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		why = fmt.Sprintf("not ready within %v", timeout)
+		return nil, fmt.Errorf("upgrade: new process %d (%s) not ready within %v; stopped: %s", p.Pid, path, timeout, stop(p, 0))
 	}
-	return nil, fmt.Errorf("upgrade: new process %d (%s) %s: %s", p.Pid, path, why, stop(p))
+	// The pipe closed: the process has exited or is about to; one that
+	// dropped the descriptor and runs on is stopped after a second.
+	return nil, fmt.Errorf("upgrade: new process %d (%s) exited before it was ready: %s", p.Pid, path, stop(p, time.Second))
 }
 
-// stop ends a process that failed the upgrade and says how it ended.
-func stop(p *os.Process) string {
+// stop waits up to grace for p to exit on its own, then ends it: SIGTERM,
+// and SIGKILL after stopGrace. It returns how p ended.
+func stop(p *os.Process, grace time.Duration) string {
 	done := make(chan *os.ProcessState, 1)
 	go func() { // exits when the process has exited: SIGKILL below guarantees it
 		st, _ := p.Wait()
 		done <- st
 	}()
-	p.Signal(syscall.SIGTERM)
 	var st *os.ProcessState
 	select {
 	case st = <-done:
-	case <-time.After(stopGrace):
-		p.Kill()
-		st = <-done
+	case <-time.After(grace):
+		p.Signal(syscall.SIGTERM)
+		select {
+		case st = <-done:
+		case <-time.After(stopGrace):
+			p.Kill()
+			st = <-done
+		}
 	}
 	if st == nil {
 		return "status unknown"
