@@ -32,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -74,6 +75,9 @@ type Source struct {
 	// Build describes the binary for fulcrum_build_info: keys version,
 	// commit, go and date. Nil: the metric is not served.
 	Build map[string]string
+	// Upgrade takes POST /upgrade: it hands the sockets to the binary now
+	// installed and returns the new process's pid. Nil: 404.
+	Upgrade func() (int, error)
 }
 
 // endpoints is what GET / lists, in the order shown.
@@ -84,6 +88,7 @@ var endpoints = [][2]string{
 	{"POST /drain", "take the instance out of rotation (`fulcrum drain`)"},
 	{"POST /undrain", "put it back (`fulcrum drain -undo`)"},
 	{"POST /backends/{service}/{backend}/{drain|maint|ready}", "hold one backend (`fulcrum set`)"},
+	{"POST /upgrade", "hand over to the binary now installed (`fulcrum upgrade`)"},
 }
 
 // registry holds every metric /metrics serves.
@@ -210,6 +215,18 @@ func routes(src Source) *http.ServeMux {
 	// The Host check above makes the Origin comparison these do sound: a
 	// request is same-origin only with a Host that names this listener.
 	mux.Handle("POST /undrain", http.NewCrossOriginProtection().Handler(drain(false)))
+	mux.Handle("POST /upgrade", http.NewCrossOriginProtection().Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if src.Upgrade == nil {
+			http.Error(w, "upgrade not supported here", http.StatusNotFound)
+			return
+		}
+		pid, err := src.Upgrade()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, "upgraded: pid %d serves; pid %d drains\n", pid, os.Getpid())
+	})))
 	// Same rules as /drain: POST, and same-origin for browsers.
 	mux.Handle("POST /backends/{service}/{backend}/{state}", http.NewCrossOriginProtection().Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if src.Set == nil {
