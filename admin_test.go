@@ -6,7 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,5 +141,186 @@ backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weigh
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("status table lacks %q:\n%s", want, table.String())
 		}
+	}
+}
+
+// TestSetAndState drives the real daemon: `fulcrum set` holds a backend
+// (shown in `fulcrum status`, /metrics and the log, refused cross-origin),
+// the check metrics are served, and with [admin] state_file the instance
+// drain and the override survive a restart.
+func TestSetAndState(t *testing.T) {
+	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	state := filepath.Join(t.TempDir(), "state.json")
+	config := fmt.Sprintf(`
+[log]
+format = "json"
+[admin]
+listen = "127.0.0.1:0"
+state_file = %q
+[services.web]
+listen = ["127.0.0.1:0"]
+backends = [{ name = "one", address = %q }, { name = "two", address = %q }, { name = "zero", address = %q, weight = 0 }]
+[services.web.health]
+check = "tcp"
+interval = "100ms"
+timeout = "100ms"
+`, state, be, be, be)
+	path := writeFile(t, "fulcrum.toml", config)
+	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	d.await(t, "configuration applied")
+
+	var out, errOut strings.Builder
+	if code := run([]string{"set", "-admin", adm, "web/two", "maint"}, &out, &errOut); code != 0 {
+		t.Fatalf("fulcrum set = %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "web/two now maint") {
+		t.Errorf("fulcrum set printed %q", out.String())
+	}
+	line := d.await(t, "backend override set")
+	if line["component"] != "state" || line["backend"] != "two" || line["state"] != "maint" {
+		t.Errorf("override log line %v", line)
+	}
+	for _, bad := range [][]string{{"web/nosuch", "drain"}, {"web/two", "sideways"}, {"web-two", "drain"}} {
+		out.Reset()
+		errOut.Reset()
+		if code := run(append([]string{"set", "-admin", adm}, bad...), &out, &errOut); code == 0 {
+			t.Errorf("fulcrum set %v = 0; want an error", bad)
+		}
+	}
+	// Same-origin rule: a browser's cross-site POST is refused.
+	req, _ := http.NewRequest("POST", "http://"+adm+"/backends/web/one/drain", nil)
+	req.Header.Set("Sec-Fetch-Site", "cross-site")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("cross-site POST: %v %v; want 403", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	// The table: short states, weights, since and last check; -v adds the
+	// whole reason on its own line.
+	var table strings.Builder
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		table.Reset()
+		if code := run([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
+			t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
+		}
+		if strings.Count(table.String(), " ok ") >= 3 || time.Now().After(deadline) { // each backend was checked
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range []string{"maint (set maint)", "0/1", "draining (weight 0)", "last check", "ok ", "two: maint set by POST /backends/web/two/maint"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("status -v lacks %q:\n%s", want, table.String())
+		}
+	}
+	metrics := scrape(t, adm)
+	for _, want := range []string{
+		`fulcrum_backend_up{backend="two",service="web"} 0`,
+		`fulcrum_backend_up{backend="zero",service="web"} 0`,
+		`fulcrum_backend_up{backend="one",service="web"} 1`,
+		`fulcrum_backend_state{backend="two",service="web",state="maint"} 1`,
+		`fulcrum_backend_state{backend="zero",service="web",state="draining"} 1`,
+		`fulcrum_backend_check_duration_seconds_count{backend="one",service="web"}`,
+		`fulcrum_backend_checks_total{backend="one",result="ok",service="web"}`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// Drain the instance, stop, start again: both holds are back.
+	if code := run([]string{"drain", "-admin", adm}, &out, &errOut); code != 0 {
+		t.Fatalf("fulcrum drain = %d: %s", code, errOut.String())
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		data, _ := os.ReadFile(state)
+		if strings.Contains(string(data), "instance_drain") && strings.Contains(string(data), `"maint"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state file after drain and set:\n%s", data)
+		}
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	d.expectExit(t, 10*time.Second)
+	d = startDaemonArgs(t, []string{"-config", path}, nil, nil)
+	adm = d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	d.await(t, "configuration applied")
+	out.Reset()
+	if code := run([]string{"healthz", "-admin", adm}, &out, &errOut); code == 0 || !strings.Contains(out.String(), "draining since") {
+		t.Errorf("healthz after restart = %d %q; want the drain kept", code, out.String())
+	}
+	table.Reset()
+	run([]string{"status", "-admin", adm}, &table, &errOut)
+	if !strings.Contains(table.String(), "maint (set maint)") {
+		t.Errorf("status after restart lacks the override:\n%s", table.String())
+	}
+	if code := run([]string{"set", "-admin", adm, "web/two", "ready"}, &out, &errOut); code != 0 {
+		t.Fatalf("fulcrum set ready = %d: %s", code, errOut.String())
+	}
+}
+
+// scrape returns /metrics as text.
+func scrape(t *testing.T, adm string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + adm + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestAccessLine: one line per connection with HAProxy tcplog's timers —
+// time queued, time to connect, retries, bytes each way, duration, the
+// backend and its address, how it ended; a failed dial names the client
+// and says that a retry follows.
+func TestAccessLine(t *testing.T) {
+	live := listenertest.NewServer(t, listenertest.Echo).Addr
+	dead := listenertest.DeadAddr(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.web]
+listen = ["127.0.0.1:0"]
+scheduler = "first"
+retries = 1
+backends = [{ name = "dead", address = %q }, { name = "live", address = %q }]
+`, dead, live))
+	lb := d.await(t, "listening")["addr"].(string)
+	c, err := net.Dial("tcp", lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("hello"))
+	c.(*net.TCPConn).CloseWrite()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.ReadAll(c)
+	c.Close()
+	fail := d.await(t, "connect failed")
+	if fail["backend"] != "dead" || fail["retry"] != true || fail["client"] != c.LocalAddr().String() || fail["component"] != "listener" {
+		t.Errorf("connect failed line %v; want backend dead, retry, the client", fail)
+	}
+	line := d.await(t, "connection")
+	for key, want := range map[string]any{"backend": "live", "backend_addr": live, "retries": 1.0, "bytes_in": 5.0, "bytes_out": 5.0,
+		"end": "client close", "client": c.LocalAddr().String(), "service": "web"} {
+		if line[key] != want {
+			t.Errorf("access line %s = %v; want %v (%v)", key, line[key], want, line)
+		}
+	}
+	for _, key := range []string{"queue_ms", "connect_ms", "duration_ms"} {
+		if v, ok := line[key].(float64); !ok || v < 0 {
+			t.Errorf("access line %s = %v; want a duration in ms", key, line[key])
+		}
+	}
+	if line["connect_ms"].(float64) > line["duration_ms"].(float64) {
+		t.Errorf("connect_ms %v above duration_ms %v", line["connect_ms"], line["duration_ms"])
 	}
 }

@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
+	"time"
 
 	"fulcrum/admin"
+	"fulcrum/backend"
 	"fulcrum/conf"
 )
 
@@ -20,21 +23,41 @@ import (
 // listener: -config and -admin, plus those more adds. It returns the admin
 // address, or "" and the exit status to return.
 func adminCommand(name string, args []string, stdout, stderr io.Writer, more func(*flag.FlagSet)) (addr string, code int) {
+	addr, _, code = adminCommandArgs(name, "", 0, args, stdout, stderr, more)
+	return addr, code
+}
+
+// adminCommandArgs is adminCommand for a command that takes n arguments
+// after its flags (described by operands in its usage), returned in rest.
+func adminCommandArgs(name, operands string, n int, args []string, stdout, stderr io.Writer, more func(*flag.FlagSet)) (addr string, rest []string, code int) {
 	fs := flag.NewFlagSet("fulcrum "+name, flag.ContinueOnError)
 	path := fs.String("config", conf.DefaultPath, "configuration `file` whose [admin] listen to ask")
 	fs.StringVar(&addr, "admin", "", "admin `address` to ask (default: [admin] listen from the configuration)")
 	if more != nil {
 		more(fs)
 	}
-	if code, ok := parseFlags(fs, args, stdout, stderr, subUsage); !ok {
-		return "", code
+	usage := subUsage
+	if operands != "" {
+		usage = func(fs *flag.FlagSet) {
+			fmt.Fprintf(fs.Output(), "usage: %s [flags] %s\n\n", fs.Name(), operands)
+			fs.PrintDefaults()
+		}
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "fulcrum %s: unexpected argument %q\n", name, fs.Arg(0))
-		return "", 2
+	if code, ok := parseFlags(fs, args, stdout, stderr, usage); !ok {
+		return "", nil, code
 	}
+	if fs.NArg() > n {
+		fmt.Fprintf(stderr, "fulcrum %s: unexpected argument %q\n", name, fs.Arg(n))
+		return "", nil, 2
+	}
+	if fs.NArg() < n {
+		fmt.Fprintf(stderr, "fulcrum %s: want %s\n", name, operands)
+		usage(fs)
+		return "", nil, 2
+	}
+	rest = fs.Args()
 	if addr != "" {
-		return addr, 0
+		return addr, rest, 0
 	}
 	cfg, err := conf.Load(*path)
 	if err != nil {
@@ -44,9 +67,9 @@ func adminCommand(name string, args []string, stdout, stderr io.Writer, more fun
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
-		return "", 1
+		return "", nil, 1
 	}
-	return cfg.Admin.Listen.String(), 0
+	return cfg.Admin.Listen.String(), rest, 0
 }
 
 // unreachable adds what an operator should check when nothing answers at
@@ -67,9 +90,10 @@ func subUsage(fs *flag.FlagSet) {
 
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
-	var raw *bool
+	var raw, verbose *bool
 	addr, code := adminCommand("status", args, stdout, stderr, func(fs *flag.FlagSet) {
 		raw = fs.Bool("json", false, "print the JSON as served")
+		verbose = fs.Bool("v", false, "also print each backend's whole reason and last check error")
 	})
 	if addr == "" {
 		return code
@@ -89,7 +113,11 @@ func status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
 		return 1
 	}
-	admin.WriteTable(stdout, st)
+	if *verbose {
+		admin.WriteTableVerbose(stdout, st)
+	} else {
+		admin.WriteTable(stdout, st)
+	}
 	return 0
 }
 
@@ -125,6 +153,41 @@ func drain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// set asks the running daemon to hold one backend (drain, maint) or to let
+// it go (ready): POST /backends/SERVICE/BACKEND/STATE.
+func set(args []string, stdout, stderr io.Writer) int {
+	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, nil)
+	if addr == "" {
+		return code
+	}
+	svc, name, ok := strings.Cut(rest[0], "/")
+	if !ok || svc == "" || name == "" {
+		fmt.Fprintf(stderr, "fulcrum set: %q is not SERVICE/BACKEND\n", rest[0])
+		return 2
+	}
+	if _, ok := backend.ParseOverride(rest[1]); !ok {
+		fmt.Fprintf(stderr, "fulcrum set: %q is not one of drain, maint, ready\n", rest[1])
+		return 2
+	}
+	path := "/backends/" + url.PathEscape(svc) + "/" + url.PathEscape(name) + "/" + rest[1]
+	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %v\n", unreachable(err))
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s", strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %v\n", err)
+		return 1
+	}
+	stdout.Write(body)
+	return 0
+}
+
 // healthz prints the running daemon's /healthz line and exits 0 if it is
 // 200: a health check for engines that run a command (Kubernetes exec
 // probes, keepalived without curl) while the admin listener stays on
@@ -144,5 +207,33 @@ func healthz(args []string, stdout, stderr io.Writer) int {
 	if resp.StatusCode != http.StatusOK {
 		return 1
 	}
+	return 0
+}
+
+// upgrade asks the running daemon to hand its sockets to the binary now
+// installed (POST /upgrade) and waits for the answer: 0 when the new
+// process serves and the old one drains, 1 when the old one serves on.
+func upgrade(args []string, stdout, stderr io.Writer) int {
+	addr, code := adminCommand("upgrade", args, stdout, stderr, nil)
+	if addr == "" {
+		return code
+	}
+	c := adminClient
+	c.Timeout = upgradeTimeout + 10*time.Second // the daemon bounds the wait; this only backs it up
+	resp, err := c.Post("http://"+addr+"/upgrade", "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum upgrade: %v\n", unreachable(err))
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum upgrade: %s: %v\n", addr, err)
+		return 1
+	}
+	stdout.Write(body)
 	return 0
 }

@@ -26,7 +26,7 @@ func TestCompletion(t *testing.T) {
 		bashFlags[m[1]] = " " + m[2] + " "
 	}
 	flagLine := regexp.MustCompile(`(?m)^  -(\w+)`)
-	for _, cmd := range []string{"", "status", "drain", "healthz", "demo"} {
+	for _, cmd := range []string{"", "status", "drain", "set", "healthz", "upgrade", "demo"} {
 		args := []string{"-h"}
 		key := "*"
 		if cmd != "" {
@@ -48,7 +48,7 @@ func TestCompletion(t *testing.T) {
 				t.Errorf("completion/_fulcrum lacks -%s", f[1])
 			}
 		}
-		if cmd != "" && !strings.Contains(string(bash), "status drain healthz demo version") {
+		if cmd != "" && !strings.Contains(string(bash), "status drain set healthz upgrade demo version") {
 			t.Errorf("completion/fulcrum.bash does not offer the commands")
 		}
 	}
@@ -58,11 +58,13 @@ func TestCompletion(t *testing.T) {
 		t.Skip("bash is not installed")
 	}
 	for line, want := range map[string]string{
-		"fulcrum st":        "status",
-		"fulcrum status -j": "-json",
-		"fulcrum -ch":       "-check",
-		"fulcrum drain -u":  "-undo",
-		"fulcrum ver":       "version",
+		"fulcrum st":         "status",
+		"fulcrum status -j":  "-json",
+		"fulcrum -ch":        "-check",
+		"fulcrum drain -u":   "-undo",
+		"fulcrum ver":        "version",
+		"fulcrum se":         "set",
+		"fulcrum set pg/a m": "maint",
 	} {
 		script := `source completion/fulcrum.bash
 COMP_WORDS=(` + line + ` ); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _fulcrum; echo "${COMPREPLY[*]}"`

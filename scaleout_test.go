@@ -270,8 +270,8 @@ func TestConsulTemplate(t *testing.T) {
 	// Every instance fails its checks: the rendering has no backends and
 	// is refused; the running configuration keeps serving.
 	replaceFile(t, path, renderConsul(t, map[string][]healthService{}, env))
-	if msg := d.awaitPrefix(t, "reload refused")["message"].(string); !strings.Contains(msg, "services.pg.backends: a service needs at least one backend") {
-		t.Errorf("refusal: %s", msg)
+	if errs := fmt.Sprint(d.awaitPrefix(t, "reload refused")["errors"]); !strings.Contains(errs, "services.pg.backends: a service needs at least one backend") {
+		t.Errorf("refusal: %s", errs)
 	}
 	if got, err := greetFrom(clients[0], lb); err != nil || got == "" {
 		t.Errorf("after the empty rendering was refused: %q, %v; want a backend", got, err)

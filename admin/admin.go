@@ -32,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -49,6 +50,7 @@ import (
 	"fulcrum/listener"
 	"fulcrum/reload"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // Source is what the admin listener reads.
@@ -56,6 +58,13 @@ type Source struct {
 	Table   func() *sched.Table           // the current snapshot
 	Reloads func() reload.Status          // the reload history
 	Sockets func() []listener.SocketStats // per-listener counters
+	// Set applies `fulcrum set SERVICE/BACKEND drain|maint|ready` (POST
+	// /backends/{service}/{backend}/{state}); by says who asked. Nil: the
+	// endpoint answers 404.
+	Set func(service, name string, o backend.Override, by string) (changed bool, err error)
+	// Draining lists the backends draining after their removal, so that
+	// they stay in view until gone; nil: none are listed.
+	Draining func() []status.Drain
 	// Instance answers /healthz and takes POST /drain and /undrain; nil:
 	// /healthz is always 200 and there is nothing to drain.
 	Instance *cluster.Instance
@@ -66,6 +75,9 @@ type Source struct {
 	// Build describes the binary for fulcrum_build_info: keys version,
 	// commit, go and date. Nil: the metric is not served.
 	Build map[string]string
+	// Upgrade takes POST /upgrade: it hands the sockets to the binary now
+	// installed and returns the new process's pid. Nil: 404.
+	Upgrade func() (int, error)
 }
 
 // endpoints is what GET / lists, in the order shown.
@@ -75,6 +87,8 @@ var endpoints = [][2]string{
 	{"GET /healthz", "200 while this instance should get traffic, else 503 and why"},
 	{"POST /drain", "take the instance out of rotation (`fulcrum drain`)"},
 	{"POST /undrain", "put it back (`fulcrum drain -undo`)"},
+	{"POST /backends/{service}/{backend}/{drain|maint|ready}", "hold one backend (`fulcrum set`)"},
+	{"POST /upgrade", "hand over to the binary now installed (`fulcrum upgrade`)"},
 }
 
 // registry holds every metric /metrics serves.
@@ -201,6 +215,42 @@ func routes(src Source) *http.ServeMux {
 	// The Host check above makes the Origin comparison these do sound: a
 	// request is same-origin only with a Host that names this listener.
 	mux.Handle("POST /undrain", http.NewCrossOriginProtection().Handler(drain(false)))
+	mux.Handle("POST /upgrade", http.NewCrossOriginProtection().Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if src.Upgrade == nil {
+			http.Error(w, "upgrade not supported here", http.StatusNotFound)
+			return
+		}
+		pid, err := src.Upgrade()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, "upgraded: pid %d serves; pid %d drains\n", pid, os.Getpid())
+	})))
+	// Same rules as /drain: POST, and same-origin for browsers.
+	mux.Handle("POST /backends/{service}/{backend}/{state}", http.NewCrossOriginProtection().Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if src.Set == nil {
+			http.Error(w, "no backends to set", http.StatusNotFound)
+			return
+		}
+		o, ok := backend.ParseOverride(r.PathValue("state"))
+		if !ok {
+			http.Error(w, fmt.Sprintf("state %q is not one of drain, maint, ready", r.PathValue("state")), http.StatusBadRequest)
+			return
+		}
+		svc, name := r.PathValue("service"), r.PathValue("backend")
+		changed, err := src.Set(svc, name, o, "POST "+r.URL.Path+" from "+r.RemoteAddr)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		word := "now"
+		if !changed {
+			word = "already"
+		}
+		fmt.Fprintf(w, "%s/%s %s %s\n", svc, name, word, o)
+	})))
 	return mux
 }
 
@@ -225,8 +275,9 @@ type Options struct {
 	// JSON, at most a few a second. The zero Logger writes nowhere.
 	Log zerolog.Logger
 	// MaxConns is how many connections are held at once; default 64. At the
-	// cap the listener stops accepting (the kernel queues the rest) and
-	// answers with Connection: close so that held connections cycle.
+	// cap the listener stops accepting (the kernel queues the rest), closes
+	// the idle keep-alive connections, and answers with Connection: close
+	// so that busy ones cycle; keep-alive resumes below half the cap.
 	MaxConns int
 	// IdleTimeout closes a keep-alive connection idle this long; default 30s.
 	IdleTimeout time.Duration
@@ -267,6 +318,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, o Options) erro
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          log.New(logWriter{sampled}, "", 0),
 	}
+	// At the cap, idle keep-alive connections go first: a probe waiting in
+	// the kernel's queue gets in at once, not after an idle timeout.
+	lim.shed = func(on bool) { srv.SetKeepAlivesEnabled(!on) }
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lim) }() // exits when Shutdown closes ln
 	<-ctx.Done()
@@ -295,6 +349,8 @@ type limitListener struct {
 	net.Listener
 	sem       chan struct{} // one token per open connection, and one for the Accept in progress
 	open      atomic.Int64  // connections open now
+	shed      func(on bool) // called with true when the cap is reached, false when below half again; nil: no-op
+	shedding  atomic.Bool   // shed(true) was the last call
 	done      chan struct{} // closed by Close: Accept stops waiting
 	closeOnce sync.Once
 }
@@ -317,8 +373,18 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		<-l.sem
 		return nil, err
 	}
-	l.open.Add(1)
-	return &limitConn{Conn: c, release: func() { l.open.Add(-1); <-l.sem }}, nil
+	if n := l.open.Add(1); n >= int64(cap(l.sem)) && l.shed != nil && l.shedding.CompareAndSwap(false, true) {
+		l.shed(true)
+	}
+	return &limitConn{Conn: c, release: l.release}, nil
+}
+
+// release gives back a closed connection's place.
+func (l *limitListener) release() {
+	if n := l.open.Add(-1); n <= int64(cap(l.sem)/2) && l.shed != nil && l.shedding.CompareAndSwap(true, false) {
+		l.shed(false)
+	}
+	<-l.sem
 }
 
 func (l *limitListener) Close() error {
@@ -339,132 +405,18 @@ func (c *limitConn) Close() error {
 	return err
 }
 
-// Status is what /status returns: the live snapshot.
-type Status struct {
-	Version    string          `json:"version,omitempty"`
-	Instance   *cluster.Status `json:"instance,omitempty"` // drain state and /healthz's verdict
-	Generation uint64          `json:"generation"`
-	Reload     ReloadStatus    `json:"reload"`
-	Services   []ServiceStatus `json:"services"`
-	Listeners  []ListenStatus  `json:"listeners"`
-}
-
-// ReloadStatus is the reload history.
-type ReloadStatus struct {
-	Applied     time.Time `json:"applied"`
-	Reloads     uint64    `json:"reloads"`
-	Failed      uint64    `json:"failed"`
-	LastError   string    `json:"last_error,omitempty"`
-	LastAttempt time.Time `json:"last_attempt"`
-}
-
-// ServiceStatus is one service.
-type ServiceStatus struct {
-	Name      string            `json:"name"`
-	Scheduler string            `json:"scheduler"`
-	Listen    []string          `json:"listen"`
-	Active    int64             `json:"active"`  // connections holding a service slot
-	Waiting   int64             `json:"waiting"` // in the queue now
-	Retries   uint64            `json:"retries"`
-	Queued    uint64            `json:"queued"`
-	Refused   uint64            `json:"refused"`
-	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
-	// SplitBrain names the backends claiming primary at once; absent when
-	// at most one does. SplitBrains counts how often that began.
-	SplitBrain  []string `json:"split_brain,omitempty"`
-	SplitBrains uint64   `json:"split_brains"`
-	// Holding is how many connections wait for an eligible backend now
-	// (hold_timeout); Held how many had to, HoldExpired how many of those
-	// were closed when it ran out.
-	Holding     int64           `json:"holding"`
-	Held        uint64          `json:"held"`
-	HoldExpired uint64          `json:"hold_expired"`
-	Backends    []BackendStatus `json:"backends"`
-}
-
-// BackendStatus is one backend: its settings in this generation and its live
-// counters.
-type BackendStatus struct {
-	Name         string `json:"name"`
-	Address      string `json:"address"`
-	Weight       int    `json:"weight"` // effective: 0 while down, ramping during slow start
-	Configured   int    `json:"configured_weight"`
-	Backup       bool   `json:"backup,omitempty"`
-	State        string `json:"state"`          // up | down | wrong role | draining
-	Role         string `json:"role,omitempty"` // primary | replica, as its role check last saw it
-	Reason       string `json:"reason,omitempty"`
-	Active       int64  `json:"active"`
-	Total        uint64 `json:"total"`
-	BytesIn      uint64 `json:"bytes_in"`
-	BytesOut     uint64 `json:"bytes_out"`
-	ConnectFails uint64 `json:"connect_failures"`
-	DrainClosed  uint64 `json:"drain_closed"`
-	CutClosed    uint64 `json:"cut_closed"` // sessions ended by on_down / on_up
-}
-
-// ListenStatus is one listening socket.
-type ListenStatus struct {
-	Listen       string `json:"listen"`
-	Addr         string `json:"addr"`
-	Accepts      uint64 `json:"accepts"`
-	AcceptErrors uint64 `json:"accept_errors"`
-	Inherited    bool   `json:"inherited,omitempty"`
-}
+// The /status types are the one status type of package status; these names
+// keep admin's callers and tests as they were.
+type (
+	Status        = status.Status
+	ReloadStatus  = status.Reload
+	ServiceStatus = status.Service
+	BackendStatus = status.Backend
+	ListenStatus  = status.Listener
+)
 
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
-	st := Status{Version: src.Version}
-	if src.Instance != nil {
-		is := src.Instance.Status()
-		st.Instance = &is
-	}
-	if t := src.Table(); t != nil {
-		st.Generation = t.Gen
-		for _, s := range t.Services {
-			ss := ServiceStatus{Name: s.Name, Scheduler: s.Scheduler, SplitBrain: s.SplitBrain}
-			if s.Group != nil {
-				g := s.Group.Stats()
-				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
-				ss.SplitBrains = g.Splits
-				h := s.Group.HoldStats()
-				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
-				for kind, n := range s.Group.Rejected() {
-					if ss.Rejected == nil {
-						ss.Rejected = map[string]uint64{}
-					}
-					ss.Rejected[backend.RejectNames[kind]] = n
-				}
-			}
-			for _, a := range s.Listen {
-				ss.Listen = append(ss.Listen, a.String())
-			}
-			for i, tg := range s.All() {
-				b := tg.B.Stats()
-				_, reason, _ := tg.B.Health()
-				hs, role := tg.B.State()
-				state := hs.String()
-				if b.Draining {
-					state = "draining"
-				}
-				ss.Backends = append(ss.Backends, BackendStatus{
-					Name: tg.B.Name, Address: tg.Addr.String(), Weight: tg.Weight, Configured: tg.Base, Backup: i >= len(s.Targets),
-					State: state, Role: role, Reason: reason,
-					Active: b.Active, Total: b.Total, BytesIn: b.BytesIn, BytesOut: b.BytesOut,
-					ConnectFails: b.ConnectFails, DrainClosed: b.DrainClosed, CutClosed: b.CutClosed,
-				})
-			}
-			st.Services = append(st.Services, ss)
-		}
-	}
-	if src.Reloads != nil {
-		r := src.Reloads()
-		st.Reload = ReloadStatus{Applied: r.Applied, Reloads: r.Reloads, Failed: r.Failed, LastError: r.LastError, LastAttempt: r.LastAttempt}
-	}
-	if src.Sockets != nil {
-		for _, so := range src.Sockets() {
-			st.Listeners = append(st.Listeners, ListenStatus{Listen: so.Listen.String(), Addr: so.Addr,
-				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited})
-		}
-	}
-	return st
+	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets,
+		Draining: src.Draining, Instance: src.Instance, Version: src.Version})
 }

@@ -3,6 +3,8 @@ package admin
 import (
 	"strings"
 
+	"fulcrum/backend"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -20,7 +22,10 @@ var (
 	backendFails    = prometheus.NewDesc("fulcrum_backend_connect_failures_total", "Dials to the backend that failed.", bLabels, nil)
 	backendDrained  = prometheus.NewDesc("fulcrum_backend_drain_closed_total", "Connections closed because a drain deadline passed.", bLabels, nil)
 	backendUp       = prometheus.NewDesc("fulcrum_backend_up", "1 if the backend takes new connections (up and not draining), else 0.", bLabels, nil)
-	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in (up, down, wrong_role, draining).", append(bLabels, "state"), nil)
+	backendState    = prometheus.NewDesc("fulcrum_backend_state", "The backend's state: 1 for the state it is in (up, down, wrong_role, draining, maint).", append(bLabels, "state"), nil)
+	backendChecks   = prometheus.NewDesc("fulcrum_backend_check_duration_seconds", "How long the backend's active checks took, passed or failed.", bLabels, nil)
+	backendResults  = prometheus.NewDesc("fulcrum_backend_checks_total", "Active checks of the backend by result=\"ok\" or \"failed\" (a timeout is a failure).", append(bLabels, "result"), nil)
+	backendDrainDL  = prometheus.NewDesc("fulcrum_backend_drain_deadline_timestamp_seconds", "When a draining backend's open sessions are closed; absent when it is not draining or its drain waits for ever.", bLabels, nil)
 	backendRole     = prometheus.NewDesc("fulcrum_backend_role", "1 for the role (primary, replica) the backend's role check last observed; absent without one.", append(bLabels, "role"), nil)
 	backendCut      = prometheus.NewDesc("fulcrum_backend_sessions_cut_total", "Sessions ended because the backend went down or into the wrong role (on_down = close), or, on a backup, because a primary came up (on_up = close-backups).", bLabels, nil)
 	backendWeight   = prometheus.NewDesc("fulcrum_backend_weight", "The backend's effective weight in the current snapshot.", bLabels, nil)
@@ -50,7 +55,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
-		backendState, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
+		backendState, backendChecks, backendResults, backendDrainDL, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
 	}
@@ -87,8 +92,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			counter(backendBytes, float64(b.BytesOut), s.Name, b.Name, "out")
 			counter(backendFails, float64(b.ConnectFails), l...)
 			counter(backendDrained, float64(b.DrainClosed), l...)
-			gauge(backendUp, boolf(b.State == "up"), l...)
-			for _, state := range []string{"up", "down", "wrong role", "draining"} {
+			gauge(backendUp, boolf(b.Up()), l...)
+			for _, state := range []string{"up", "down", "wrong role", "draining", "maint"} {
 				gauge(backendState, boolf(b.State == state), s.Name, b.Name, strings.ReplaceAll(state, " ", "_"))
 			}
 			if b.Role != "" {
@@ -97,6 +102,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				}
 			}
 			counter(backendCut, float64(b.CutClosed), l...)
+			if c := b.Checks; c.Count > 0 {
+				buckets := make(map[float64]uint64, len(c.Counts))
+				for i, n := range c.Counts {
+					buckets[backend.CheckBuckets[i]] = n
+				}
+				ch <- prometheus.MustNewConstHistogram(backendChecks, c.Count, c.SumSeconds, buckets, l...)
+				counter(backendResults, float64(c.OK), s.Name, b.Name, "ok")
+				counter(backendResults, float64(c.Failed), s.Name, b.Name, "failed")
+			}
+			if !b.DrainDeadline.IsZero() {
+				gauge(backendDrainDL, float64(b.DrainDeadline.UnixNano())/1e9, l...)
+			}
 			gauge(backendWeight, float64(b.Weight), l...)
 		}
 	}

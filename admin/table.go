@@ -6,11 +6,21 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"fulcrum/status"
 )
 
 // WriteTable prints st the way `ipvsadm -Ln --stats` prints LVS: one block
-// per service, one row per backend.
-func WriteTable(w io.Writer, st Status) {
+// per service, one row per backend, its state with a short cause. The whole
+// reason goes on a line of its own under the table, only with verbose, so
+// that one long reason never pads every row.
+func WriteTable(w io.Writer, st Status) { writeTable(w, st, false, time.Now()) }
+
+// WriteTableVerbose is WriteTable with each backend's whole reason, who set
+// an override, and the last check's error.
+func WriteTableVerbose(w io.Writer, st Status) { writeTable(w, st, true, time.Now()) }
+
+func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 	fmt.Fprintf(w, "fulcrum %s  generation %d  reloads %d (%d refused)", st.Version, st.Generation, st.Reload.Reloads, st.Reload.Failed)
 	if !st.Reload.Applied.IsZero() {
 		fmt.Fprintf(w, "  applied %s", st.Reload.Applied.Local().Format(time.DateTime))
@@ -33,22 +43,22 @@ func WriteTable(w io.Writer, st Status) {
 			fmt.Fprintf(w, "  SPLIT BRAIN: %s claim primary\n", strings.Join(s.SplitBrain, ", "))
 		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tactive\tconns\tbytes in\tbytes out\tconnect fails")
+		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tsince\tlast check\tactive\tconns\tbytes in\tbytes out\tconnect fails")
+		var notes []string
 		for _, b := range s.Backends {
-			state := b.State
-			if b.Role != "" {
-				state += " (" + b.Role + ")"
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", b.Name, b.Address, weight(b), stateCell(b, now),
+				ago(b.Since, now), lastCheck(b.LastCheck, now), b.Active, b.Total, bytes(b.BytesIn), bytes(b.BytesOut), b.ConnectFails)
+			if verbose && b.Reason != "" {
+				notes = append(notes, fmt.Sprintf("  %s: %s", b.Name, b.Reason))
 			}
-			if b.Backup {
-				state += " (backup)"
+			if verbose && b.LastCheck != nil && b.LastCheck.Error != "" && !strings.Contains(b.Reason, b.LastCheck.Error) {
+				notes = append(notes, fmt.Sprintf("  %s: last check: %s", b.Name, b.LastCheck.Error))
 			}
-			if b.Reason != "" && b.State != "up" {
-				state += " (" + b.Reason + ")"
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%d\t%d\t%s\t%s\t%d\n", b.Name, b.Address, b.Weight, state,
-				b.Active, b.Total, bytes(b.BytesIn), bytes(b.BytesOut), b.ConnectFails)
 		}
 		tw.Flush()
+		for _, n := range notes {
+			fmt.Fprintln(w, n)
+		}
 	}
 	if len(st.Listeners) > 0 {
 		fmt.Fprintln(w)
@@ -73,4 +83,86 @@ func bytes(n uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// weight is "effective/configured", or one number when they agree.
+func weight(b BackendStatus) string {
+	if b.Removed {
+		return "-"
+	}
+	if b.Weight == b.Configured {
+		return fmt.Sprint(b.Weight)
+	}
+	return fmt.Sprintf("%d/%d", b.Weight, b.Configured)
+}
+
+// stateCell is the state with its short cause, role, backup flag and, for a
+// drain with a deadline, the time left: "down (check)", "draining (removed,
+// 9s left)", "up (primary, backup)".
+func stateCell(b BackendStatus, now time.Time) string {
+	var notes []string
+	if b.Cause != "" && !strings.Contains(b.State, b.Cause) { // "wrong role" needs no "(role)"
+		notes = append(notes, b.Cause)
+	}
+	if b.Role != "" {
+		notes = append(notes, b.Role)
+	}
+	if b.Backup {
+		notes = append(notes, "backup")
+	}
+	if !b.DrainDeadline.IsZero() {
+		notes = append(notes, short(max(0, b.DrainDeadline.Sub(now)))+" left")
+	}
+	if len(notes) == 0 {
+		return b.State
+	}
+	return b.State + " (" + strings.Join(notes, ", ") + ")"
+}
+
+// lastCheck is "ok 1.2ms 3s ago", "failed 1s 2s ago", or "-" without checks.
+func lastCheck(c *status.LastCheck, now time.Time) string {
+	if c == nil {
+		return "-"
+	}
+	res := "ok"
+	if !c.OK {
+		res = "failed"
+	}
+	return fmt.Sprintf("%s %s, %s ago", res, latency(c.LatencyMS), short(now.Sub(c.At)))
+}
+
+// latency formats a check's milliseconds as HAProxy's LastChk does, to a
+// useful precision: "180µs", "2.5ms", "1.20s".
+func latency(ms float64) string {
+	switch {
+	case ms < 1:
+		return fmt.Sprintf("%.0fµs", ms*1000)
+	case ms < 1000:
+		return fmt.Sprintf("%.1fms", ms)
+	}
+	return fmt.Sprintf("%.2fs", ms/1000)
+}
+
+// ago is how long ago t was, briefly; "-" for the zero time.
+func ago(t time.Time, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return short(now.Sub(t)) + " ago"
+}
+
+// short formats d to its two largest units: "45s", "3m12s", "2h5m", "3d4h".
+func short(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < time.Hour:
+		d = d.Round(time.Second)
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	d = d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
 }

@@ -33,6 +33,7 @@ type Backend struct {
 	Name    string // the backend's name, unique in its service
 
 	active       atomic.Int64  // connections holding a slot: dialling or open
+	limit        atomic.Int64  // the max of the last Acquire; 0 = unlimited
 	total        atomic.Uint64 // connections that took a slot
 	bytesIn      atomic.Uint64 // client → backend
 	bytesOut     atomic.Uint64 // backend → client
@@ -41,6 +42,9 @@ type Backend struct {
 	cutClosed    atomic.Uint64 // sessions closed by Cut (on_down, on_up)
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
+	drainAt      atomic.Int64  // unix nanoseconds when the current drain began; 0 when not draining
+	ovr          override      // the operator's state (`fulcrum set`); see Condition
+	checks       checkStats    // active check results and durations, for status and metrics
 
 	down    atomic.Int32    // health: downActive | downPassive bits; 0 = up
 	health  healthState     // health details, under its own mutex
@@ -62,8 +66,11 @@ func New(service, name string) *Backend {
 // with max > 0, when max slots are already taken; a dial in progress holds a
 // slot, so max is never exceeded.
 func (b *Backend) Acquire(max int) bool {
-	if b.draining.Load() {
+	if b.draining.Load() || b.ovr.v.Load() != 0 {
 		return false
+	}
+	if int64(max) != b.limit.Load() {
+		b.limit.Store(int64(max)) // for free: a reload may change it, rarely
 	}
 	if max <= 0 {
 		b.active.Add(1)
@@ -86,14 +93,23 @@ func (b *Backend) Acquire(max int) bool {
 func (b *Backend) Release() {
 	b.active.Add(-1)
 	if b.group != nil {
-		b.group.freed()
+		b.group.freed(b)
 	}
+}
+
+// free reports whether b could take a connection now: not draining, and
+// below the max its connections last asked for.
+func (b *Backend) free() bool {
+	l := b.limit.Load()
+	return !b.draining.Load() && (l <= 0 || b.active.Load() < l)
 }
 
 // Active is the number of slots taken now.
 func (b *Backend) Active() int64 { return b.active.Load() }
 
-// Draining reports whether the backend takes no new connections.
+// Draining reports whether the backend is draining after its removal (or at
+// shutdown). An operator's drain (SetOverride) is not this; Takes and
+// Condition see both.
 func (b *Backend) Draining() bool { return b.draining.Load() }
 
 // ConnectFailed counts a failed dial.
@@ -161,12 +177,17 @@ func (b *Backend) Undrain() {
 	b.mu.Lock()
 	b.draining.Store(false)
 	b.closing.Store(false)
+	b.drainAt.Store(0)
 	b.mu.Unlock()
 }
 
 // StopNew makes Acquire refuse from now on: the first step of Drain, for a
 // caller that must know it has happened before starting Drain elsewhere.
-func (b *Backend) StopNew() { b.draining.Store(true) }
+func (b *Backend) StopNew() {
+	if !b.draining.Swap(true) {
+		b.drainAt.Store(time.Now().UnixNano())
+	}
+}
 
 // Drain stops new connections and waits for open ones to end. When ctx ends
 // first, it closes the sessions still open and returns how many it closed.

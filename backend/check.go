@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -106,8 +107,32 @@ func (p *Probe) password() (string, error) {
 // in ("" when the check does not tell roles apart). A nil error means it
 // answered as a working server of its kind, whatever its role.
 func (p *Probe) Check(ctx context.Context) (role string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
+	role, err = p.check(cctx)
+	if err != nil && ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)) {
+		// The probe's deadline closed the socket under a read or a dial:
+		// say so, not "use of closed network connection".
+		var wr *WrongRoleError
+		if !errors.As(err, &wr) {
+			err = &TimeoutError{Kind: p.Kind, After: p.Timeout}
+		}
+	}
+	return role, err
+}
+
+// TimeoutError is a check that got no (full) answer within its timeout.
+type TimeoutError struct {
+	Kind  string
+	After time.Duration
+}
+
+func (e *TimeoutError) Error() string { return e.Kind + " check timed out after " + e.After.String() }
+
+// Timeout reports true, as net.Error's timeouts do.
+func (e *TimeoutError) Timeout() bool { return true }
+
+func (p *Probe) check(ctx context.Context) (role string, err error) {
 	switch {
 	case p.Kind == "pgsql" && (p.roleWanted() || p.PasswordFile != ""):
 		return p.pgsqlLogin(ctx)

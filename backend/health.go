@@ -37,6 +37,10 @@ func (s State) String() string {
 		return "down"
 	case StateWrongRole:
 		return "wrong role"
+	case StateDraining:
+		return "draining"
+	case StateMaint:
+		return "maint"
 	}
 	return "up"
 }
@@ -52,12 +56,29 @@ func stateOf(bits int32) State {
 	return StateUp
 }
 
+// causeOf names the down bits briefly, for status tables.
+func causeOf(bits int32) string {
+	switch {
+	case bits&downResolve != 0:
+		return "resolve"
+	case bits&downActive != 0:
+		return "check"
+	case bits&downPassive != 0:
+		return "passive"
+	case bits&downRole != 0:
+		return "role"
+	}
+	return ""
+}
+
 // healthState is the part of Backend that health checks and passive
 // failures change.
 type healthState struct {
 	mu           sync.Mutex // protects the fields below (the down bits are atomic, in Backend)
 	reason       string     // why the last transition happened
 	upSince      time.Time  // when it last came up; zero if up since it was created
+	since        time.Time  // when its State last changed; zero if never
+	cause        string     // short form of reason: "check", "passive", "resolve", "role"; "" when up
 	checkOK      int        // consecutive successful checks
 	checkFail    int        // consecutive failed checks
 	fails        int        // passive: connect failures in the current window
@@ -110,7 +131,7 @@ func (b *Backend) setBits(set, clear int32, reason string, now time.Time) {
 		next := old&^clear | set
 		if old == next || b.down.CompareAndSwap(old, next) {
 			if stateOf(old) != stateOf(next) {
-				b.health.reason = reason
+				b.health.reason, b.health.since, b.health.cause = reason, now, causeOf(next)
 				if next == 0 {
 					b.health.upSince = now
 				}
@@ -221,12 +242,16 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 			return
 		case <-t.C:
 		}
+		start := time.Now()
 		role, err := spec.Probe.Check(ctx)
 		if ctx.Err() != nil {
 			return // stopped mid-probe: the result means nothing
 		}
+		now := time.Now()
 		b.observed(role)
-		b.checked(spec.Probe.verdict(role, err), spec.Rise, spec.Fall, time.Now())
+		err = spec.Probe.verdict(role, err)
+		b.checks.record(start, now.Sub(start), err)
+		b.checked(err, spec.Rise, spec.Fall, now)
 		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
 		t.Reset(spec.Interval + jitter)
 	}
@@ -242,20 +267,23 @@ func (b *Backend) observed(role string) {
 	b.health.mu.Unlock()
 }
 
-// AwaitRole keeps a backend whose role has never been checked out of
-// rotation until its first check: a service that wants a primary must not
-// send writes to a node it has not asked yet. That first result then
-// decides at once, without waiting for rise or fall. It does nothing to a
-// backend whose role a check has already seen.
-func (b *Backend) AwaitRole() {
+// AwaitRole keeps a backend whose checks now want role, and that no check
+// has yet seen in that role, out of rotation until its next check: a
+// service that wants a primary must not send writes to a node it has not
+// asked (or last saw as a replica). That result then decides at once,
+// without waiting for rise or fall. It does nothing to a backend last seen
+// in role.
+func (b *Backend) AwaitRole(role string) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.roleChecked || h.awaiting {
+	if h.roleChecked && h.role == role || h.awaiting {
 		return
 	}
 	h.awaiting = true
-	b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+	if b.down.Load() == 0 { // one already out of rotation keeps its state (and its log stays quiet)
+		b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+	}
 }
 
 // awaitingRole reports whether AwaitRole's first check is still to come.
@@ -310,6 +338,16 @@ func (b *Backend) SetAddressError(err error, now time.Time) {
 	} else {
 		b.setBit(downResolve, false, "address resolved", now)
 	}
+}
+
+// StartDown marks a backend down by its active checks before any has run
+// (it was down before a restart): rise passing checks bring it up. Without
+// active checks, ClearActive lifts it.
+func (b *Backend) StartDown(reason string) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	b.health.checkOK = 0
+	b.setBits(downActive, 0, reason, time.Now())
 }
 
 // ClearActive marks the backend up as far as active checks go, for when its

@@ -118,7 +118,7 @@ func (p *Pool) Forget(b *Backend) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := key{b.Service, b.Name}
-	if p.m[k] == b && b.Draining() {
+	if p.m[k] == b && b.draining.Load() {
 		delete(p.m, k)
 	}
 }

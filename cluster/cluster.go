@@ -40,6 +40,11 @@ import (
 
 // Instance is this fulcrum instance's place in a cluster.
 type Instance struct {
+	// OnChange, if set before use, is called after each Drain or Undrain
+	// that changed the state (not Stop), outside the lock: the state file
+	// keeps the operator's drain across restarts.
+	OnChange func()
+
 	tbl func() *sched.Table
 	log zerolog.Logger
 
@@ -70,12 +75,16 @@ type Status struct {
 // whether the state changed; a change is logged once.
 func (in *Instance) Drain(by string) bool {
 	in.mu.Lock()
-	defer in.mu.Unlock()
 	if in.draining {
+		in.mu.Unlock()
 		return false
 	}
 	in.draining, in.by, in.since = true, by, time.Now()
 	in.log.Warn().Str("by", by).Msg("instance draining: /healthz fails, connections are still served")
+	in.mu.Unlock()
+	if in.OnChange != nil {
+		in.OnChange()
+	}
 	return true
 }
 
@@ -83,16 +92,32 @@ func (in *Instance) Drain(by string) bool {
 // state changed; a stopping instance stays drained.
 func (in *Instance) Undrain(by string) bool {
 	in.mu.Lock()
-	defer in.mu.Unlock()
 	if !in.draining || in.stopping {
 		if in.stopping {
 			in.log.Warn().Str("by", by).Msg("instance is stopping; it stays drained")
 		}
+		in.mu.Unlock()
 		return false
 	}
 	in.draining, in.by, in.since = false, "", time.Time{}
 	in.log.Info().Str("by", by).Msg("instance undrained: /healthz follows the backends again")
+	in.mu.Unlock()
+	if in.OnChange != nil {
+		in.OnChange()
+	}
 	return true
+}
+
+// Drained reports an operator's drain, for the state file: who drained the
+// instance and since when; ok is false when it is not drained, or only
+// stopping.
+func (in *Instance) Drained() (by string, since time.Time, ok bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if !in.draining || (in.stopping && in.by == "shutdown") {
+		return "", time.Time{}, false
+	}
+	return in.by, in.since, true
 }
 
 // Stop marks the instance as shutting down: drained for good.

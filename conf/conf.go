@@ -73,11 +73,15 @@ type Admin struct {
 	// 421, so that a DNS name rebound to the admin address (DNS
 	// rebinding) cannot reach it from a browser. Default none. Lower case.
 	Hosts []string
+	// StateFile is where the instance drain, `fulcrum set` overrides and
+	// each backend's last known health are kept across restarts (an
+	// absolute path); "" (the default): nothing is kept.
+	StateFile string
 }
 
 // Equal reports whether a and b are the same settings.
 func (a Admin) Equal(b Admin) bool {
-	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts)
+	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts) && a.StateFile == b.StateFile
 }
 
 // Cluster is the [cluster] table: what an instance that shares a floating
@@ -375,6 +379,11 @@ func (w *walker) config(root *table) *Config {
 		}
 		cfg.Admin.Hosts = append(cfg.Admin.Hosts, h)
 	}
+	if f := at.str("state_file", ""); f != "" && !filepath.IsAbs(f) {
+		w.errorf(at.key("state_file"), "%q is not an absolute path, such as \"/var/lib/fulcrum/state.json\"", f)
+	} else {
+		cfg.Admin.StateFile = f
+	}
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -558,8 +567,8 @@ func (w *walker) health(ht *table, base Health) Health {
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
 	}
-	if ht.has("expect") {
-		re, err := regexp.Compile(ht.str("expect", ""))
+	if src := ht.str("expect", ""); ht.has("expect") {
+		re, err := regexp.Compile(src)
 		if err != nil {
 			w.errorf(ht.key("expect"), "not a regular expression: %v", err)
 		}

@@ -248,14 +248,14 @@ func findTarget(s *sched.Service, b *backend.Backend) (*sched.Target, bool) {
 	return nil, false
 }
 
-// AwaitRoles keeps each backend whose check wants a role, and whose role no
-// check has seen yet, out of rotation until its first check (see
+// AwaitRoles keeps each backend whose check wants a role, and that no check
+// has seen in that role, out of rotation until its next check (see
 // backend.AwaitRole): a writer service must not guess. Part of a reload's
 // commit, before the swap.
 func AwaitRoles(jobs []Job) {
 	for _, j := range jobs {
 		if r := j.Spec.Probe.Role; r == backend.RolePrimary || r == backend.RoleReplica {
-			j.B.AwaitRole()
+			j.B.AwaitRole(r)
 		}
 	}
 }
@@ -275,10 +275,10 @@ func expirePassive(t *sched.Table, now time.Time) time.Time {
 }
 
 // EffectiveWeight is a backend's weight as the schedulers see it at now:
-// 0 while it is down, and from 10% up to 100% of base during slow start
+// 0 while it is down or held by an operator's drain or maint, and from 10% up to 100% of base during slow start
 // after it came up (never below 1).
 func EffectiveWeight(base int, slowStart time.Duration, b *backend.Backend, now time.Time) int {
-	if base == 0 {
+	if o, _, _ := b.Override(); base == 0 || o != backend.Ready {
 		return 0
 	}
 	up, _, since := b.Health()

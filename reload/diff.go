@@ -3,9 +3,13 @@ package reload
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
+	"strings"
+	"unicode"
 
 	"github.com/rs/zerolog"
 
+	"fulcrum/conf"
 	"fulcrum/sched"
 )
 
@@ -17,14 +21,98 @@ type changes struct {
 	reweighted []string // service/backend old→new
 	moved      []string // service/backend old address→new
 	schedulers []string // service old→new
+	settings   []string // every other changed setting: key old→new
+	initial    bool     // the first configuration: nothing to compare with
 }
 
 // maxListed bounds each list in the report line; the rest is counted.
 const maxListed = 20
 
+// skipped are the fields reported in their own lists (membership,
+// weights, addresses, schedulers, listeners) or that are not settings.
+var skipped = map[string]bool{"File": true, "Digest": true, "Name": true, "Weight": true, "Address": true, "Addr": true,
+	"Host": true, "Scheduler": true, "Listen": true, "CheckAddr": true, "CheckHost": true}
+
+// settingChanges lists every setting whose value differs between old and
+// next as "key old→new" (keys in snake case, services and backends by
+// name), apart from what diff reports in its own lists.
+func settingChanges(old, next *conf.Config) []string {
+	if old == nil || next == nil {
+		return nil
+	}
+	var out []string
+	var walk func(path string, a, b reflect.Value)
+	walk = func(path string, a, b reflect.Value) {
+		switch {
+		case a.Kind() == reflect.Struct && a.Type().PkgPath() == "fulcrum/conf":
+			for i := range a.NumField() {
+				f := a.Type().Field(i)
+				if !f.IsExported() || skipped[f.Name] {
+					continue
+				}
+				key := path
+				if !f.Anonymous {
+					key = join(path, snake(f.Name))
+				}
+				walk(key, a.Field(i), b.Field(i))
+			}
+		case a.Kind() == reflect.Slice && a.Type().Elem().Kind() == reflect.Struct && a.Type().Elem().PkgPath() == "fulcrum/conf":
+			byName := map[string]reflect.Value{}
+			for i := range b.Len() {
+				byName[b.Index(i).FieldByName("Name").String()] = b.Index(i)
+			}
+			for i := range a.Len() { // only those in both: the rest is membership
+				n := a.Index(i).FieldByName("Name").String()
+				if bv, ok := byName[n]; ok {
+					walk(join(path, n), a.Index(i), bv)
+				}
+			}
+		case !reflect.DeepEqual(a.Interface(), b.Interface()):
+			out = append(out, fmt.Sprintf("%s %v→%v", path, show(a), show(b)))
+		}
+	}
+	walk("", reflect.ValueOf(*old), reflect.ValueOf(*next))
+	return out
+}
+
+// show formats a setting's value for the report.
+func show(v reflect.Value) any {
+	if v.Kind() == reflect.String && v.String() == "" {
+		return `""`
+	}
+	if v.Kind() == reflect.Pointer && v.IsNil() {
+		return "none"
+	}
+	return v.Interface()
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// snake turns a Go field name into the file's key style: DrainTimeout →
+// drain_timeout, MaxConnsPerSource → max_conns_per_source.
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 && !unicode.IsUpper(rune(s[i-1])) {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 func diff(old, next *sched.Table) changes {
 	var c changes
 	if old == nil {
+		c.initial = true
 		return c
 	}
 	for _, ns := range next.Services {
@@ -88,6 +176,10 @@ func (c changes) log(e *zerolog.Event, opened, closed []netip.AddrPort) {
 	list("reweighted", c.reweighted)
 	list("moved", c.moved)
 	list("schedulers", c.schedulers)
+	list("settings", c.settings)
+	if !c.initial && len(c.services)+len(c.added)+len(c.removed)+len(c.reweighted)+len(c.moved)+len(c.schedulers)+len(c.settings)+len(opened)+len(closed) == 0 {
+		e.Bool("unchanged", true) // the file changed, the configuration did not (a comment, a reordering)
+	}
 	addrs := func(as []netip.AddrPort) []string {
 		out := make([]string, len(as))
 		for i, a := range as {

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -27,8 +29,9 @@ var errOverflow = errors.New("inotify event queue overflowed; events were lost")
 // event is one inotify event: Name is the watched directory joined with the
 // file's name, or the directory itself for events about it.
 type event struct {
-	Name string
-	Mask uint32 // unix.IN_*
+	Name   string
+	Mask   uint32 // unix.IN_*
+	synced bool   // Sync's marker: every event queued before it came first
 }
 
 func (e event) has(mask uint32) bool { return e.Mask&mask != 0 }
@@ -43,6 +46,8 @@ type watcher struct {
 	f    *os.File      // fd in Go's poller, so that Close unblocks the read
 	done chan struct{} // closed by Close
 	exit chan struct{} // closed when the reading goroutine has returned
+
+	syncing atomic.Bool // a Sync waits for its marker
 
 	mu   sync.Mutex     // protects dirs and wds
 	dirs map[int]string // watch descriptor → directory
@@ -100,53 +105,107 @@ func (w *watcher) Close() error {
 	return err
 }
 
+// Sync returns once every event the kernel queued before it was called
+// has been handed to handle (and every error to handleErr), in order;
+// those that arrive meanwhile are handed on too. Only the goroutine that
+// receives Events and Errors may call it.
+func (w *watcher) Sync(handle func(event), handleErr func(error)) {
+	w.syncing.Store(true)
+	w.f.SetReadDeadline(time.Now()) // out of a waiting Read, or none for the next one
+	for {
+		select {
+		case ev := <-w.Events:
+			if ev.synced {
+				return
+			}
+			handle(ev)
+		case err := <-w.Errors:
+			handleErr(err)
+		case <-w.done:
+			return
+		}
+	}
+}
+
 // read turns what the kernel reports into events until Close.
 func (w *watcher) read() {
 	defer close(w.exit)
 	var buf [64 << 10]byte
 	for {
 		n, err := w.f.Read(buf[:])
-		if err != nil {
-			if errors.Is(err, os.ErrClosed) {
+		switch {
+		case err == nil:
+			if !w.deliver(buf[:n]) {
 				return
 			}
+		case errors.Is(err, os.ErrDeadlineExceeded) && w.syncing.Swap(false):
+			w.f.SetReadDeadline(time.Time{}) // before the marker: a later Sync sets it again
+			for {                            // what the kernel holds now, without waiting
+				n, err := unix.Read(w.fd, buf[:])
+				if err != nil || n <= 0 {
+					break
+				}
+				if !w.deliver(buf[:n]) {
+					return
+				}
+			}
+			if !w.send(event{synced: true}) {
+				return
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			w.f.SetReadDeadline(time.Time{})
+		case errors.Is(err, os.ErrClosed):
+			return
+		default:
 			if !w.sendErr(err) {
 				return
 			}
+		}
+	}
+}
+
+// deliver sends the events in b, a whole number of them; false when the
+// watcher is closing.
+func (w *watcher) deliver(b []byte) bool {
+	for off := 0; off+unix.SizeofInotifyEvent <= len(b); {
+		raw := (*unix.InotifyEvent)(unsafe.Pointer(&b[off]))
+		name := b[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
+		off += unix.SizeofInotifyEvent + int(raw.Len)
+		if raw.Mask&unix.IN_Q_OVERFLOW != 0 {
+			if !w.sendErr(errOverflow) {
+				return false
+			}
 			continue
 		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			raw := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			name := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(raw.Len)]
-			off += unix.SizeofInotifyEvent + int(raw.Len)
-			if raw.Mask&unix.IN_Q_OVERFLOW != 0 {
-				if !w.sendErr(errOverflow) {
-					return
-				}
-				continue
-			}
-			w.mu.Lock()
-			dir, ok := w.dirs[int(raw.Wd)]
-			if raw.Mask&unix.IN_IGNORED != 0 && ok { // the kernel dropped the watch: its directory is gone
-				delete(w.dirs, int(raw.Wd))
-				if w.wds[dir] == int(raw.Wd) {
-					delete(w.wds, dir)
-				}
-			}
-			w.mu.Unlock()
-			if !ok {
-				continue // a watch removed since
-			}
-			ev := event{Name: dir, Mask: raw.Mask}
-			if i := indexNUL(name); i > 0 {
-				ev.Name = filepath.Join(dir, string(name[:i]))
-			}
-			select {
-			case w.Events <- ev:
-			case <-w.done:
-				return
+		w.mu.Lock()
+		dir, ok := w.dirs[int(raw.Wd)]
+		if raw.Mask&unix.IN_IGNORED != 0 && ok { // the kernel dropped the watch: its directory is gone
+			delete(w.dirs, int(raw.Wd))
+			if w.wds[dir] == int(raw.Wd) {
+				delete(w.wds, dir)
 			}
 		}
+		w.mu.Unlock()
+		if !ok {
+			continue // a watch removed since
+		}
+		ev := event{Name: dir, Mask: raw.Mask}
+		if i := indexNUL(name); i > 0 {
+			ev.Name = filepath.Join(dir, string(name[:i]))
+		}
+		if !w.send(ev) {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *watcher) send(ev event) bool {
+	select {
+	case w.Events <- ev:
+		return true
+	case <-w.done:
+		return false
 	}
 }
 

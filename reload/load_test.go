@@ -370,8 +370,8 @@ func TestRunSchedulerAndListener(t *testing.T) {
 
 	renameOver(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0", second}, scheduler: "lc", backends: bs}))
 	r.expectGen(2, 3*time.Second)
-	if _, ok := r.ptr.Load().Services[0].Picker.(*sched.LeastConn); !ok {
-		t.Errorf("picker = %T; want lc", r.ptr.Load().Services[0].Picker)
+	if s := r.ptr.Load().Services[0]; s.Scheduler != "lc" || fmt.Sprintf("%T", s.Picker) != "*sched.leastConnSched" {
+		t.Errorf("scheduler %s, picker %T; want lc", s.Scheduler, s.Picker)
 	}
 	if name, err := greeting(second); err != nil || name == "" {
 		t.Errorf("the new listener: %q, %v", name, err)

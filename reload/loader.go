@@ -18,12 +18,17 @@ import (
 type loadReq struct {
 	file  bool // read the file and apply it if its content changed
 	force bool // read and apply it even if unchanged (SIGHUP)
+	again bool // read and apply it even if unchanged: the last read was dropped, taken mid-write
 	dns   bool // resolve the running configuration's names again, applying a change
+	// recheck: the periodic re-read ([reload] recheck) asked, not a file
+	// event; it names the trigger only when nothing else asked too.
+	recheck bool
 }
 
 // merge folds a request that was still pending into r.
 func (r loadReq) merge(o loadReq) loadReq {
-	return loadReq{file: r.file || o.file, force: r.force || o.force, dns: r.dns || o.dns}
+	return loadReq{file: r.file || o.file, force: r.force || o.force, dns: r.dns || o.dns, again: r.again || o.again,
+		recheck: (r.recheck || !r.file) && (o.recheck || !o.file)}
 }
 
 // loaded is the loader's answer: a configuration to apply with its names
@@ -32,7 +37,7 @@ type loaded struct {
 	cfg     *conf.Config
 	dns     names
 	err     error
-	trigger string // what led to it: "file", "sighup" or "dns"
+	trigger string // what led to it: "file" (an inotify event), "recheck", "sighup" or "dns"
 }
 
 type loader struct {
@@ -92,7 +97,7 @@ func (l *loader) run(ctx context.Context) {
 // configuration's names again.
 func (l *loader) load(ctx context.Context, req loadReq) loaded {
 	if req.file || req.force {
-		if res, done := l.read(ctx, req.force); done || !req.dns {
+		if res, done := l.read(ctx, req.force, req.again, req.recheck); done || !req.dns {
 			return res
 		}
 	}
@@ -101,7 +106,7 @@ func (l *loader) load(ctx context.Context, req loadReq) loaded {
 
 // read reads the file; done is false when its content is what was last
 // tried (and not force), so there is nothing to apply.
-func (l *loader) read(ctx context.Context, force bool) (res loaded, done bool) {
+func (l *loader) read(ctx context.Context, force, again, recheck bool) (res loaded, done bool) {
 	m := l.m
 	data, err := conf.Read(m.path) // refuses a file above conf.MaxSize before reading it
 	if err != nil {
@@ -112,14 +117,14 @@ func (l *loader) read(ctx context.Context, force bool) (res loaded, done bool) {
 			}
 			return loaded{}, false
 		}
-		return loaded{err: err}, true
+		return loaded{err: err, trigger: "file"}, true
 	}
 	if l.gone {
 		l.gone = false
 		m.log.Info().Str("file", m.path).Msg("configuration file is back")
 	}
 	digest := sha256.Sum256(data)
-	if !force && digest == l.tried {
+	if !force && !again && digest == l.tried {
 		return loaded{}, false
 	}
 	l.tried = digest
@@ -127,8 +132,11 @@ func (l *loader) read(ctx context.Context, force bool) (res loaded, done bool) {
 		m.log.Warn().Msg(why)
 	}
 	trigger := "file"
-	if force {
+	switch {
+	case force:
 		trigger = "sighup"
+	case recheck:
+		trigger = "recheck" // inotify missed the change (or could not watch)
 	}
 	cfg, err := conf.Parse(m.path, data)
 	if err != nil {

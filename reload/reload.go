@@ -19,6 +19,7 @@
 package reload
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -36,6 +37,7 @@ import (
 	"fulcrum/health"
 	"fulcrum/listener"
 	"fulcrum/sched"
+	"fulcrum/status"
 	"fulcrum/systemd"
 )
 
@@ -60,6 +62,18 @@ type Manager struct {
 	// ResolveTimeout, if set before Run or the first Apply, bounds one round
 	// of name resolution (every name at once); 0 is DefaultResolveTimeout.
 	ResolveTimeout time.Duration
+	// StateFile, if set before Run, is where the instance drain, overrides
+	// and last known health are written ([admin] state_file); see
+	// SavedState. "" writes nothing.
+	StateFile string
+	// Instance, if set before Run, reports the instance's drain for the
+	// state file: who drained it and since when, ok false when it is not
+	// drained by an operator.
+	Instance func() (by string, since time.Time, ok bool)
+	// Alive, if set before Run, is the liveness probe the watchdog ping
+	// depends on: it reports whether every accept loop has answered within
+	// maxAge. nil is the Server's own (listener.Server.Alive).
+	Alive func(maxAge time.Duration) bool
 	// Sockets, if set before the first Apply, names the listening sockets
 	// passed by systemd (FileDescriptorName= → addresses): a service of that
 	// name also listens on them, whatever its listen list says.
@@ -69,7 +83,9 @@ type Manager struct {
 	ptr    *atomic.Pointer[sched.Table]
 	srv    *listener.Server
 	log    zerolog.Logger
+	ovlog  zerolog.Logger // overrides and restored state, under component "state"
 	pool   backend.Pool
+	dirty  chan struct{}      // StateChanged → saveLoop
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
@@ -79,25 +95,22 @@ type Manager struct {
 	stopped    bool            // Shutdown has run
 	drainCtx   context.Context // parent of every drain; ended by stopDrains when Shutdown's context ends
 	stopDrains context.CancelFunc
-	seq        atomic.Uint64 // the last Table.Seq handed out
+	seq        atomic.Uint64              // the last Table.Seq handed out
+	restore    map[[2]string]SavedBackend // Restore's state, for the first apply; nil after it
 
-	statusMu sync.Mutex // protects status
+	statusMu sync.Mutex // protects status and draining
 	status   Status
+	draining map[*backend.Backend]status.Drain // backends whose drain goroutine runs, for status views
 }
 
-// Status describes the reload history, for status views.
-type Status struct {
-	Generation  uint64    // of the running table; 0 before the first apply
-	Applied     time.Time // when that generation was applied
-	Reloads     uint64    // reloads applied, the first configuration excluded
-	Failed      uint64    // reloads refused
-	LastError   string    // why the last attempt was refused; "" if it was applied
-	LastAttempt time.Time
-}
+// Status describes the reload history, for status views: the history part
+// of the one status type.
+type Status = status.Reload
 
 // New returns a Manager for the file at path.
 func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
-	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger()}
+	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
+		ovlog: log.With().Str("component", "state").Logger(), dirty: make(chan struct{}, 1)}
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
 	m.health = health.New(log, ptr.Load, m.refresh)
 	m.pool.Changes = m.health.Changes()
@@ -129,32 +142,29 @@ func (m *Manager) refresh() {
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
 	m.ptr.Store(p.table)
 	m.swapped(old, p.table)
+	m.StateChanged() // health may have changed
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
 // services, backends up of total, open connections, and the last reload
 // error if the last attempt failed.
 func (m *Manager) StatusLine() string {
-	st := m.Status()
-	t := m.ptr.Load()
-	if t == nil {
-		return "starting"
+	return status.Of(status.Source{Table: m.ptr.Load, Reloads: m.Status, Draining: m.Draining}).Line()
+}
+
+// Draining returns the backends being drained now (removed from the
+// configuration, or all of them at shutdown), each with its deadline.
+func (m *Manager) Draining() []status.Drain {
+	m.statusMu.Lock()
+	defer m.statusMu.Unlock()
+	out := make([]status.Drain, 0, len(m.draining))
+	for _, d := range m.draining {
+		out = append(out, d)
 	}
-	up, total, open := 0, 0, int64(0)
-	for _, s := range t.Services {
-		for _, tg := range s.All() {
-			total++
-			if !tg.B.Down() && !tg.B.Draining() {
-				up++
-			}
-			open += tg.B.Active()
-		}
-	}
-	line := fmt.Sprintf("generation %d; %d services; backends %d/%d up; %d connections", t.Gen, len(t.Services), up, total, open)
-	if st.LastError != "" {
-		line += "; last reload failed: " + st.LastError
-	}
-	return line
+	slices.SortFunc(out, func(a, b status.Drain) int {
+		return cmp.Or(cmp.Compare(a.B.Service, b.B.Service), cmp.Compare(a.B.Name, b.B.Name))
+	})
+	return out
 }
 
 // Status returns the reload history.
@@ -236,6 +246,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 
 	// Commit: from here nothing fails.
 	d := diff(old, p.table) // before settle: removed backends still show their open connections
+	d.settings = settingChanges(m.cur, cfg)
 	p.draft.Commit()
 	for _, r := range p.rates {
 		r.g.SetRate(r.perSecond, r.burst)
@@ -244,6 +255,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		b.SetAddressError(err, start)
 	}
 	m.dns = dns
+	m.restoreOnce(p)          // before the swap: a backend down before a restart takes nothing
 	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
 	m.ptr.Store(p.table)
 	m.swapped(old, p.table)
@@ -262,6 +274,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 			Msg("log.format changes only at restart; keeping the running format")
 	}
 	m.cur = cfg
+	m.StateChanged()
 	took := time.Since(start)
 
 	m.statusMu.Lock()
@@ -316,9 +329,6 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
-		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
-			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
-		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
@@ -364,6 +374,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			KeepAliveIdle:     cs.KeepAliveIdle,
 			KeepAliveInterval: cs.KeepAliveInterval,
 			KeepAliveCount:    cs.KeepAliveCount,
+			HalfCloseTimeout:  cs.HalfCloseTimeout,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
@@ -392,7 +403,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 		}
 		for _, a := range svc.Listen {
-			listen[a] = svc
+			if listen[a] == nil { // a routed address: any of its services (they agree on accept_proxy)
+				listen[a] = svc
+			}
 		}
 	}
 	for i, cs := range cfg.Services {
@@ -401,6 +414,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 	}
 	p.table = sched.NewTable(gen, services, listen)
+	if err := routes(cfg, p.table); err != nil {
+		return nil, err
+	}
 	p.table.Seq = m.seq.Add(1)
 	return p, nil
 }
@@ -456,22 +472,45 @@ func (m *Manager) settle(old, next *sched.Table) {
 		return
 	}
 	for _, s := range old.Services {
-		for _, t := range s.All() {
+		for i, t := range s.All() {
 			if !kept[t.B] {
 				kept[t.B] = true // once, even if listed twice
-				m.drain(t.B, s.DrainTimeout)
+				if o, _, _ := t.B.Override(); o != backend.Ready {
+					t.B.SetOverride(backend.Ready, "removal", time.Now()) // an override ends with its backend
+					m.log.Info().Str("service", s.Name).Str("backend", t.B.Name).Str("was", o.String()).Msg("override cleared: backend removed")
+				}
+				m.drain(t, i >= len(s.Targets), s.DrainTimeout)
 			}
 		}
 	}
 }
 
-// drain stops new connections to b and closes what is still open after
-// timeout (0 = wait for them to end), or as soon as Shutdown's context ends.
-func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
+// drain stops new connections to t's backend and closes what is still open
+// after timeout (0 = wait for them to end), or as soon as Shutdown's context
+// ends. Until then the backend is listed by Draining.
+func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration) {
+	b := t.B
 	b.StopNew() // at once, not when the goroutine gets to run
+	d := status.Drain{B: b, Addr: t.Addr, Backup: backup}
+	if timeout > 0 {
+		d.Deadline = time.Now().Add(timeout)
+	}
+	m.statusMu.Lock()
+	if m.draining == nil {
+		m.draining = map[*backend.Backend]status.Drain{}
+	}
+	m.draining[b] = d
+	m.statusMu.Unlock()
 	m.drains.Add(1)
 	go func() { // exits when b's sessions have ended or been closed
 		defer m.drains.Done()
+		defer func() {
+			m.statusMu.Lock()
+			if m.draining[b] == d { // not a later drain of the same backend
+				delete(m.draining, b)
+			}
+			m.statusMu.Unlock()
+		}()
 		ctx, cancel := context.WithCancel(m.drainCtx)
 		if timeout > 0 {
 			ctx, cancel = context.WithTimeout(m.drainCtx, timeout)
@@ -481,7 +520,10 @@ func (m *Manager) drain(b *backend.Backend, timeout time.Duration) {
 		closed := b.Drain(ctx)
 		m.pool.Forget(b)
 		e := m.log.Info()
-		if active == 0 {
+		switch {
+		case closed > 0: // sessions were cut: worth seeing
+			e = m.log.Warn()
+		case active == 0:
 			e = m.log.Debug()
 		}
 		e.Str("service", b.Service).Str("backend", b.Name).Int64("open_at_start", active).
@@ -500,12 +542,22 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		m.stopped = true
 		m.notify(systemd.Stopping)
 		m.srv.Close()
-		m.log.Info().Msg("stopped accepting; draining connections")
+		var open int64
+		var longest time.Duration
+		if t := m.ptr.Load(); t != nil {
+			for _, s := range t.Services {
+				longest = max(longest, s.DrainTimeout)
+				for _, tg := range s.All() {
+					open += tg.B.Active()
+				}
+			}
+		}
+		m.log.Info().Int64("open", open).Stringer("drain_timeout", longest).Msg("stopped accepting; draining connections")
 		m.health.Stop()
 		if t := m.ptr.Load(); t != nil {
 			for _, s := range t.Services {
-				for _, tg := range s.All() {
-					m.drain(tg.B, s.DrainTimeout)
+				for i, tg := range s.All() {
+					m.drain(tg, i >= len(s.Targets), s.DrainTimeout)
 				}
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -407,10 +408,14 @@ func TestRunBadFiles(t *testing.T) {
 			t.Errorf("%s: status = %+v; want failure %d or later with %q", c.name, st, i+1, c.want)
 		}
 		line := r.logs.Wait(t, time.Second, "refusing "+c.name, func(m map[string]any) bool {
-			return m["level"] == "error" && strings.Contains(fmt.Sprint(m["message"]), c.want)
+			return m["level"] == "error" && strings.Contains(fmt.Sprint(m["errors"]), c.want)
 		})
-		if !strings.HasPrefix(fmt.Sprint(line["message"]), "reload refused, generation 1 keeps serving: ") {
-			t.Errorf("%s: log line %q", c.name, line["message"])
+		if !strings.HasPrefix(fmt.Sprint(line["message"]), "reload refused, generation 1 keeps serving: ") || line["trigger"] != "file" {
+			t.Errorf("%s: log line %q (trigger %v)", c.name, line["message"], line["trigger"])
+		}
+		// Each problem is its own entry, none of them joined.
+		if errs, ok := line["errors"].([]any); !ok || len(errs) == 0 || slices.ContainsFunc(errs, func(e any) bool { return strings.Contains(fmt.Sprint(e), "\n") }) {
+			t.Errorf("%s: errors field %#v; want one entry per problem", c.name, line["errors"])
 		}
 	}
 	writeInPlace(t, r.path, strings.Replace(good, "weight = 1", "weight = 2", 1))
@@ -445,6 +450,10 @@ func TestRunHalfWritten(t *testing.T) {
 		)
 	}
 	r := startRun(t, t.TempDir(), text(1))
+	// An edit first, so that the check Run makes at start (off the loop) is
+	// done: a read asked for before the writer began could see half a file.
+	renameOver(t, r.path, text(2))
+	r.expectGen(2, 3*time.Second)
 
 	stop := make(chan struct{})
 	bad := make(chan string, 1)
@@ -474,14 +483,14 @@ func TestRunHalfWritten(t *testing.T) {
 	defer f.Close() // on failure; closed below
 	f.WriteString(full[:cut])
 	time.Sleep(400 * time.Millisecond) // the writer's pause, part of the scenario
-	if st := r.m.Status(); st.Failed != 0 || r.gen() != 1 {
+	if st := r.m.Status(); st.Failed != 0 || r.gen() != 2 {
 		t.Errorf("while the writer paused: generation %d, status %+v; want the file not read yet", r.gen(), st)
 	}
 	f.WriteString(full[cut:])
 	f.Close()
 	r.attempt(3 * time.Second)
-	if g, st := r.gen(), r.m.Status(); g != 2 || st.Failed != 0 {
-		t.Fatalf("after the writer closed the file: generation %d, status %+v; want 2, the first attempt", g, st)
+	if g, st := r.gen(), r.m.Status(); g != 3 || st.Failed != 0 {
+		t.Fatalf("after the writer closed the file: generation %d, status %+v; want 3, the first attempt", g, st)
 	}
 	close(stop)
 	if msg, ok := <-bad; ok {

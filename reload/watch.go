@@ -46,6 +46,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		r.w, events, werrs = w, w.Events, w.Errors
 		r.rewatch()
 	}
+	sctx, stopSaver := context.WithCancel(context.Background())
+	saverDone := make(chan struct{})
+	go func() { m.saveLoop(sctx); close(saverDone) }() // exits when stopSaver is called, as Run returns, after its last write
+	defer func() { stopSaver(); <-saverDone }()        // after Shutdown: the state at exit is written
 	if err := m.Apply(cfg); err != nil {
 		m.srv.Close()
 		return err
@@ -75,6 +79,20 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	healthDone := make(chan struct{})
 	go func() { m.health.Run(hctx); close(healthDone) }() // exits when stopHealth is called, as Run returns
 	defer func() { stopHealth(); <-healthDone }()
+	onEvent := func(ev event) {
+		switch r.classify(ev) {
+		case evFile, evDirs:
+			debounce.Reset(r.cfg.Debounce)
+		case evWriting:
+			debounce.Stop() // read when the writer closes the file
+		}
+	}
+	onErr := func(err error) {
+		m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
+		r.writing = false // its close may be among the lost events
+		r.rewatch()       // so may a directory's removal
+		debounce.Reset(r.cfg.Debounce)
+	}
 	var watchdog <-chan time.Time
 	if m.Watchdog > 0 {
 		t := time.NewTicker(m.Watchdog)
@@ -91,31 +109,27 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 				events = nil
 				continue
 			}
-			switch r.classify(ev) {
-			case evFile, evDirs:
-				debounce.Reset(r.cfg.Debounce)
-			case evWriting:
-				debounce.Stop() // read when the writer closes the file
-			}
+			onEvent(ev)
 		case err, ok := <-werrs:
 			if !ok {
 				werrs = nil
 				continue
 			}
-			m.log.Warn().Err(err).Msg("file watcher error; re-reading the configuration")
-			r.writing = false // its close may be among the lost events
-			r.rewatch()       // so may a directory's removal
-			debounce.Reset(r.cfg.Debounce)
+			onErr(err)
 		case <-debounce.C:
 			r.check(false)
 			r.resetRecheck(recheck)
 		case <-recheck.C:
 			if !r.writing { // a writer at work: its close brings the read
-				r.check(false)
+				r.rewatch()
+				r.ld.request(loadReq{file: true, recheck: true})
 			}
 		case <-resolveTick.C:
 			r.ld.request(loadReq{dns: true})
 		case res := <-r.ld.out:
+			if r.w != nil { // every event the kernel has first: a writer may have begun since the read was asked for
+				r.w.Sync(onEvent, onErr)
+			}
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
 		case <-m.Hup:
@@ -126,7 +140,11 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
 			// or systemd hears nothing.
-			if m.srv.Alive(2 * m.Watchdog) {
+			alive := m.srv.Alive
+			if m.Alive != nil {
+				alive = m.Alive
+			}
+			if alive(2 * m.Watchdog) {
 				m.notify(systemd.Watchdog + "\n" + systemd.Status(m.StatusLine()))
 			} else {
 				m.log.Error().Msg("an accept loop did not answer; withholding the watchdog ping")
@@ -144,6 +162,7 @@ type runner struct {
 	real    string           // the path with symlinks resolved at the last rewatch; "" if it did not resolve
 	missing string           // a wanted directory that is gone, watched through its parent; "" if none
 	writing bool             // the file was written and not yet closed by its writer
+	again   bool             // a read was dropped for being taken mid-write: the next must apply even if unchanged
 	cfg     conf.Reload      // of the running configuration
 }
 
@@ -169,7 +188,7 @@ const (
 
 // classify tells what ev means, and tracks whether a writer is at work.
 func (r *runner) classify(ev event) int {
-	path := r.m.path
+	path := filepath.Clean(r.m.path) // as event names are spelled
 	if _, ok := r.watched[ev.Name]; ok && ev.has(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF|unix.IN_IGNORED) {
 		r.rewatch()
 		return evDirs
@@ -223,7 +242,8 @@ func (r *runner) resetRecheck(t *time.Ticker) {
 // loop as a loaded value.
 func (r *runner) check(force bool) {
 	r.rewatch() // before the read: a directory may be back
-	r.ld.request(loadReq{file: true, force: force, dns: force})
+	r.ld.request(loadReq{file: true, force: force, dns: force, again: r.again})
+	r.again = false
 }
 
 // applyLoaded applies what the loader read, on Run's loop: binding and
@@ -235,21 +255,29 @@ func (r *runner) applyLoaded(res loaded) {
 	if res.cfg == nil && res.err == nil {
 		return // unchanged
 	}
+	if r.writing && res.trigger != "dns" {
+		// Read while a writer had the file open: maybe half of it. Its close
+		// brings the next read, which must apply even if the content is
+		// what was read now (the writer may have been done but for closing).
+		r.again = true
+		return
+	}
 	m.notify(systemd.Reloading())
 	err := res.err
 	if err == nil {
 		err = m.apply(res.cfg, res.dns, res.trigger)
 	}
 	if err != nil {
-		r.refuse(err)
+		r.refuse(err, res.trigger)
 	} else {
 		r.cfg = res.cfg.Reload
 	}
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
 }
 
-// refuse records and logs a reload that was not applied, on one line.
-func (r *runner) refuse(err error) {
+// refuse records and logs a reload that was not applied, on one line whose
+// errors field holds each problem as its own entry.
+func (r *runner) refuse(err error, trigger string) {
 	m := r.m
 	msg := strings.ReplaceAll(err.Error(), "\n", "; ")
 	m.statusMu.Lock()
@@ -257,7 +285,28 @@ func (r *runner) refuse(err error) {
 	m.status.LastError, m.status.LastAttempt = msg, time.Now()
 	gen := m.status.Generation
 	m.statusMu.Unlock()
-	m.log.Error().Uint64("generation", gen).Msgf("reload refused, generation %d keeps serving: %s", gen, msg)
+	var list []string
+	for _, e := range flatten(err) {
+		list = append(list, strings.ReplaceAll(e.Error(), "\n", "; "))
+	}
+	e := m.log.Error().Uint64("generation", gen).Strs("errors", list)
+	if trigger != "" {
+		e = e.Str("trigger", trigger)
+	}
+	e.Msgf("reload refused, generation %d keeps serving: %d problems", gen, len(list))
+}
+
+// flatten lists the errors joined in err (errors.Join, as conf returns
+// every problem), or err alone.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
 }
 
 // rewatch keeps the watch set to the file's directory and, when the path is

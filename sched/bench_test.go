@@ -74,7 +74,7 @@ func BenchmarkBuild(b *testing.B) {
 	b.Run("swrr-sequence/n=100", func(b *testing.B) { // the largest swrr that precomputes here
 		ts := benchTargets(100)
 		for b.Loop() {
-			if s := NewSmoothWeightedRoundRobin(ts, nil); s.cur != nil {
+			if s := newSmoothWeightedRoundRobin(ts, nil); s.cur != nil {
 				b.Fatal("built the state machine")
 			}
 		}
@@ -105,7 +105,7 @@ func (s *mutexRR) Pick(r *Request) (int, error) {
 // mutexWRR is the LVS walk with its (cl, cw) under a mutex, as the kernel
 // does with its sched_lock.
 type mutexWRR struct {
-	s      *WeightedRoundRobin
+	s      *weightedRoundRobin
 	mu     sync.Mutex // protects cl, cw
 	cl, cw int
 }
@@ -136,19 +136,19 @@ func (m *mutexWRR) Pick(r *Request) (int, error) {
 // same sequence (tests hold them to it), so the faster is kept.
 func BenchmarkContention(b *testing.B) {
 	ts := benchTargets(100)
-	wrr := NewWeightedRoundRobin(ts, nil)
-	walk := forceWalk(NewWeightedRoundRobin(ts, nil))
+	wrr := newWeightedRoundRobin(ts, nil)
+	walk := forceWalk(newWeightedRoundRobin(ts, nil))
 	for _, c := range []struct {
 		name string
 		p    Picker
 	}{
-		{"rr/atomic", NewRoundRobin(ts, nil)},
+		{"rr/atomic", newRoundRobin(ts, nil)},
 		{"rr/mutex", &mutexRR{ts: ts}},
 		{"wrr/atomic-cycle", wrr},
 		{"wrr/cas-walk", walk},
 		{"wrr/mutex-walk", &mutexWRR{s: walk, cl: -1, cw: walk.mw}},
-		{"swrr/atomic-sequence", NewSmoothWeightedRoundRobin(ts, nil)},
-		{"swrr/mutex-statemachine", forceStateMachine(NewSmoothWeightedRoundRobin(ts, nil))},
+		{"swrr/atomic-sequence", newSmoothWeightedRoundRobin(ts, nil)},
+		{"swrr/mutex-statemachine", forceStateMachine(newSmoothWeightedRoundRobin(ts, nil))},
 	} {
 		b.Run(c.name+"/n=100", func(b *testing.B) {
 			b.ReportAllocs()
@@ -169,11 +169,11 @@ func BenchmarkContention(b *testing.B) {
 // sequences as the production forms, so the comparison is like for like.
 func TestMutexBaselinesMatch(t *testing.T) {
 	ts := benchTargets(100)
-	walk := forceWalk(NewWeightedRoundRobin(ts, nil))
-	if a, b := picks(NewWeightedRoundRobin(ts, nil), ts, 2000), picks(&mutexWRR{s: walk, cl: -1, cw: walk.mw}, ts, 2000); !slices.Equal(a, b) {
+	walk := forceWalk(newWeightedRoundRobin(ts, nil))
+	if a, b := picks(newWeightedRoundRobin(ts, nil), ts, 2000), picks(&mutexWRR{s: walk, cl: -1, cw: walk.mw}, ts, 2000); !slices.Equal(a, b) {
 		t.Error("mutexWRR differs from wrr")
 	}
-	if a, b := picks(NewRoundRobin(ts, nil), ts, 300), picks(&mutexRR{ts: ts}, ts, 300); !slices.Equal(a, b) {
+	if a, b := picks(newRoundRobin(ts, nil), ts, 300), picks(&mutexRR{ts: ts}, ts, 300); !slices.Equal(a, b) {
 		t.Error("mutexRR differs from rr")
 	}
 }
@@ -244,7 +244,7 @@ func BenchmarkWeightedRandom(b *testing.B) {
 		for i := range ts {
 			ts[i] = Target{B: backend.New("s", "b"+itoa(i)), Weight: 1 + r.IntN(1000)}
 		}
-		alias, array, prefix := NewWeightedRandom(ts, nil), newArrayRandom(ts), newPrefixRandom(ts)
+		alias, array, prefix := newWeightedRandom(ts, nil), newArrayRandom(ts), newPrefixRandom(ts)
 		sink := 0
 		b.Run("alias/n="+itoa(n), func(b *testing.B) {
 			b.ReportMetric(float64(len(alias.col)*16), "table-B")
@@ -266,7 +266,7 @@ func BenchmarkWeightedRandom(b *testing.B) {
 		})
 		b.Run("build-alias/n="+itoa(n), func(b *testing.B) {
 			for b.Loop() {
-				NewWeightedRandom(ts, nil)
+				newWeightedRandom(ts, nil)
 			}
 		})
 		b.Run("build-array/n="+itoa(n), func(b *testing.B) {

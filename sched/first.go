@@ -1,6 +1,6 @@
 package sched
 
-// First is HAProxy's balance first: the first eligible target in list
+// firstSched is HAProxy's balance first: the first eligible target in list
 // (file) order takes every new connection. It makes a single writer out of
 // a list of database nodes: while the first is up, nothing reaches the
 // others. With MaxConns set on the targets, a full one is passed over and
@@ -8,14 +8,14 @@ package sched
 // they never spill.
 //
 // Cursor: none. A rebuild changes nothing but the list.
-type First struct {
+type firstSched struct {
 	ts []Target
 }
 
-var _ Picker = (*First)(nil)
+var _ Picker = (*firstSched)(nil)
 
-// NewFirst builds first over ts.
-func NewFirst(ts []Target) *First { return &First{ts: ts} }
+// newFirstSched builds first over ts.
+func newFirstSched(ts []Target) *firstSched { return &firstSched{ts: ts} }
 
 // Pick implements Picker.
-func (s *First) Pick(r *Request) (int, error) { return firstEligible(s.ts, r) }
+func (s *firstSched) Pick(r *Request) (int, error) { return firstEligible(s.ts, r) }

@@ -50,7 +50,7 @@ func TestSourceHashVectors(t *testing.T) {
 	} {
 		t.Run(c.id, func(t *testing.T) {
 			ts := targets(c.dests)
-			s, sp := NewSourceHash(ts, false), NewSourceHash(ts, true)
+			s, sp := newSourceHash(ts, false), newSourceHash(ts, true)
 			var got []string
 			for _, i := range s.buckets {
 				got = append(got, ts[i].B.Name)
@@ -84,7 +84,7 @@ func TestSourceHashVectors(t *testing.T) {
 // TestSourceHashIPv6AndMapped: IPv4-mapped clients hash as IPv4; IPv6
 // addresses fold their four words.
 func TestSourceHashIPv6AndMapped(t *testing.T) {
-	s := NewSourceHash(weighted(1, 1, 1), false)
+	s := newSourceHash(weighted(1, 1, 1), false)
 	v4 := netip.MustParseAddrPort("10.0.0.1:1")
 	mapped := netip.MustParseAddrPort("[::ffff:10.0.0.1]:2")
 	if s.hash(v4) != s.hash(mapped) {
@@ -105,7 +105,7 @@ func TestSourceHashLargeWeights(t *testing.T) {
 		ws[i] = 100 * (1 + i%3)
 	}
 	ts := weighted(ws...)
-	s := NewSourceHash(ts, false)
+	s := newSourceHash(ts, false)
 	count := make([]int, len(ts))
 	for _, i := range s.buckets {
 		count[i]++
@@ -127,7 +127,7 @@ func maglevNames(names ...string) []Target {
 	return ts
 }
 
-func tableNames(s *Maglev) []string {
+func tableNames(s *maglevSched) []string {
 	out := make([]string, len(s.table))
 	for j, i := range s.table {
 		out[j] = s.ts[i].B.Name
@@ -222,10 +222,10 @@ func TestMaglevVectors(t *testing.T) {
 			t.Errorf("%s = %s; want %s", k, got, want)
 		}
 	}
-	check := func(t *testing.T, m int, c *maglevCase) *Maglev {
+	check := func(t *testing.T, m int, c *maglevCase) *maglevSched {
 		t.Helper()
 		ts := targets(c.Backends)
-		s, err := NewMaglev(ts, m, false)
+		s, err := newMaglevSched(ts, m, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -301,7 +301,7 @@ func hundred(skip int) []Target {
 // TestMaglevBalance: with 100 equal backends and M = 65537, the most and
 // least loaded own within 1% of the average share.
 func TestMaglevBalance(t *testing.T) {
-	s, err := NewMaglev(hundred(-1), 65537, false)
+	s, err := newMaglevSched(hundred(-1), 65537, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,13 +321,13 @@ func TestMaglevBalance(t *testing.T) {
 // the table (1% is the ideal: the removed backend's own slots). Every
 // instance builds the same table: no seed.
 func TestMaglevDisruption(t *testing.T) {
-	before, _ := NewMaglev(hundred(-1), 65537, false)
-	again, _ := NewMaglev(hundred(-1), 65537, false)
+	before, _ := newMaglevSched(hundred(-1), 65537, false)
+	again, _ := newMaglevSched(hundred(-1), 65537, false)
 	if !slices.Equal(tableNames(before), tableNames(again)) {
 		t.Fatal("two builds from the same configuration differ")
 	}
 	for _, gone := range []int{0, 57, 99} {
-		after, _ := NewMaglev(hundred(gone), 65537, false)
+		after, _ := newMaglevSched(hundred(gone), 65537, false)
 		a, b := tableNames(before), tableNames(after)
 		moved := 0
 		for j := range a {
@@ -349,8 +349,8 @@ func TestMaglevDisruption(t *testing.T) {
 // clients spread over the others.
 func TestMaglevClients(t *testing.T) {
 	ts := hundred(-1)
-	s, _ := NewMaglev(ts, 65537, false)
-	s2, _ := NewMaglev(append(slices.Clone(ts), maglevNames("backend-new")...), 65537, false)
+	s, _ := newMaglevSched(ts, 65537, false)
+	s2, _ := newMaglevSched(append(slices.Clone(ts), maglevNames("backend-new")...), 65537, false)
 	moved, spread := 0, map[int]bool{}
 	for k := range 2000 {
 		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(k >> 8), byte(k), 1}), uint16(k))
@@ -380,8 +380,8 @@ func TestMaglevClients(t *testing.T) {
 
 func TestMaglevTableSize(t *testing.T) {
 	for _, m := range []int{0, 1, 4, 65536, MaxTableSize + 2, 3} {
-		if _, err := NewMaglev(weighted(1, 1, 1), m, false); err == nil {
-			t.Errorf("NewMaglev(3 backends, M %d) succeeded", m)
+		if _, err := newMaglevSched(weighted(1, 1, 1), m, false); err == nil {
+			t.Errorf("newMaglevSched(3 backends, M %d) succeeded", m)
 		}
 	}
 	if _, err := New("mh", weighted(1, 1), nil, Options{HashKey: "port"}); err == nil {
@@ -396,7 +396,7 @@ func TestMaglevTableSize(t *testing.T) {
 func TestMaglevSlot(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, m := range []int{3, 7, 13, 251, 65537, 655373, MaxTableSize} {
-		s, err := NewMaglev(nil, m, false)
+		s, err := newMaglevSched(nil, m, false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,45 +28,45 @@ type leastConn struct {
 	mode lcMode
 }
 
-// LeastConn is LVS lc (ip_vs_lc.c): the eligible target with the fewest
+// leastConnSched is LVS lc (ip_vs_lc.c): the eligible target with the fewest
 // active connections; ties go to the first in list order.
-type LeastConn struct{ leastConn }
+type leastConnSched struct{ leastConn }
 
-// WeightedLeastConn is LVS wlc (ip_vs_wlc.c): the least active/weight; ties
+// weightedLeastConn is LVS wlc (ip_vs_wlc.c): the least active/weight; ties
 // keep the earlier target. When all are idle the first wins, whatever the
 // weights.
-type WeightedLeastConn struct{ leastConn }
+type weightedLeastConn struct{ leastConn }
 
-// ShortestExpectedDelay is LVS sed (ip_vs_sed.c): the least
+// shortestExpectedDelay is LVS sed (ip_vs_sed.c): the least
 // (active+1)/weight, so a heavier backend wins even when all are idle.
-type ShortestExpectedDelay struct{ leastConn }
+type shortestExpectedDelay struct{ leastConn }
 
-// NeverQueue is LVS nq (ip_vs_nq.c): the first idle target in list order;
+// neverQueue is LVS nq (ip_vs_nq.c): the first idle target in list order;
 // if none is idle, as sed.
-type NeverQueue struct{ leastConn }
+type neverQueue struct{ leastConn }
 
 var (
-	_ Picker = (*LeastConn)(nil)
-	_ Picker = (*WeightedLeastConn)(nil)
-	_ Picker = (*ShortestExpectedDelay)(nil)
-	_ Picker = (*NeverQueue)(nil)
+	_ Picker = (*leastConnSched)(nil)
+	_ Picker = (*weightedLeastConn)(nil)
+	_ Picker = (*shortestExpectedDelay)(nil)
+	_ Picker = (*neverQueue)(nil)
 )
 
-// NewLeastConn builds lc over ts.
-func NewLeastConn(ts []Target) *LeastConn { return &LeastConn{leastConn{ts, modeLC}} }
+// newLeastConnSched builds lc over ts.
+func newLeastConnSched(ts []Target) *leastConnSched { return &leastConnSched{leastConn{ts, modeLC}} }
 
-// NewWeightedLeastConn builds wlc over ts.
-func NewWeightedLeastConn(ts []Target) *WeightedLeastConn {
-	return &WeightedLeastConn{leastConn{ts, modeWLC}}
+// newWeightedLeastConn builds wlc over ts.
+func newWeightedLeastConn(ts []Target) *weightedLeastConn {
+	return &weightedLeastConn{leastConn{ts, modeWLC}}
 }
 
-// NewShortestExpectedDelay builds sed over ts.
-func NewShortestExpectedDelay(ts []Target) *ShortestExpectedDelay {
-	return &ShortestExpectedDelay{leastConn{ts, modeSED}}
+// newShortestExpectedDelay builds sed over ts.
+func newShortestExpectedDelay(ts []Target) *shortestExpectedDelay {
+	return &shortestExpectedDelay{leastConn{ts, modeSED}}
 }
 
-// NewNeverQueue builds nq over ts.
-func NewNeverQueue(ts []Target) *NeverQueue { return &NeverQueue{leastConn{ts, modeNQ}} }
+// newNeverQueue builds nq over ts.
+func newNeverQueue(ts []Target) *neverQueue { return &neverQueue{leastConn{ts, modeNQ}} }
 
 // Pick implements Picker.
 func (s *leastConn) Pick(r *Request) (int, error) {

@@ -9,7 +9,7 @@ import (
 	"net/netip"
 )
 
-// Maglev is Maglev consistent hashing (Eisenbud et al., NSDI 2016, §3.4;
+// maglevSched is Maglev consistent hashing (Eisenbud et al., NSDI 2016, §3.4;
 // LVS ip_vs_mh.c): a lookup table of M slots (M prime), filled by letting
 // the backends take turns claiming their next preferred empty slot. Backend
 // i prefers slots offset_i, offset_i + skip_i, … (mod M), with
@@ -34,7 +34,7 @@ import (
 // deterministic, and it spreads that backend's clients over the others in
 // proportion to their slots. The client hash is a 64-bit mix of the address
 // (IPv4-mapped IPv6 folded to IPv4) and, with hash_key "ip_port", the port.
-type Maglev struct {
+type maglevSched struct {
 	ts       []Target
 	m        uint64
 	mhi, mlo uint64  // ⌈2^128/m⌉, so slot needs no division
@@ -42,17 +42,17 @@ type Maglev struct {
 	withPort bool
 }
 
-var _ Picker = (*Maglev)(nil)
+var _ Picker = (*maglevSched)(nil)
 
 const mhProbes = 32
 
-// NewMaglev builds mh over ts with a table of m slots; m must be a prime
+// newMaglevSched builds mh over ts with a table of m slots; m must be a prime
 // larger than len(ts) and at most MaxTableSize.
-func NewMaglev(ts []Target, m int, withPort bool) (*Maglev, error) {
+func newMaglevSched(ts []Target, m int, withPort bool) (*maglevSched, error) {
 	if m > MaxTableSize || !isPrime(m) || m <= len(ts) {
 		return nil, fmt.Errorf("mh table size %d is not a prime between %d and %d", m, len(ts)+1, MaxTableSize)
 	}
-	s := &Maglev{ts: ts, m: uint64(m), withPort: withPort}
+	s := &maglevSched{ts: ts, m: uint64(m), withPort: withPort}
 	s.mhi, s.mlo = reciprocal(s.m)
 	idx := make([]int32, 0, len(ts))
 	offset, skip := make([]uint64, 0, len(ts)), make([]uint64, 0, len(ts))
@@ -122,7 +122,7 @@ func populate(m int, offset, skip []uint64, turns []int) []int32 {
 }
 
 // Pick implements Picker.
-func (s *Maglev) Pick(r *Request) (int, error) {
+func (s *maglevSched) Pick(r *Request) (int, error) {
 	if s.table == nil {
 		return -1, ErrNoBackend
 	}
@@ -145,7 +145,7 @@ func (s *Maglev) Pick(r *Request) (int, error) {
 // computed without a division (Lemire, Kaser and Kurz, "Faster remainder by
 // direct computation", 2019: with c = ⌈2^128/m⌉, h mod m is the top 64 bits
 // of ((c·h) mod 2^128)·m, exact for every 64-bit h since m < 2^64).
-func (s *Maglev) slot(h uint64) uint64 {
+func (s *maglevSched) slot(h uint64) uint64 {
 	hi, lo := bits.Mul64(s.mlo, h)
 	hi += s.mhi * h // (c·h) mod 2^128 is hi:lo
 	top, _ := bits.Mul64(hi, s.m)

@@ -8,7 +8,7 @@ const MaxChoices = 16
 // maxRounds bounds how many rounds of draws p2c makes before it scans.
 const maxRounds = 4
 
-// P2C is best-of-k ("power of two choices", Mitzenmacher; k = 2 by
+// p2cSched is best-of-k ("power of two choices", Mitzenmacher; k = 2 by
 // default): draw k targets at random, in proportion to their weights (from
 // an alias table, with replacement), and take the one with the least
 // active/weight, compared by cross-multiplication; ties keep the earlier
@@ -23,21 +23,21 @@ const maxRounds = 4
 //
 // Deviation from IPVS twos: draws are exactly weight-proportional, without
 // twos' (w₁+1)/(S+1) bias towards the first dest.
-type P2C struct {
-	wr WeightedRandom
+type p2cSched struct {
+	wr weightedRandom
 	k  int
 }
 
-var _ Picker = (*P2C)(nil)
+var _ Picker = (*p2cSched)(nil)
 
-// NewP2C builds p2c over ts with k draws per round; src is nil except in
+// newP2cSched builds p2c over ts with k draws per round; src is nil except in
 // tests.
-func NewP2C(ts []Target, k int, src rand.Source) *P2C {
-	return &P2C{wr: *NewWeightedRandom(ts, src), k: k}
+func newP2cSched(ts []Target, k int, src rand.Source) *p2cSched {
+	return &p2cSched{wr: *newWeightedRandom(ts, src), k: k}
 }
 
 // Pick implements Picker.
-func (s *P2C) Pick(r *Request) (int, error) {
+func (s *p2cSched) Pick(r *Request) (int, error) {
 	ts := s.wr.ts
 	switch len(s.wr.col) {
 	case 0:

@@ -60,11 +60,11 @@ func (d dice) lemire(x, n uint32) uint64 {
 	return p >> 32
 }
 
-// Random picks uniformly among the targets with weight > 0; their weights
+// randomSched picks uniformly among the targets with weight > 0; their weights
 // are otherwise ignored. A drawn target that is not eligible is drawn again
 // (at most maxDraws times), then one uniform draw among all eligible targets
 // is made by scanning: O(1) expected, O(n) worst case.
-type Random struct {
+type randomSched struct {
 	ts   []Target
 	idx  []int32 // targets with weight > 0
 	dice dice
@@ -73,11 +73,11 @@ type Random struct {
 	total uint64     // Σw, wrandom only
 }
 
-var _ Picker = (*Random)(nil)
+var _ Picker = (*randomSched)(nil)
 
-// NewRandom builds random over ts; src is nil except in tests.
-func NewRandom(ts []Target, src rand.Source) *Random {
-	s := &Random{ts: ts, dice: newDice(src)}
+// newRandomSched builds random over ts; src is nil except in tests.
+func newRandomSched(ts []Target, src rand.Source) *randomSched {
+	s := &randomSched{ts: ts, dice: newDice(src)}
 	for i, t := range ts {
 		if t.Weight > 0 {
 			s.idx = append(s.idx, int32(i))
@@ -87,7 +87,7 @@ func NewRandom(ts []Target, src rand.Source) *Random {
 }
 
 // Pick implements Picker; it serves random and wrandom alike.
-func (s *Random) Pick(r *Request) (int, error) {
+func (s *randomSched) Pick(r *Request) (int, error) {
 	switch len(s.idx) {
 	case 0:
 		return -1, ErrNoBackend
@@ -103,7 +103,7 @@ func (s *Random) Pick(r *Request) (int, error) {
 }
 
 // draw is one draw: uniform over idx, or by the alias table.
-func (s *Random) draw() int {
+func (s *randomSched) draw() int {
 	if s.col == nil {
 		return int(s.idx[s.dice.below(uint64(len(s.idx)))])
 	}
@@ -116,7 +116,7 @@ func (s *Random) draw() int {
 }
 
 // weight is target i's weight in the draw.
-func (s *Random) weight(i int) uint64 {
+func (s *randomSched) weight(i int) uint64 {
 	if s.col == nil {
 		return 1
 	}
@@ -126,7 +126,7 @@ func (s *Random) weight(i int) uint64 {
 // scan draws among the eligible targets of idx, each with its weight, by
 // two passes: sum, draw, find. One eligible target is returned without a
 // draw.
-func (s *Random) scan(r *Request) (int, error) {
+func (s *randomSched) scan(r *Request) (int, error) {
 	var sum uint64
 	last := -1
 	for _, i := range s.idx {
@@ -154,7 +154,7 @@ func (s *Random) scan(r *Request) (int, error) {
 	return last, nil // eligibility changed between the passes
 }
 
-// WeightedRandom picks target i with probability w_i/Σw, exactly, in O(1):
+// weightedRandom picks target i with probability w_i/Σw, exactly, in O(1):
 // Vose's alias method in integer form. Build is O(n) and memory O(n),
 // independent of the weights' size: one (probability, alias) pair per
 // target. A pick is two draws: a column j uniform in [0, n), and u uniform
@@ -163,8 +163,8 @@ func (s *Random) scan(r *Request) (int, error) {
 //
 // Ineligible targets are handled as in Random: redraw, then an exact
 // weighted draw among the eligible ones by scanning.
-type WeightedRandom struct {
-	Random // with its alias table
+type weightedRandom struct {
+	randomSched // with its alias table
 }
 
 // aliasCol is one column of the alias table; target indices, not positions.
@@ -174,11 +174,11 @@ type aliasCol struct {
 	alias int32
 }
 
-var _ Picker = (*WeightedRandom)(nil)
+var _ Picker = (*weightedRandom)(nil)
 
-// NewWeightedRandom builds wrandom over ts; src is nil except in tests.
-func NewWeightedRandom(ts []Target, src rand.Source) *WeightedRandom {
-	s := &WeightedRandom{Random: *NewRandom(ts, src)}
+// newWeightedRandom builds wrandom over ts; src is nil except in tests.
+func newWeightedRandom(ts []Target, src rand.Source) *weightedRandom {
+	s := &weightedRandom{randomSched: *newRandomSched(ts, src)}
 	n := uint64(len(s.idx))
 	if n == 0 {
 		return s

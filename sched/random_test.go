@@ -106,7 +106,7 @@ func TestAliasVectors(t *testing.T) {
 	for _, c := range v.Cases {
 		t.Run(c.ID, func(t *testing.T) {
 			ts := targets(c.Backends)
-			s := NewWeightedRandom(ts, nil)
+			s := newWeightedRandom(ts, nil)
 			var prob []uint64
 			var alias []string
 			for _, col := range s.col {
@@ -143,7 +143,7 @@ func TestAliasExactRandom(t *testing.T) {
 		}
 		ws[0]++
 		ts := weighted(ws...)
-		s := NewWeightedRandom(ts, nil)
+		s := newWeightedRandom(ts, nil)
 		count := make([]uint64, len(ts))
 		for _, col := range s.col {
 			count[col.own] += col.prob

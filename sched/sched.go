@@ -24,10 +24,10 @@
 // Shared rules. Weight 0 excludes a target from new picks (drain). No
 // targets, or total weight 0, gives ErrNoBackend. One eligible target is
 // returned without drawing. A backend that is full (Target.MaxConns) or
-// draining (and, once health checks exist, down), or already tried by this
-// connection, is skipped at pick
-// time by the one function eligible(), which reads atomics only, so nothing
-// is rebuilt per connection: sequence schedulers pass over its slot,
+// draining or down (health checks, passive failures, no address, the wrong
+// role), or already tried by this connection, is skipped at pick time by
+// the one function eligible(), which reads atomics only, so nothing is
+// rebuilt per connection: sequence schedulers pass over its slot,
 // random ones draw again, the lc family and p2c leave it out, and the
 // hashing ones fall back to other slots deterministically. Every fast path
 // is bounded and ends in an exact scan, so a connection is refused only
@@ -78,9 +78,11 @@ type Target struct {
 }
 
 // Up reports whether t takes new connections as far as configuration,
-// health and drain go: weight above 0, backend neither down nor draining.
-// Fullness (MaxConns) is not considered: it passes as connections end.
-func (t *Target) Up() bool { return t.Weight > 0 && !t.B.Down() && !t.B.Draining() }
+// health and drain go: weight above 0 and the backend's own rule
+// (backend.Takes: not down, not draining, no operator override). Fullness
+// (MaxConns) is not considered: it passes as connections end. Status views
+// name the same rule's outcome with backend.Condition.
+func (t *Target) Up() bool { return t.Weight > 0 && t.B.Takes() }
 
 // MaxTries bounds how many backends one connection may try.
 const MaxTries = 16
@@ -131,7 +133,7 @@ type Picker interface {
 // rebuilt with a down backend's weight at 0 so that cycles stay fair.
 func eligible(ts []Target, i int, r *Request) bool {
 	t := &ts[i]
-	return t.Weight > 0 && !r.Tried(i) && !t.B.Draining() && !t.B.Down() &&
+	return t.Up() && !r.Tried(i) &&
 		(t.MaxConns <= 0 || t.B.Active() < int64(t.MaxConns))
 }
 
@@ -231,42 +233,42 @@ func (o Options) withPort() (bool, error) {
 func New(name string, targets []Target, prev Picker, o Options) (Picker, error) {
 	switch name {
 	case "rr":
-		return NewRoundRobin(targets, prev), nil
+		return newRoundRobin(targets, prev), nil
 	case "wrr":
-		return NewWeightedRoundRobin(targets, prev), nil
+		return newWeightedRoundRobin(targets, prev), nil
 	case "swrr":
-		return NewSmoothWeightedRoundRobin(targets, prev), nil
+		return newSmoothWeightedRoundRobin(targets, prev), nil
 	case "random":
-		return NewRandom(targets, o.Source), nil
+		return newRandomSched(targets, o.Source), nil
 	case "wrandom":
-		return NewWeightedRandom(targets, o.Source), nil
+		return newWeightedRandom(targets, o.Source), nil
 	case "lc":
-		return NewLeastConn(targets), nil
+		return newLeastConnSched(targets), nil
 	case "wlc":
-		return NewWeightedLeastConn(targets), nil
+		return newWeightedLeastConn(targets), nil
 	case "sed":
-		return NewShortestExpectedDelay(targets), nil
+		return newShortestExpectedDelay(targets), nil
 	case "nq":
-		return NewNeverQueue(targets), nil
+		return newNeverQueue(targets), nil
 	case "p2c":
 		if c := o.choices(); c < 1 || c > MaxChoices {
 			return nil, fmt.Errorf("p2c choices %d is not between 1 and %d", c, MaxChoices)
 		}
-		return NewP2C(targets, o.choices(), o.Source), nil
+		return newP2cSched(targets, o.choices(), o.Source), nil
 	case "sh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewSourceHash(targets, wp), nil
+		return newSourceHash(targets, wp), nil
 	case "mh":
 		wp, err := o.withPort()
 		if err != nil {
 			return nil, err
 		}
-		return NewMaglev(targets, o.tableSize(), wp)
+		return newMaglevSched(targets, o.tableSize(), wp)
 	case "first":
-		return NewFirst(targets), nil
+		return newFirstSched(targets), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
@@ -305,6 +307,10 @@ type Service struct {
 	KeepAliveIdle     time.Duration
 	KeepAliveInterval time.Duration
 	KeepAliveCount    int
+	// HalfCloseTimeout ends a session one direction of which has closed
+	// (a FIN passed through) when the other moves no byte for this long
+	// (HAProxy's timeout client-fin / server-fin); 0 = never.
+	HalfCloseTimeout time.Duration
 	// SplitBrain names the backends that claim the primary role at once in
 	// a service whose checks want a primary; nil when at most one does.
 	// While it is set, with RefuseSplitBrain every target has weight 0 and
@@ -376,6 +382,11 @@ type Table struct {
 	Gen      uint64     // 1 for the first configuration, +1 per applied reload
 	Seq      uint64     // this table's own number, unique: health and DNS rebuilds keep Gen but take a new Seq
 	Services []*Service // in config order
+	// Routed holds the addresses that route by name (sni), each with its
+	// routes, for the builder to set before the table is published. Route
+	// gives one of their services, which agree on what comes before the
+	// route is chosen (the PROXY header).
+	Routed map[netip.AddrPort]*Routes
 
 	listen map[netip.AddrPort]*Service
 }
@@ -390,6 +401,12 @@ func NewTable(gen uint64, services []*Service, listen map[netip.AddrPort]*Servic
 // nil if no service does in this generation.
 func (t *Table) Route(a netip.AddrPort) *Service {
 	return t.listen[a]
+}
+
+// Routes returns the routes of listen address a, or nil when a is not
+// routed by name.
+func (t *Table) Routes(a netip.AddrPort) *Routes {
+	return t.Routed[a]
 }
 
 // Service returns the service called name, or nil.

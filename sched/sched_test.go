@@ -83,7 +83,7 @@ func TestWRRVectors(t *testing.T) {
 		for _, form := range []string{"cycle", "walk"} {
 			t.Run(c.ID+"/"+form, func(t *testing.T) {
 				ts := targets(c.Backends)
-				s := NewWeightedRoundRobin(ts, nil)
+				s := newWeightedRoundRobin(ts, nil)
 				if form == "walk" {
 					s = forceWalk(s)
 				}
@@ -96,7 +96,7 @@ func TestWRRVectors(t *testing.T) {
 }
 
 // forceWalk rebuilds s in its walk form, as if its cycle were too long.
-func forceWalk(s *WeightedRoundRobin) *WeightedRoundRobin {
+func forceWalk(s *weightedRoundRobin) *weightedRoundRobin {
 	w := make([]int, len(s.ts))
 	for i, t := range s.ts {
 		w[i] = t.Weight
@@ -122,8 +122,8 @@ func TestWRRWalkMatchesCycle(t *testing.T) {
 			sum += bs[i].Weight
 		}
 		ts := targets(bs)
-		a := picks(NewWeightedRoundRobin(ts, nil), ts, 2*sum+1)
-		b := picks(forceWalk(NewWeightedRoundRobin(ts, nil)), ts, 2*sum+1)
+		a := picks(newWeightedRoundRobin(ts, nil), ts, 2*sum+1)
+		b := picks(forceWalk(newWeightedRoundRobin(ts, nil)), ts, 2*sum+1)
 		if strings.Join(a, "") != strings.Join(b, "") {
 			t.Fatalf("case %d %v: cycle %v; walk %v", k, bs, a, b)
 		}
@@ -136,7 +136,7 @@ func TestWRRSkipsIneligible(t *testing.T) {
 	ts := targets([]vecBackend{{Name: "A", Weight: 3}, {Name: "B", Weight: 2}, {Name: "C", Weight: 1}})
 	for _, form := range []string{"cycle", "walk"} {
 		t.Run(form, func(t *testing.T) {
-			s := NewWeightedRoundRobin(ts, nil) // cycle A A B A B C
+			s := newWeightedRoundRobin(ts, nil) // cycle A A B A B C
 			if form == "walk" {
 				s = forceWalk(s)
 			}
@@ -166,14 +166,14 @@ func TestRRVectors(t *testing.T) {
 	for _, c := range v.RR {
 		t.Run(c.ID, func(t *testing.T) {
 			ts := targets(c.Dests)
-			s := NewRoundRobin(ts, nil)
+			s := newRoundRobin(ts, nil)
 			if c.ID == "quiesce_A_after_2" {
 				// LVS keeps its position when a weight changes: two picks, then
 				// A is set to weight 0 and the scheduler rebuilt from s.
 				got := picks(s, ts, 2)
 				ts2 := append([]Target(nil), ts...)
 				ts2[0].Weight = 0
-				got = append(got, picks(NewRoundRobin(ts2, s), ts2, len(c.Picks)-2)...)
+				got = append(got, picks(newRoundRobin(ts2, s), ts2, len(c.Picks)-2)...)
 				if strings.Join(got, "") != strings.Join(c.Picks, "") {
 					t.Errorf("picks = %v; want %v", got, c.Picks)
 				}

@@ -2,7 +2,7 @@ package sched
 
 import "net/netip"
 
-// SourceHash is LVS sh (ip_vs_sh.c): a table of buckets, each owned by a
+// sourceHash is LVS sh (ip_vs_sh.c): a table of buckets, each owned by a
 // target, indexed by a hash of the client address (and port, with hash_key
 // "ip_port"). The same client reaches the same backend for as long as the
 // backend set is unchanged; a change reassigns buckets wholesale (sh is not
@@ -22,14 +22,14 @@ import "net/netip"
 // many backends keep their proportions. With small weight sums it is exactly
 // LVS's table. The fallback probes at most 256 buckets, then takes the first
 // eligible target after hash mod n in list order.
-type SourceHash struct {
+type sourceHash struct {
 	ts       []Target
 	bits     uint
 	buckets  []int32
 	withPort bool
 }
 
-var _ Picker = (*SourceHash)(nil)
+var _ Picker = (*sourceHash)(nil)
 
 const (
 	shMinBits = 8 // LVS's IP_VS_SH_TAB_BITS
@@ -37,9 +37,9 @@ const (
 	shProbes  = 256
 )
 
-// NewSourceHash builds sh over ts; withPort adds the client port to the key.
-func NewSourceHash(ts []Target, withPort bool) *SourceHash {
-	s := &SourceHash{ts: ts, bits: shMinBits, withPort: withPort}
+// newSourceHash builds sh over ts; withPort adds the client port to the key.
+func newSourceHash(ts []Target, withPort bool) *sourceHash {
+	s := &sourceHash{ts: ts, bits: shMinBits, withPort: withPort}
 	if len(ts) == 0 {
 		return s
 	}
@@ -71,7 +71,7 @@ func NewSourceHash(ts []Target, withPort bool) *SourceHash {
 }
 
 // hash is ip_vs_sh_hashkey with offset 0.
-func (s *SourceHash) hash(c netip.AddrPort) uint32 {
+func (s *sourceHash) hash(c netip.AddrPort) uint32 {
 	a := c.Addr().Unmap()
 	var fold uint32
 	if a.Is4() {
@@ -90,7 +90,7 @@ func (s *SourceHash) hash(c netip.AddrPort) uint32 {
 }
 
 // Pick implements Picker.
-func (s *SourceHash) Pick(r *Request) (int, error) {
+func (s *sourceHash) Pick(r *Request) (int, error) {
 	if s.buckets == nil {
 		return -1, ErrNoBackend
 	}

@@ -7,7 +7,7 @@ import (
 	"fulcrum/backend"
 )
 
-// SmoothWeightedRoundRobin is nginx's smooth weighted round robin
+// smoothWeightedRoundRobin is nginx's smooth weighted round robin
 // (ngx_http_upstream_get_peer): each peer has a current weight; a pick adds
 // every peer's weight to its current weight, takes the peer with the
 // greatest (ties to the earliest in list order) and subtracts the total
@@ -37,7 +37,7 @@ import (
 // (matched by *backend.Backend) from prev, read at its latest pick; new
 // backends start at 0. nginx resets all of them on reload; carrying them
 // means a backend picked just before a reload is not picked again at once.
-type SmoothWeightedRoundRobin struct {
+type smoothWeightedRoundRobin struct {
 	ts    []Target
 	peers []int32 // targets with weight > 0, in list order
 	w     []int64 // their weights
@@ -52,11 +52,11 @@ type SmoothWeightedRoundRobin struct {
 	cur []int64
 }
 
-var _ Picker = (*SmoothWeightedRoundRobin)(nil)
+var _ Picker = (*smoothWeightedRoundRobin)(nil)
 
-// NewSmoothWeightedRoundRobin builds swrr over ts; prev may be nil.
-func NewSmoothWeightedRoundRobin(ts []Target, prev Picker) *SmoothWeightedRoundRobin {
-	s := &SmoothWeightedRoundRobin{ts: ts}
+// newSmoothWeightedRoundRobin builds swrr over ts; prev may be nil.
+func newSmoothWeightedRoundRobin(ts []Target, prev Picker) *smoothWeightedRoundRobin {
+	s := &smoothWeightedRoundRobin{ts: ts}
 	g := 0
 	for i, t := range ts {
 		if t.Weight > 0 {
@@ -72,7 +72,7 @@ func NewSmoothWeightedRoundRobin(ts []Target, prev Picker) *SmoothWeightedRoundR
 	}
 	s.skips = 2*n + 2
 	s.start = make([]int64, n)
-	if p, ok := prev.(*SmoothWeightedRoundRobin); ok {
+	if p, ok := prev.(*smoothWeightedRoundRobin); ok {
 		carried := p.current()
 		for k, i := range s.peers {
 			s.start[k] = carried[ts[i].B]
@@ -86,7 +86,7 @@ func NewSmoothWeightedRoundRobin(ts []Target, prev Picker) *SmoothWeightedRoundR
 }
 
 // step runs one round of the nginx loop on c and returns the peer chosen.
-func (s *SmoothWeightedRoundRobin) step(c []int64) int {
+func (s *smoothWeightedRoundRobin) step(c []int64) int {
 	best := 0
 	for k := range c {
 		c[k] += s.w[k]
@@ -101,7 +101,7 @@ func (s *SmoothWeightedRoundRobin) step(c []int64) int {
 // buildSequence finds t, the first pick from which the state repeats every
 // period picks, by running two copies of the state machine period picks
 // apart. It gives up (false) if t would exceed one period.
-func (s *SmoothWeightedRoundRobin) buildSequence(period int) bool {
+func (s *smoothWeightedRoundRobin) buildSequence(period int) bool {
 	a, b := slices.Clone(s.start), slices.Clone(s.start)
 	picks := make([]int32, 0, 2*period)
 	for range period {
@@ -123,7 +123,7 @@ func (s *SmoothWeightedRoundRobin) buildSequence(period int) bool {
 }
 
 // Pick implements Picker.
-func (s *SmoothWeightedRoundRobin) Pick(r *Request) (int, error) {
+func (s *smoothWeightedRoundRobin) Pick(r *Request) (int, error) {
 	switch {
 	case len(s.peers) == 0:
 		return -1, ErrNoBackend
@@ -148,7 +148,7 @@ func (s *SmoothWeightedRoundRobin) Pick(r *Request) (int, error) {
 
 // current returns each peer's current weight as of the latest pick, keyed by
 // backend, for the next build to carry over.
-func (s *SmoothWeightedRoundRobin) current() map[*backend.Backend]int64 {
+func (s *smoothWeightedRoundRobin) current() map[*backend.Backend]int64 {
 	out := make(map[*backend.Backend]int64, len(s.peers))
 	if len(s.peers) == 0 {
 		return out
@@ -169,7 +169,7 @@ func (s *SmoothWeightedRoundRobin) current() map[*backend.Backend]int64 {
 
 // seqState is the current-weight vector after k picks of the sequence form:
 // the base state plus j rounds of weights, minus the total for each pick.
-func (s *SmoothWeightedRoundRobin) seqState(k uint64) []int64 {
+func (s *smoothWeightedRoundRobin) seqState(k uint64) []int64 {
 	base, slots := s.start, s.seq.prefix
 	if p := uint64(len(s.seq.prefix)); k >= p {
 		base, slots = s.loop0, s.seq.loop[:(k-p)%uint64(len(s.seq.loop))]

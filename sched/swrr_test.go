@@ -25,7 +25,7 @@ func nginxSWRR(c, w []int64) int {
 }
 
 // forceStateMachine switches s to its mutex form at its current start.
-func forceStateMachine(s *SmoothWeightedRoundRobin) *SmoothWeightedRoundRobin {
+func forceStateMachine(s *smoothWeightedRoundRobin) *smoothWeightedRoundRobin {
 	if len(s.peers) > 1 {
 		s.cur = slices.Clone(s.start)
 	}
@@ -48,7 +48,7 @@ func TestSWRRVectors(t *testing.T) {
 		for _, form := range []string{"sequence", "statemachine"} {
 			t.Run(c.ID+"/"+form, func(t *testing.T) {
 				ts := targets(c.Backends)
-				s := NewSmoothWeightedRoundRobin(ts, nil)
+				s := newSmoothWeightedRoundRobin(ts, nil)
 				if form == "statemachine" {
 					s = forceStateMachine(s)
 				} else if s.cur != nil {
@@ -217,7 +217,7 @@ func TestSWRRSmoothness(t *testing.T) {
 		for _, w := range ws {
 			g, sum = gcd(g, w), sum+w
 		}
-		period := picks(NewSmoothWeightedRoundRobin(ts, nil), ts, sum/g)
+		period := picks(newSmoothWeightedRoundRobin(ts, nil), ts, sum/g)
 		for _, tg := range ts {
 			if tg.Weight == 0 {
 				continue
@@ -234,7 +234,7 @@ func TestSWRRSmoothness(t *testing.T) {
 		gap  int
 	}{{[]int{1, 1, 2}, "C", 3}, {[]int{6, 4, 2}, "A", 3}, {[]int{3, 12, 11, 5}, "B", 4}} {
 		ts := weighted(c.ws...)
-		if got := maxGap(picks(NewSmoothWeightedRoundRobin(ts, nil), ts, sumOf(c.ws)/gcdOf(c.ws)), c.name); got != c.gap {
+		if got := maxGap(picks(newSmoothWeightedRoundRobin(ts, nil), ts, sumOf(c.ws)/gcdOf(c.ws)), c.name); got != c.gap {
 			t.Errorf("swrr %v: longest gap of %s = %d; the known counterexample has %d", c.ws, c.name, got, c.gap)
 		}
 	}
@@ -248,7 +248,7 @@ func TestSWRRSmoothness(t *testing.T) {
 		for _, w := range ws {
 			sum += w
 		}
-		worst = max(worst, maxDeviation(picks(NewSmoothWeightedRoundRobin(ts, nil), ts, 2*sum), ts))
+		worst = max(worst, maxDeviation(picks(newSmoothWeightedRoundRobin(ts, nil), ts, 2*sum), ts))
 	}
 	if worst > 1.5 {
 		t.Errorf("swrr strays %.3f picks from the ideal share; want ≤ 1.5", worst)
@@ -256,8 +256,8 @@ func TestSWRRSmoothness(t *testing.T) {
 	t.Logf("swrr worst deviation over 500 random sets: %.3f picks", worst)
 
 	ts := weighted(5, 1, 1)
-	sw := maxDeviation(picks(NewSmoothWeightedRoundRobin(ts, nil), ts, 14), ts)
-	lw := maxDeviation(picks(NewWeightedRoundRobin(ts, nil), ts, 14), ts)
+	sw := maxDeviation(picks(newSmoothWeightedRoundRobin(ts, nil), ts, 14), ts)
+	lw := maxDeviation(picks(newWeightedRoundRobin(ts, nil), ts, 14), ts)
 	if !(sw < 0.6 && lw > 1.4) {
 		t.Errorf("{5,1,1} deviation: swrr %.2f, wrr %.2f; want swrr < 0.6 < 1.4 < wrr", sw, lw)
 	}
@@ -271,19 +271,19 @@ func TestSWRRFormsAgree(t *testing.T) {
 	for k := range 300 {
 		ws := randomWeights(r, true)
 		ts := weighted(ws...)
-		warm := NewSmoothWeightedRoundRobin(weighted(randomWeights(r, true)...), nil)
+		warm := newSmoothWeightedRoundRobin(weighted(randomWeights(r, true)...), nil)
 		var prev Picker
 		if k%2 == 1 { // carry the current weights of a differently weighted picker
 			ts2 := slices.Clone(ts)
 			for i := range ts2 {
 				ts2[i].Weight = 1 + r.IntN(9)
 			}
-			warm = NewSmoothWeightedRoundRobin(ts2, nil)
+			warm = newSmoothWeightedRoundRobin(ts2, nil)
 			picks(warm, ts2, r.IntN(40))
 			prev = warm
 		}
-		a := NewSmoothWeightedRoundRobin(ts, prev)
-		b := forceStateMachine(NewSmoothWeightedRoundRobin(ts, prev))
+		a := newSmoothWeightedRoundRobin(ts, prev)
+		b := forceStateMachine(newSmoothWeightedRoundRobin(ts, prev))
 		sum := 0
 		for _, w := range ws {
 			sum += w
@@ -305,7 +305,7 @@ func TestSWRRFormsAgree(t *testing.T) {
 // machine from there, in both forms.
 func TestSWRRCarriesCurrentWeights(t *testing.T) {
 	ts := weighted(4, 2, 1)
-	s := NewSmoothWeightedRoundRobin(ts, nil)
+	s := newSmoothWeightedRoundRobin(ts, nil)
 	if got := strings.Join(picks(s, ts, 3), ""); got != "ABA" {
 		t.Fatalf("first picks = %s; want ABA", got)
 	}
@@ -315,7 +315,7 @@ func TestSWRRCarriesCurrentWeights(t *testing.T) {
 	want := []int64{3, -2, 0, -1}
 	for _, form := range []string{"sequence", "statemachine"} {
 		t.Run(form, func(t *testing.T) {
-			n := NewSmoothWeightedRoundRobin(ts2, s)
+			n := newSmoothWeightedRoundRobin(ts2, s)
 			if form == "statemachine" {
 				n = forceStateMachine(n)
 			}
@@ -340,11 +340,11 @@ func TestSWRRCarriesCurrentWeights(t *testing.T) {
 // TestWRRRestartsOnRebuild: wrr starts a fresh cycle after a rebuild.
 func TestWRRRestartsOnRebuild(t *testing.T) {
 	ts := weighted(4, 3, 2)
-	s := NewWeightedRoundRobin(ts, nil)
+	s := newWeightedRoundRobin(ts, nil)
 	picks(s, ts, 4) // A A B A
 	ts2 := slices.Clone(ts)
 	ts2[1].Weight = 1
-	if got := strings.Join(picks(NewWeightedRoundRobin(ts2, s), ts2, 7), ""); got != "AAACABC" {
+	if got := strings.Join(picks(newWeightedRoundRobin(ts2, s), ts2, 7), ""); got != "AAACABC" {
 		t.Errorf("picks after the rebuild = %s; want a fresh {4,1,2} cycle AAACABC", got)
 	}
 }

@@ -2,7 +2,7 @@ package sched
 
 import "sync/atomic"
 
-// WeightedRoundRobin is LVS wrr (ip_vs_wrr.c), with its GCD stepping. The
+// weightedRoundRobin is LVS wrr (ip_vs_wrr.c), with its GCD stepping. The
 // state is (cl, cw): the last dest picked and the current weight threshold.
 // A pick walks the list from the dest after cl and takes the first with
 // weight ≥ cw; at the end of the list cw drops by di, the gcd of the
@@ -24,7 +24,7 @@ import "sync/atomic"
 // Cursor: a rebuild starts a fresh cycle, as LVS init_svc does (cl = head,
 // cw = mw). reload reuses the picker, and so the cursor, when a service's
 // targets are unchanged.
-type WeightedRoundRobin struct {
+type weightedRoundRobin struct {
 	ts    []Target
 	di    int      // gcd of the positive weights
 	mw    int      // max weight − (di − 1); 0 when every weight is 0
@@ -35,17 +35,17 @@ type WeightedRoundRobin struct {
 	state atomic.Uint64 // walk state when cycle is nil: (cl+1)<<32 | cw
 }
 
-var _ Picker = (*WeightedRoundRobin)(nil)
+var _ Picker = (*weightedRoundRobin)(nil)
 
 const (
 	maxCycle     = 1 << 20 // longest cycle kept as a table: 4 MiB
 	maxCycleWork = 1 << 23 // passes × targets spent building it
 )
 
-// NewWeightedRoundRobin builds wrr over ts. prev is accepted for symmetry
+// newWeightedRoundRobin builds wrr over ts. prev is accepted for symmetry
 // with the other schedulers; wrr restarts its cycle (see the type).
-func NewWeightedRoundRobin(ts []Target, prev Picker) *WeightedRoundRobin {
-	s := &WeightedRoundRobin{ts: ts}
+func newWeightedRoundRobin(ts []Target, prev Picker) *weightedRoundRobin {
+	s := &weightedRoundRobin{ts: ts}
 	w := make([]int, len(ts))
 	maxW, sum, npos := 0, 0, 0
 	for i, t := range ts {
@@ -80,7 +80,7 @@ func NewWeightedRoundRobin(ts []Target, prev Picker) *WeightedRoundRobin {
 }
 
 // Pick implements Picker.
-func (s *WeightedRoundRobin) Pick(r *Request) (int, error) {
+func (s *weightedRoundRobin) Pick(r *Request) (int, error) {
 	if s.mw == 0 {
 		return -1, ErrNoBackend
 	}
@@ -91,7 +91,7 @@ func (s *WeightedRoundRobin) Pick(r *Request) (int, error) {
 }
 
 // walk is ip_vs_wrr_schedule over the segment tree.
-func (s *WeightedRoundRobin) walk(r *Request) (int, error) {
+func (s *weightedRoundRobin) walk(r *Request) (int, error) {
 	for {
 		old := s.state.Load()
 		cl, cw := int(old>>32)-1, int(uint32(old))

@@ -1,0 +1,309 @@
+// Package status is fulcrum's one status type: what the admin listener
+// serves as /status JSON, what `fulcrum status` prints, what /metrics is
+// gathered from and what the systemd STATUS= line sums up. It owns no
+// state; Of reads the snapshot and the live counters at the time of asking.
+// Whether a backend is up is not decided here: backend.Condition decides,
+// and this package only names the outcome.
+//
+// Typical use:
+//
+//	st := status.Of(status.Source{Table: ptr.Load, Reloads: m.Status, Draining: m.Draining})
+//	line := st.Line() // "generation 3; 2 services; backends 3/4 up; 12 connections"
+package status
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"fulcrum/backend"
+	"fulcrum/cluster"
+	"fulcrum/listener"
+	"fulcrum/sched"
+)
+
+// Source is what a status is read from. Nil funcs are skipped.
+type Source struct {
+	Table    func() *sched.Table           // the current snapshot
+	Reloads  func() Reload                 // the reload history
+	Sockets  func() []listener.SocketStats // per-listener counters
+	Draining func() []Drain                // backends draining after their removal (or at shutdown)
+	// Instance answers for the instance's drain and /healthz; nil: none.
+	Instance *cluster.Instance
+	Version  string
+}
+
+// Drain is a backend being drained: removed from the configuration and
+// still holding sessions, or drained at shutdown. It stays listed until
+// its last session ends or its deadline closes them.
+type Drain struct {
+	B        *backend.Backend
+	Addr     netip.AddrPort
+	Backup   bool
+	Deadline time.Time // when the sessions still open are closed; zero: never (drain_timeout 0)
+}
+
+// Status is the live snapshot.
+type Status struct {
+	Version    string          `json:"version,omitempty"`
+	Instance   *cluster.Status `json:"instance,omitempty"` // drain state and /healthz's verdict
+	Generation uint64          `json:"generation"`
+	Reload     Reload          `json:"reload"`
+	Services   []Service       `json:"services"`
+	Listeners  []Listener      `json:"listeners"`
+}
+
+// Reload is the reload history.
+type Reload struct {
+	Generation  uint64    `json:"-"` // of the running table (Status.Generation); 0 before the first apply
+	Applied     time.Time `json:"applied"`
+	Reloads     uint64    `json:"reloads"` // applied, the first configuration excluded
+	Failed      uint64    `json:"failed"`  // refused
+	LastError   string    `json:"last_error,omitempty"`
+	LastAttempt time.Time `json:"last_attempt"`
+}
+
+// Service is one service.
+type Service struct {
+	Name      string            `json:"name"`
+	Scheduler string            `json:"scheduler"`
+	Listen    []string          `json:"listen"`
+	Active    int64             `json:"active"`  // connections holding a service slot
+	Waiting   int64             `json:"waiting"` // in the queue now
+	Retries   uint64            `json:"retries"`
+	Queued    uint64            `json:"queued"`
+	Refused   uint64            `json:"refused"`
+	Rejected  map[string]uint64 `json:"rejected,omitempty"` // turned away before any dial, by reason
+	// SplitBrain names the backends claiming primary at once; absent when
+	// at most one does. SplitBrains counts how often that began.
+	SplitBrain  []string `json:"split_brain,omitempty"`
+	SplitBrains uint64   `json:"split_brains"`
+	// Holding is how many connections wait for an eligible backend now
+	// (hold_timeout); Held how many had to, HoldExpired how many of those
+	// were closed when it ran out.
+	Holding     int64     `json:"holding"`
+	Held        uint64    `json:"held"`
+	HoldExpired uint64    `json:"hold_expired"`
+	Backends    []Backend `json:"backends"`
+}
+
+// Backend is one backend: its settings in this generation, its state by
+// backend.Condition, its last check and its live counters.
+type Backend struct {
+	Name       string `json:"name"`
+	Address    string `json:"address"`
+	Weight     int    `json:"weight"`            // effective: 0 while not up, ramping during slow start
+	Configured int    `json:"configured_weight"` // as in the file
+	Backup     bool   `json:"backup,omitempty"`
+	State      string `json:"state"`           // up | down | wrong role | draining | maint
+	Cause      string `json:"cause,omitempty"` // short reason: check, passive, resolve, role, weight 0, removed, set drain, set maint
+	Role       string `json:"role,omitempty"`  // primary | replica, as its role check last saw it
+	Reason     string `json:"reason,omitempty"`
+	// Since is when the backend entered its state; absent if unknown (up
+	// since start).
+	Since time.Time `json:"since,omitzero"`
+	// Override is the operator's `fulcrum set` state when not ready.
+	Override string `json:"override,omitempty"`
+	// Removed: no longer in the configuration, listed while it drains.
+	Removed bool `json:"removed,omitempty"`
+	// DrainDeadline is when a drain closes the sessions still open; absent
+	// when not draining or when the drain waits for ever.
+	DrainDeadline time.Time  `json:"drain_deadline,omitzero"`
+	LastCheck     *LastCheck `json:"last_check,omitempty"`
+
+	Active       int64  `json:"active"`
+	Total        uint64 `json:"total"`
+	BytesIn      uint64 `json:"bytes_in"`
+	BytesOut     uint64 `json:"bytes_out"`
+	ConnectFails uint64 `json:"connect_failures"`
+	DrainClosed  uint64 `json:"drain_closed"`
+	CutClosed    uint64 `json:"cut_closed"` // sessions ended by on_down / on_up
+
+	// Checks are the active check counters, for metrics only.
+	Checks backend.CheckStats `json:"-"`
+}
+
+// LastCheck is the last active check's outcome.
+type LastCheck struct {
+	At        time.Time `json:"at"`
+	OK        bool      `json:"ok"`
+	Error     string    `json:"error,omitempty"`
+	LatencyMS float64   `json:"latency_ms"`
+}
+
+// Up reports whether the backend takes new connections.
+func (b Backend) Up() bool { return b.State == "up" }
+
+// Listener is one listening socket.
+type Listener struct {
+	Listen       string `json:"listen"`
+	Addr         string `json:"addr"`
+	Accepts      uint64 `json:"accepts"`
+	AcceptErrors uint64 `json:"accept_errors"`
+	Inherited    bool   `json:"inherited,omitempty"`
+}
+
+// Of reads src into a Status.
+func Of(src Source) Status {
+	st := Status{Version: src.Version}
+	if src.Instance != nil {
+		is := src.Instance.Status()
+		st.Instance = &is
+	}
+	var all []Drain
+	if src.Draining != nil {
+		all = src.Draining()
+	}
+	drains := map[*backend.Backend]Drain{}
+	for _, d := range all {
+		drains[d.B] = d
+	}
+	var t *sched.Table
+	if src.Table != nil {
+		t = src.Table()
+	}
+	inTable := map[*backend.Backend]bool{}
+	if t != nil {
+		st.Generation = t.Gen
+		for _, s := range t.Services {
+			for _, tg := range s.All() {
+				inTable[tg.B] = true
+			}
+		}
+	}
+	var removed []Drain // draining and not in the table, in the order given
+	for _, d := range all {
+		if !inTable[d.B] {
+			removed = append(removed, d)
+		}
+	}
+	if t != nil {
+		for _, s := range t.Services {
+			ss := Service{Name: s.Name, Scheduler: s.Scheduler, SplitBrain: s.SplitBrain}
+			if s.Group != nil {
+				g := s.Group.Stats()
+				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+				ss.SplitBrains = g.Splits
+				h := s.Group.HoldStats()
+				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
+				for kind, n := range s.Group.Rejected() {
+					if ss.Rejected == nil {
+						ss.Rejected = map[string]uint64{}
+					}
+					ss.Rejected[backend.RejectNames[kind]] = n
+				}
+			}
+			for _, a := range s.Listen {
+				ss.Listen = append(ss.Listen, a.String())
+			}
+			for i, tg := range s.All() {
+				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets))
+				b.Weight = tg.Weight
+				if !b.Up() {
+					b.Weight = 0
+				}
+				if d, ok := drains[tg.B]; ok {
+					b.DrainDeadline = d.Deadline
+				}
+				ss.Backends = append(ss.Backends, b)
+			}
+			removed = slices.DeleteFunc(removed, func(d Drain) bool {
+				if d.B.Service != s.Name {
+					return false
+				}
+				ss.Backends = append(ss.Backends, removedOf(d))
+				return true
+			})
+			st.Services = append(st.Services, ss)
+		}
+	}
+	// Removed with their service: listed under the service's name.
+	for len(removed) > 0 {
+		name := removed[0].B.Service
+		ss := Service{Name: name}
+		removed = slices.DeleteFunc(removed, func(d Drain) bool {
+			if d.B.Service != name {
+				return false
+			}
+			ss.Backends = append(ss.Backends, removedOf(d))
+			ss.Active += d.B.Active()
+			return true
+		})
+		st.Services = append(st.Services, ss)
+	}
+	if src.Reloads != nil {
+		st.Reload = src.Reloads()
+	}
+	if src.Sockets != nil {
+		for _, so := range src.Sockets() {
+			st.Listeners = append(st.Listeners, Listener{Listen: so.Listen.String(), Addr: so.Addr,
+				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited})
+		}
+	}
+	return st
+}
+
+// removedOf is a removed backend still draining.
+func removedOf(d Drain) Backend {
+	b := backendOf(d.B, d.Addr, 0, d.Backup)
+	b.Removed, b.DrainDeadline = true, d.Deadline
+	return b
+}
+
+// backendOf reads one backend whose configured weight is base.
+func backendOf(bk *backend.Backend, addr netip.AddrPort, base int, backup bool) Backend {
+	c := bk.Condition(base)
+	s := bk.Stats()
+	_, role := bk.State()
+	b := Backend{Name: bk.Name, Address: addr.String(), Configured: base, Backup: backup,
+		State: c.State.String(), Cause: c.Cause, Role: role, Reason: c.Reason, Since: c.Since,
+		Active: s.Active, Total: s.Total, BytesIn: s.BytesIn, BytesOut: s.BytesOut,
+		ConnectFails: s.ConnectFails, DrainClosed: s.DrainClosed, CutClosed: s.CutClosed,
+		Checks: bk.Checks()}
+	if c.State == backend.StateUp {
+		b.Reason = "" // the reason it last came up is history, not state
+	}
+	if o, _, _ := bk.Override(); o != backend.Ready {
+		b.Override = o.String()
+	}
+	if l := b.Checks.Last; !l.At.IsZero() {
+		b.LastCheck = &LastCheck{At: l.At, OK: l.Err == "", Error: l.Err, LatencyMS: float64(l.Latency.Microseconds()) / 1000}
+	}
+	return b
+}
+
+// Line is the one-line summary systemd shows (STATUS=): generation,
+// services, backends up of those configured, open connections, removed
+// backends still draining, and the last reload error if the last attempt
+// was refused.
+func (st Status) Line() string {
+	if st.Generation == 0 {
+		return "starting"
+	}
+	up, total, draining, open, services := 0, 0, 0, int64(0), 0
+	for _, s := range st.Services {
+		if s.Scheduler != "" {
+			services++
+		}
+		for _, b := range s.Backends {
+			open += b.Active
+			if b.Removed {
+				draining++
+				continue
+			}
+			total++
+			if b.Up() {
+				up++
+			}
+		}
+	}
+	line := fmt.Sprintf("generation %d; %d services; backends %d/%d up; %d connections", st.Generation, services, up, total, open)
+	if draining > 0 {
+		line += fmt.Sprintf("; %d removed backends draining", draining)
+	}
+	if st.Reload.LastError != "" {
+		line += "; last reload failed: " + st.Reload.LastError
+	}
+	return line
+}
