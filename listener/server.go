@@ -293,11 +293,13 @@ func (s *Server) retire(so *socket) {
 	if c := so.acc.Load(); c != nil {
 		c.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes c as it returns
 	}
+	// The loop's duplicate of the socket keeps it listening until the loop
+	// has returned: wait for that, so that a socket retired is closed.
+	<-so.exited
 	if !so.inherited {
 		so.ln.Close()
 		return
 	}
-	<-so.exited
 	s.spare[so.key] = so.ln
 }
 
