@@ -10,7 +10,10 @@
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
 #   TARGETS="direct haproxy nginx naive fulcrum"
 #     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
-#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew"
+#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew"
+#     open50, open80: 64 B messages on 32 connections offered at a fixed rate (open loop, latency from
+#     each message's due time), 50% and 80% of the best of HAProxy's and nginx's pp32 rate in the same
+#     repetition (so they come after pp32)
 #     pg: pgbench -S, 16 persistent clients, against a PostgreSQL 15 it initdb's and starts itself;
 #     rget: redis-benchmark -t get -c 50; rpipe: the same with -P 32 -d 1024; rnew: with -k 0
 #     (a new connection per request), against a redis-server it starts itself
@@ -42,7 +45,7 @@ else
 	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}"
 fi
 read -r -a TARGETS <<<"${TARGETS:-direct haproxy nginx naive fulcrum}"
-read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew}"
+read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew}"
 PORT_BASE=${PORT_BASE:-21000}
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
 
@@ -532,7 +535,33 @@ conn() {
 pp() {
 	local t=$1 c=$2 k=$3 out=$RAW/$REP-$1-$3.json
 	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$t")" -c "$c" -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
-		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us"
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
+	else
+		warn "$t $k: tcpload failed"
+		sample "$t" "${k}_failed" 1
+	fi
+}
+
+# peak: the best closed-loop pp32 rate of HAProxy and nginx in this
+# repetition (of any proxy if neither ran), or nothing.
+peak() {
+	awk -F'\t' -v rep="$REP" '$1 == rep && $3 == "pp32_rate" && $2 != "direct" {
+		if ($2 == "haproxy" || $2 == "nginx") { if ($4 > peer) peer = $4 } else if ($4 > any) any = $4 }
+		END { r = peer ? peer : any; if (r) printf "%d\n", r }' "$SAMPLES"
+}
+
+# open TARGET PERCENT KEY: the open loop at PERCENT of peak.
+open() {
+	local t=$1 pct=$2 k=$3 out=$RAW/$REP-$1-$3.json rate
+	rate=$(peak)
+	if [[ -z $rate ]]; then
+		warn "$t $k: no pp32 rate in this repetition to take $pct% of (run pp32 first)"
+		sample "$t" "${k}_failed" 1
+		return 0
+	fi
+	rate=$((rate * pct / 100))
+	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode openloop -addr "$(echo_addr "$t")" -c 32 -rate "$rate" -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_offered=offered_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
 	else
 		warn "$t $k: tcpload failed"
 		sample "$t" "${k}_failed" 1
@@ -642,12 +671,14 @@ for ((REP = 1; REP <= REPS; REP++)); do
 			conn) conn "$t" ;;
 			pp1) pp "$t" 1 pp1 ;;
 			pp32) pp "$t" 32 pp32 ;;
+			open50) open "$t" 50 open50 ;;
+			open80) open "$t" 80 open80 ;;
 			idle) idle "$t" ;;
 			pg) pg "$t" ;;
-			rget) redis "$t" rget 3 40000 -c 50 ;;
-			rpipe) redis "$t" rpipe 1024 600000 -c 50 -P 32 ;;
-			rnew) redis "$t" rnew 3 7000 -c 50 -k 0 ;;
-			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 idle pg rget rpipe rnew)" ;;
+			rget) redis "$t" rget 3 30000 -c 50 ;;
+			rpipe) redis "$t" rpipe 1024 400000 -c 50 -P 32 ;;
+			rnew) redis "$t" rnew 3 5000 -c 50 -k 0 ;;
+			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew)" ;;
 			esac
 		done
 	done

@@ -20,19 +20,21 @@ import (
 // time over the whole run can be divided by OpsTotal.
 type rateResult struct {
 	Mode     string            `json:"mode"`
-	Conns    int               `json:"conns"`                 // clients or connections asked for
-	Open     int               `json:"open,omitempty"`        // pingpong: connections that opened
-	Size     int               `json:"size"`                  // message size in bytes
-	Seconds  float64           `json:"seconds"`               // the measured window
-	Ops      uint64            `json:"ops"`                   // in the window
-	OpsTotal uint64            `json:"ops_total"`             // including warm-up
-	Rate     float64           `json:"ops_per_s"`             // Ops / Seconds
-	P50      float64           `json:"p50_us"`                // latency of one operation
-	P99      float64           `json:"p99_us"`                //
-	Max      float64           `json:"max_us"`                //
-	Errors   uint64            `json:"errors"`                // failed operations, warm-up included
-	Kinds    map[string]uint64 `json:"error_kinds,omitempty"` // Errors by kind
-	NoFile   uint64            `json:"nofile"`                // RLIMIT_NOFILE after raising it
+	Conns    int               `json:"conns"`                   // clients or connections asked for
+	Open     int               `json:"open,omitempty"`          // pingpong: connections that opened
+	Size     int               `json:"size"`                    // message size in bytes
+	Seconds  float64           `json:"seconds"`                 // the measured window
+	Ops      uint64            `json:"ops"`                     // in the window
+	OpsTotal uint64            `json:"ops_total"`               // including warm-up
+	Rate     float64           `json:"ops_per_s"`               // Ops / Seconds
+	P50      float64           `json:"p50_us"`                  // latency of one operation
+	P99      float64           `json:"p99_us"`                  //
+	P999     float64           `json:"p999_us"`                 //
+	Offered  float64           `json:"offered_per_s,omitempty"` // openloop: the rate asked for
+	Max      float64           `json:"max_us"`                  //
+	Errors   uint64            `json:"errors"`                  // failed operations, warm-up included
+	Kinds    map[string]uint64 `json:"error_kinds,omitempty"`   // Errors by kind
+	NoFile   uint64            `json:"nofile"`                  // RLIMIT_NOFILE after raising it
 }
 
 // idleResult is the JSON line of the idle mode.
@@ -126,7 +128,7 @@ func mergeAll(ts []tally) *tally {
 func (t *tally) result(mode string, cfg *config) *rateResult {
 	return &rateResult{Mode: mode, Conns: cfg.conns, Size: cfg.size, Seconds: cfg.dur.Seconds(),
 		Ops: t.ops, OpsTotal: t.total, Rate: float64(t.ops) / cfg.dur.Seconds(),
-		P50: t.h.quantile(0.50), P99: t.h.quantile(0.99), Max: float64(t.maxLat) / 1e3,
+		P50: t.h.quantile(0.50), P99: t.h.quantile(0.99), P999: t.h.quantile(0.999), Max: float64(t.maxLat) / 1e3,
 		Errors: t.errors, Kinds: t.kinds}
 }
 
@@ -400,4 +402,94 @@ func writeAtomic(path, text string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// openLoop sends on cfg.conns persistent connections at cfg.rate messages a
+// second in all, on a fixed schedule whatever the answers do (wrk2's
+// method): each message's latency runs from the time it was due to be sent,
+// not from when it was, so that a stall delays the messages behind it and
+// shows in the percentiles instead of lowering the rate offered. A
+// connection's writer sends on time or, when behind, at once; its reader
+// takes the echoes in order. A connection that fails stops; the others go on.
+func openLoop(cfg *config) *rateResult {
+	conns := make([]net.Conn, cfg.conns)
+	tallies := make([]tally, cfg.conns)
+	d := dialer(cfg.timeout)
+	open := 0
+	for i := range conns {
+		c, err := d.Dial("tcp", cfg.addrs[i%len(cfg.addrs)])
+		if err != nil {
+			tallies[i].fail(&opError{"dial", err})
+			continue
+		}
+		conns[i] = c
+		open++
+	}
+	start := time.Now()
+	warmEnd := start.Add(cfg.warmup)
+	end := warmEnd.Add(cfg.dur)
+	every := time.Duration(float64(cfg.conns) * float64(time.Second) / cfg.rate) // per connection
+	var wg sync.WaitGroup
+	for w, c := range conns {
+		if c == nil {
+			continue
+		}
+		// Due times are sent to the reader in order; the buffer bounds how
+		// far the writer runs ahead of the answers (then it waits, and its
+		// lateness is counted).
+		due := make(chan time.Time, 4096)
+		wg.Add(2)
+		go func() { // writer: exits at end or on an error, closing due
+			defer wg.Done()
+			defer close(due)
+			msg := message(cfg.size, w)
+			first := start.Add(every * time.Duration(w) / time.Duration(cfg.conns)) // spread the connections
+			for k := 0; k < maxOps; k++ {
+				at := first.Add(every * time.Duration(k))
+				if !at.Before(end) {
+					return
+				}
+				if wait := time.Until(at); wait > 0 {
+					time.Sleep(wait)
+				}
+				if _, err := c.Write(msg); err != nil {
+					tallies[w].fail(&opError{"write", err})
+					c.Close() // the reader stops too
+					return
+				}
+				due <- at
+			}
+		}()
+		go func() { // reader: exits when due is closed and drained, or on an error
+			defer wg.Done()
+			defer c.Close()
+			c.SetDeadline(end.Add(cfg.timeout)) // one bound for the whole run
+			msg, buf := message(cfg.size, w), make([]byte, cfg.size)
+			for at := range due {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					tallies[w].fail(&opError{"read", err})
+					for range due { // let the writer finish; its writes now fail
+					}
+					return
+				}
+				if !bytes.Equal(buf, msg) {
+					tallies[w].fail(&opError{"echo", errors.New("echo differs from the message sent")})
+					for range due {
+					}
+					return
+				}
+				if at.Before(warmEnd) { // due in the warm-up: counted in the total only
+					tallies[w].total++
+					continue
+				}
+				// In the window by its due time, however late its echo.
+				tallies[w].done(at, time.Now(), at, end.Add(cfg.timeout))
+			}
+		}()
+	}
+	wg.Wait()
+	r := mergeAll(tallies).result("openloop", cfg)
+	r.Open = open
+	r.Offered = cfg.rate
+	return r
 }

@@ -8,6 +8,7 @@
 //	tcpload -mode connrate -addr ADDR[,ADDR…] -c 32 -size 64 -d 5s -warmup 1s
 //	    each of c clients loops: connect, send size bytes, read the echo, close
 //	tcpload -mode pingpong -addr ADDR[,ADDR…] -c 32 -size 64 -d 5s -warmup 1s
+//	tcpload -mode openloop -addr ADDR[,ADDR…] -c 32 -rate 20000 -size 64 -d 5s -warmup 1s
 //	    c persistent connections, each sends size bytes and waits for the echo
 //	tcpload -mode idle -addr ADDR -c 9000 [-hold 10m] [-ready FILE]
 //	    open c connections and ping each once; write the number held to FILE;
@@ -56,13 +57,14 @@ const (
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tcpload", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mode := fs.String("mode", "", "echo, connrate, pingpong or idle")
+	mode := fs.String("mode", "", "echo, connrate, pingpong, openloop or idle")
 	listen := fs.String("listen", "", "echo: comma-separated loopback `addresses` to serve")
 	life := fs.Duration("life", 4*time.Hour, "echo: exit after this long even if never signalled")
 	addrs := fs.String("addr", "", "client modes: comma-separated loopback `addresses`, used round robin")
 	var cfg config
 	fs.IntVar(&cfg.conns, "c", 32, "clients (connrate), connections (pingpong, idle)")
 	fs.IntVar(&cfg.size, "size", 64, "message size in bytes")
+	fs.Float64Var(&cfg.rate, "rate", 1000, "openloop: messages per second offered, over all connections")
 	fs.DurationVar(&cfg.dur, "d", 5*time.Second, "measured duration (connrate, pingpong)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured run before -d (connrate, pingpong)")
 	fs.DurationVar(&cfg.timeout, "timeout", 2*time.Second, "bound on each connect and each ping")
@@ -119,6 +121,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		r := pingPong(&cfg)
 		r.NoFile = nofile
 		res = r
+	case "openloop":
+		if cfg.rate < 1 || cfg.rate > 1e7 {
+			return bad("-rate %v: want 1 to 10,000,000", cfg.rate)
+		}
+		defer watchdog(cfg.warmup + cfg.dur + 4*cfg.timeout + 30*time.Second)()
+		r := openLoop(&cfg)
+		r.NoFile = nofile
+		res = r
 	case "idle":
 		defer watchdog(cfg.openBudget + cfg.hold + 4*cfg.timeout + time.Minute)()
 		usr1 := make(chan os.Signal, 1)
@@ -131,7 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		r.NoFile = nofile
 		res = r
 	default:
-		return bad("-mode must be echo, connrate, pingpong or idle; got %q", *mode)
+		return bad("-mode must be echo, connrate, pingpong, openloop or idle; got %q", *mode)
 	}
 	line, err := json.Marshal(res)
 	if err != nil {
@@ -146,6 +156,7 @@ type config struct {
 	addrs      []string
 	conns      int
 	size       int
+	rate       float64 // openloop
 	dur        time.Duration
 	warmup     time.Duration
 	timeout    time.Duration

@@ -152,6 +152,21 @@ func TestPingPong(t *testing.T) {
 	}
 }
 
+func TestOpenLoop(t *testing.T) {
+	addrs := startEcho(t)
+	cfg := quick(addrs, 4)
+	cfg.rate = 2000
+	r := openLoop(cfg)
+	if r.Errors != 0 || r.Open != 4 || r.Offered != 2000 || r.P999 < r.P99 || r.P99 < r.P50 || r.P50 <= 0 {
+		t.Errorf("openloop against echo = %+v", r)
+	}
+	// Every message due in the window is answered: the rate achieved is the
+	// rate offered, give or take the messages at the window's edges.
+	if r.Rate < 1000 || r.Rate > 3000 {
+		t.Errorf("openloop rate = %v; want about the 2,000 offered", r.Rate)
+	}
+}
+
 func TestIdle(t *testing.T) {
 	addrs := startEcho(t)
 	cfg := quick(addrs[:1], 200)
