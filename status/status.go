@@ -142,6 +142,19 @@ type Listener struct {
 	Accepts      uint64 `json:"accepts"`
 	AcceptErrors uint64 `json:"accept_errors"`
 	Inherited    bool   `json:"inherited,omitempty"`
+	// Routing by name (docs/routing.md): the address's routes in order,
+	// and the connections it turned away before any service, by reason
+	// (no-route, hello-malformed, hello-too-large, preread-timeout,
+	// hello-closed). Both empty on an address that is not routed.
+	Routes  []Route           `json:"routes,omitempty"`
+	Refused map[string]uint64 `json:"refused,omitempty"`
+}
+
+// Route is one service's route on a listen address shared by name.
+type Route struct {
+	Service string   `json:"service"`
+	SNI     []string `json:"sni"`
+	ALPN    []string `json:"alpn,omitempty"`
 }
 
 // Of reads src into a Status.
@@ -236,9 +249,21 @@ func Of(src Source) Status {
 		st.Reload = src.Reloads()
 	}
 	if src.Sockets != nil {
+		var t *sched.Table
+		if src.Table != nil {
+			t = src.Table()
+		}
 		for _, so := range src.Sockets() {
-			st.Listeners = append(st.Listeners, Listener{Listen: so.Listen.String(), Addr: so.Addr,
-				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited})
+			l := Listener{Listen: so.Listen.String(), Addr: so.Addr,
+				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited, Refused: so.Refused}
+			if t != nil {
+				if rs := t.Routes(so.Listen); rs != nil {
+					for _, r := range rs.List() {
+						l.Routes = append(l.Routes, Route{Service: r.Service.Name, SNI: r.Names, ALPN: r.ALPN})
+					}
+				}
+			}
+			st.Listeners = append(st.Listeners, l)
 		}
 	}
 	return st
