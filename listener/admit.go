@@ -85,10 +85,11 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	}
 	// From here a source slot is held, and from admit on a service slot:
 	// an early end gives them back here, a session gives them back in finish.
+	var tm0 timing
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
-		s.access(svc, r.Client, h.sni(), t, start, 0, 0, end, err)
+		s.access(svc, r.Client, h.sni(), t, start, tm0, 0, 0, end, err)
 		s.connDone()
 	}
 	if !admit(svc, start) {
@@ -96,11 +97,13 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		fail(nil, endFull, errFull)
 		return
 	}
+	var tm timing
 	ready := h.toBackend(svc, r.Client, orig)
-	bc, t, tries, err := s.connect(svc, &r, ready, start)
+	bc, t, tries, err := s.connect(svc, &r, ready, start, &tm)
 	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
-		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, ready, start)
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, ready, start, &tm)
 	}
+	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
@@ -111,6 +114,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 			end = endNoBackend
 		}
 		svc.Group.Release()
+		tm0 = tm
 		fail(nil, end, err)
 		return
 	}
@@ -124,6 +128,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		}
 	}
 	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	ss.tm = tm
 	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
@@ -181,7 +186,7 @@ func (s *Server) screen(svc *sched.Service, client netip.AddrPort) (int, error) 
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed. ready, if not nil, prepares each connected backend before
 // it is taken (routes.go): one it fails counts as a failed dial.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time) (int, *sched.Target, int, error) {
+func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -230,6 +235,10 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 		if tries > 0 {
 			svc.Group.Retried()
 		}
+		d0 := time.Now()
+		if tm.dialled == 0 {
+			tm.queue, tm.dialled = d0.Sub(start), 1
+		}
 		c, err := s.dial(svc, t.Addr)
 		if err == nil && ready != nil {
 			if err = ready(c, t); err != nil {
@@ -237,6 +246,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 			}
 		}
 		if err == nil {
+			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
 			return c, t, tries, nil
 		}
@@ -318,7 +328,16 @@ func (s *Server) logsAccess(svc *sched.Service) bool {
 	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
 }
 
-func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t *sched.Target, start time.Time, in, out int64, end string, err error) {
+// timing is what the access line says about the way to a backend, after
+// HAProxy's tcplog timers: the session carries it from connect to finish.
+type timing struct {
+	queue   time.Duration // accept to the first dial (Tw): the service and backend queues, admission
+	connect time.Duration // the successful dial (Tc)
+	retries int           // dials that failed before it
+	dialled int8          // 1 once a dial began: queue is set
+}
+
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
 		e = s.log.Info()
@@ -333,11 +352,20 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t
 		e = e.Str("sni", sni)
 	}
 	if t != nil {
-		e = e.Str("backend", t.B.Name)
+		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
 	}
-	e = e.Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	if tm.dialled != 0 {
+		e = e.Float64("queue_ms", ms(tm.queue))
+	}
+	if t != nil {
+		e = e.Float64("connect_ms", ms(tm.connect))
+	}
+	e = e.Int("retries", tm.retries).Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
 	if err != nil && end != endClient && end != endBackend {
 		e = e.AnErr("error", err)
 	}
 	e.Msg("connection")
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

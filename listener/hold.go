@@ -65,7 +65,7 @@ func eligibleNow(svc *sched.Service) bool {
 // service, which it returns. The connection keeps the service slot it
 // holds, so max_conns bounds the waiting too. A listener removed meanwhile
 // ends the wait.
-func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time) (int, *sched.Target, int, error, *sched.Service) {
+func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service) {
 	g := svc.Group
 	g.HoldBegan()
 	deadline := start.Add(svc.HoldTimeout)
@@ -94,7 +94,7 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Re
 			return -1, nil, 0, errSplitBrain, svc
 		}
 		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
-		bc, t, tries, err := s.connect(svc, r, ready, start)
+		bc, t, tries, err := s.connect(svc, r, ready, start, tm)
 		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc
 		}

@@ -51,9 +51,14 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
-	mu    sync.Mutex // protects lns and spare
-	lns   map[netip.AddrPort]*socket
-	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
+	// acceptHook, if set before the first Prepare, runs at the top of every
+	// accept loop iteration: a test freezes a loop with it.
+	acceptHook func()
+
+	mu      sync.Mutex // protects lns, spare and adopted
+	lns     map[netip.AddrPort]*socket
+	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (handoff.go), not in use
+	adopted map[netip.AddrPort]bool             // spares handed over by the process this one replaced: ours to close
 
 	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
 	atLimit atomic.Uint64 // times an accept loop waited for a slot
@@ -226,7 +231,7 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 			continue
 		}
 		if ln, ok := s.spare[a]; ok {
-			c.opened = append(c.opened, newSocket(a, ln, true))
+			c.opened = append(c.opened, newSocket(a, ln, !s.adopted[a]))
 			continue
 		}
 		ln, err := lc.Listen(context.Background(), "tcp", a.String())
@@ -247,7 +252,7 @@ func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) *socket {
 
 func (c *Change) abort() {
 	for _, so := range c.opened {
-		if !so.inherited {
+		if !so.inherited && c.s.spare[so.key] != so.ln { // an adopted spare stays a spare
 			so.ln.Close()
 		}
 	}
@@ -263,6 +268,7 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	defer s.mu.Unlock()
 	for _, so := range c.opened {
 		delete(s.spare, so.key)
+		delete(s.adopted, so.key)
 		s.lns[so.key] = so
 		opened = append(opened, so.key)
 		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Bool("inherited", so.inherited).Msg("listening")
@@ -391,6 +397,9 @@ func (s *Server) accept(so *socket) {
 	defer acc.Close()
 	so.acc.Store(acc)
 	for {
+		if s.acceptHook != nil {
+			s.acceptHook()
+		}
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			acc.SetReadDeadline(time.Now().Add(d))
 		}

@@ -70,6 +70,10 @@ type Manager struct {
 	// state file: who drained it and since when, ok false when it is not
 	// drained by an operator.
 	Instance func() (by string, since time.Time, ok bool)
+	// Alive, if set before Run, is the liveness probe the watchdog ping
+	// depends on: it reports whether every accept loop has answered within
+	// maxAge. nil is the Server's own (listener.Server.Alive).
+	Alive func(maxAge time.Duration) bool
 	// Sockets, if set before the first Apply, names the listening sockets
 	// passed by systemd (FileDescriptorName= → addresses): a service of that
 	// name also listens on them, whatever its listen list says.
@@ -370,6 +374,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			KeepAliveIdle:     cs.KeepAliveIdle,
 			KeepAliveInterval: cs.KeepAliveInterval,
 			KeepAliveCount:    cs.KeepAliveCount,
+			HalfCloseTimeout:  cs.HalfCloseTimeout,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service

@@ -307,6 +307,10 @@ type Service struct {
 	KeepAliveIdle     time.Duration
 	KeepAliveInterval time.Duration
 	KeepAliveCount    int
+	// HalfCloseTimeout ends a session one direction of which has closed
+	// (a FIN passed through) when the other moves no byte for this long
+	// (HAProxy's timeout client-fin / server-fin); 0 = never.
+	HalfCloseTimeout time.Duration
 	// SplitBrain names the backends that claim the primary role at once in
 	// a service whose checks want a primary; nil when at most one does.
 	// While it is set, with RefuseSplitBrain every target has weight 0 and
