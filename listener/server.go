@@ -89,8 +89,8 @@ type socket struct {
 	// Made by Prepare, so that a full descriptor table refuses the reload
 	// instead of leaving a listener that never accepts; closed by the accept
 	// loop as it returns, or by abort.
-	acc *net.TCPConn
-	rc  syscall.RawConn
+	acc     *net.TCPConn
+	rc      syscall.RawConn
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
