@@ -26,7 +26,10 @@ import (
 // dial's) until the last of them finishes the session.
 func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
-	svc := s.tbl.Load().Route(key)
+	tbl := s.tbl.Load()
+	// On an address routed by name, any of its services until the route is
+	// chosen: they agree on what comes before (keepalive aside, set again).
+	svc := tbl.Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		closeFD(c)
 		s.connDone()
@@ -55,7 +58,20 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		closeFD(c)
 		s.connDone()
 	}
-	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+	if kind, err := s.proxyHeader(svc, c, &r.Client, &orig); err != nil {
+		reject(kind, err)
+		return
+	}
+	var h *Hello // what the client sent first, on an address routed by name (routes.go)
+	if rs := tbl.Routes(key); rs != nil {
+		first := svc
+		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
+			s.connDone() // refused, counted and closed
+			return
+		}
+		s.routed(c, first, svc)
+	}
+	if kind, err := s.screen(svc, r.Client); err != nil {
 		reject(kind, err)
 		return
 	}
@@ -73,7 +89,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
-		s.access(svc, r.Client, t, start, tm0, 0, 0, end, err)
+		s.access(svc, r.Client, h.sni(), t, start, tm0, 0, 0, end, err)
 		s.connDone()
 	}
 	if !admit(svc, start) {
@@ -82,9 +98,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		return
 	}
 	var tm timing
-	bc, t, tries, err := s.connect(svc, &r, start, &tm)
+	ready := h.toBackend(svc, r.Client, orig)
+	bc, t, tries, err := s.connect(svc, &r, ready, start, &tm)
 	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
-		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start, &tm)
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, ready, start, &tm)
 	}
 	tm.retries = tries
 	if err != nil {
@@ -101,7 +118,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		fail(nil, end, err)
 		return
 	}
-	if t.ProxyProtocol > 0 {
+	if t.ProxyProtocol > 0 && !h.postgres() { // such a backend had its header before its SSLRequest
 		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
 			closeFD(bc)
 			t.B.Release()
@@ -112,6 +129,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	}
 	ss := newSession(s, svc, t, c, bc, r.Client, start)
 	ss.tm = tm
+	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.finish()
@@ -120,11 +138,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	ss.run()
 }
 
-// screen applies what is decided before any backend is dialled: the PROXY
-// header (read from a trusted balancer, which may change client and orig;
-// refused from anyone else), the access lists and the accept rate. It
-// returns the backend.Reject kind and why when the connection must go.
-func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
+// proxyHeader reads the PROXY header of a trusted balancer, which may
+// change client and orig, and refuses one from anyone else. It returns the
+// backend.Reject kind and why when the connection must go.
+func (s *Server) proxyHeader(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
 	if len(svc.AcceptProxy) > 0 {
 		c, err := goConn(fd)
 		if err != nil {
@@ -146,6 +163,13 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 			return backend.RejectProxy, err
 		}
 	}
+	return 0, nil
+}
+
+// screen applies what else is decided before any backend is dialled: the
+// access lists and the accept rate. It returns the backend.Reject kind and
+// why when the connection must go.
+func (s *Server) screen(svc *sched.Service, client netip.AddrPort) (int, error) {
 	if !svc.Allowed(client.Addr()) {
 		return backend.RejectDenied, errors.New("denied by allow/deny")
 	}
@@ -160,8 +184,9 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 // picks from the primaries, or from the backups while no primary is up. When
 // every eligible backend is full it waits up to svc.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
-// that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time, tm *timing) (int, *sched.Target, int, error) {
+// that failed. ready, if not nil, prepares each connected backend before
+// it is taken (routes.go): one it fails counts as a failed dial.
+func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -215,6 +240,11 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time, 
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
 		c, err := s.dial(svc, t.Addr)
+		if err == nil && ready != nil {
+			if err = ready(c, t); err != nil {
+				closeFD(c)
+			}
+		}
 		if err == nil {
 			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
@@ -307,7 +337,7 @@ type timing struct {
 	dialled int8          // 1 once a dial began: queue is set
 }
 
-func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
 		e = s.log.Info()
@@ -318,6 +348,9 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Targ
 		return
 	}
 	e = e.Str("service", svc.Name).Stringer("client", client)
+	if sni != "" {
+		e = e.Str("sni", sni)
+	}
 	if t != nil {
 		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
 	}
