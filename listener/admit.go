@@ -303,7 +303,7 @@ func up(ts []sched.Target, r *sched.Request) bool {
 func full(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
 		t := &ts[i]
-		if t.MaxConns > 0 && t.Up() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+		if t.Up() && t.Full() && !r.Tried(i) {
 			return true
 		}
 	}

@@ -97,7 +97,7 @@ type Backend struct {
 	Configured int    `json:"configured_weight"` // as in the file
 	Backup     bool   `json:"backup,omitempty"`
 	State      string `json:"state"`           // up | down | wrong role | draining | maint
-	Cause      string `json:"cause,omitempty"` // short reason: check, passive, resolve, role, weight 0, removed, set drain, set maint
+	Cause      string `json:"cause,omitempty"` // short reason: check, passive, resolve, weight 0, removed, stopping, set drain, set maint
 	Role       string `json:"role,omitempty"`  // primary | replica, as its role check last saw it
 	Reason     string `json:"reason,omitempty"`
 	// Since is when the backend entered its state; absent if unknown (up
@@ -205,6 +205,9 @@ func Of(src Source) Status {
 				}
 				if d, ok := drains[tg.B]; ok {
 					b.DrainDeadline = d.Deadline
+					if b.Cause == "removed" { // still in the table: the whole instance is stopping
+						b.Cause, b.Reason = "stopping", "draining for shutdown"
+					}
 				}
 				ss.Backends = append(ss.Backends, b)
 			}
