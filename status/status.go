@@ -28,6 +28,7 @@ type Source struct {
 	Table    func() *sched.Table           // the current snapshot
 	Reloads  func() Reload                 // the reload history
 	Sockets  func() []listener.SocketStats // per-listener counters
+	Limit    func() listener.LimitStats    // the process's connection limit
 	Draining func() []Drain                // backends draining after their removal (or at shutdown)
 	// Instance answers for the instance's drain and /healthz; nil: none.
 	Instance *cluster.Instance
@@ -52,6 +53,16 @@ type Status struct {
 	Reload     Reload          `json:"reload"`
 	Services   []Service       `json:"services"`
 	Listeners  []Listener      `json:"listeners"`
+	// Connections is the process's connection limit (derived from
+	// RLIMIT_NOFILE) and its use; nil when not known.
+	Connections *Connections `json:"connections,omitempty"`
+}
+
+// Connections is the process's connection limit and its use.
+type Connections struct {
+	Open  int    `json:"open"`  // connections accepted and not ended
+	Max   int    `json:"max"`   // the limit: accepting stops there
+	Waits uint64 `json:"waits"` // times accepting stopped at the limit
 }
 
 // Reload is the reload history.
@@ -237,6 +248,10 @@ func Of(src Source) Status {
 	}
 	if src.Reloads != nil {
 		st.Reload = src.Reloads()
+	}
+	if src.Limit != nil {
+		l := src.Limit()
+		st.Connections = &Connections{Open: l.Open, Max: l.Max, Waits: l.Waits}
 	}
 	if src.Sockets != nil {
 		for _, so := range src.Sockets() {
