@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"syscall"
+	"time"
 
 	"fulcrum/admin"
 	"fulcrum/backend"
@@ -206,5 +207,33 @@ func healthz(args []string, stdout, stderr io.Writer) int {
 	if resp.StatusCode != http.StatusOK {
 		return 1
 	}
+	return 0
+}
+
+// upgrade asks the running daemon to hand its sockets to the binary now
+// installed (POST /upgrade) and waits for the answer: 0 when the new
+// process serves and the old one drains, 1 when the old one serves on.
+func upgrade(args []string, stdout, stderr io.Writer) int {
+	addr, code := adminCommand("upgrade", args, stdout, stderr, nil)
+	if addr == "" {
+		return code
+	}
+	c := adminClient
+	c.Timeout = upgradeTimeout + 10*time.Second // the daemon bounds the wait; this only backs it up
+	resp, err := c.Post("http://"+addr+"/upgrade", "text/plain", nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum upgrade: %v\n", unreachable(err))
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum upgrade: %s: %v\n", addr, err)
+		return 1
+	}
+	stdout.Write(body)
 	return 0
 }

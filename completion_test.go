@@ -26,7 +26,7 @@ func TestCompletion(t *testing.T) {
 		bashFlags[m[1]] = " " + m[2] + " "
 	}
 	flagLine := regexp.MustCompile(`(?m)^  -(\w+)`)
-	for _, cmd := range []string{"", "status", "drain", "set", "healthz", "demo"} {
+	for _, cmd := range []string{"", "status", "drain", "set", "healthz", "upgrade", "demo"} {
 		args := []string{"-h"}
 		key := "*"
 		if cmd != "" {
@@ -48,7 +48,7 @@ func TestCompletion(t *testing.T) {
 				t.Errorf("completion/_fulcrum lacks -%s", f[1])
 			}
 		}
-		if cmd != "" && !strings.Contains(string(bash), "status drain set healthz demo version") {
+		if cmd != "" && !strings.Contains(string(bash), "status drain set healthz upgrade demo version") {
 			t.Errorf("completion/fulcrum.bash does not offer the commands")
 		}
 	}

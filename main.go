@@ -8,6 +8,7 @@
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
 //	fulcrum set [-config PATH | -admin ADDR] SERVICE/BACKEND drain|maint|ready  hold one backend (or let it go)
 //	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
+//	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
 //
 // main.go holds flags and wiring only.
@@ -67,6 +68,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "drain" {
 		return drain(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "upgrade" {
+		return upgrade(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "healthz" {
 		return healthz(args[1:], stdout, stderr)
@@ -158,15 +162,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var sd systemd.Notifier
-	m.Notify = func(state string) error { _, err := sd.Notify(state); return err }
+	up := newUpgrader(srv, &sd, mlog)
+	m.Notify = up.Notify
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
+	socks, adminLn := up.adopt(socks, cfg.Admin.Listen) // a previous fulcrum's (upgrade, fd store); systemd's are left
 	for _, so := range socks {
 		a := srv.Inherit(so.Listener)
+		up.names[a] = so.Name
 		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
 		if so.Name != "" {
 			if m.Sockets == nil {
@@ -175,22 +182,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
 		}
 	}
+	up.ready = sd.UpgradeReady() // after Listeners, which reads its variable
 	if os.Geteuid() == 0 {
 		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
 	}
 	if why := conf.Exposed(*path); why != "" {
 		mlog.Warn().Msg(why)
 	}
+	stopAdmin := func() {}
 	if a := cfg.Admin.Listen; a.IsValid() {
-		ln, err := net.Listen("tcp", a.String())
-		if err != nil {
-			mlog.Error().Err(err).Msg("cannot start the admin listener")
-			return 1
+		ln := adminLn
+		if ln == nil {
+			l, err := net.Listen("tcp", a.String())
+			if err != nil {
+				mlog.Error().Err(err).Msg("cannot start the admin listener")
+				return 1
+			}
+			ln = l.(*net.TCPListener)
 		}
+		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride}
-		actx, stopAdmin := context.WithCancel(context.Background())
+			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade}
+		actx, cancel := context.WithCancel(context.Background())
+		stopAdmin = cancel
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
 		defer func() {                                                                             // after the drain, so that it can be watched
@@ -200,7 +215,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	if err := m.Run(ctx, cfg); err != nil {
+	// After an upgrade the new process serves: stop the admin listener (the
+	// new one answers on the same socket) and drain, as on SIGTERM but
+	// telling systemd nothing.
+	rctx, handOver := context.WithCancel(ctx)
+	hoDone := make(chan struct{})
+	defer func() { handOver(); <-hoDone }()
+	go func() { // exits at the handoff or when run returns
+		defer close(hoDone)
+		select {
+		case <-up.handoff:
+			stopAdmin()
+			handOver()
+		case <-rctx.Done():
+		}
+	}()
+	if err := m.Run(rctx, cfg); err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
@@ -328,6 +358,7 @@ func mainUsage(fs *flag.FlagSet) {
        fulcrum drain [-undo] [-config FILE | -admin ADDR]
        fulcrum set [-config FILE | -admin ADDR] SERVICE/BACKEND drain|maint|ready
        fulcrum healthz [-config FILE | -admin ADDR]
+       fulcrum upgrade [-config FILE | -admin ADDR]
        fulcrum demo [-listen ADDR] [-n N]
 
 Signals: SIGHUP reloads, SIGTERM drains and stops, SIGUSR1/SIGUSR2 drain/undrain the instance.

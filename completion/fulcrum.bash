@@ -23,7 +23,7 @@ _fulcrum() {
 	cmd=
 	for ((i = 1; i < COMP_CWORD; i++)); do
 		case ${COMP_WORDS[i]} in
-		status | drain | set | healthz | demo | version) cmd=${COMP_WORDS[i]}; break ;;
+		status | drain | set | healthz | upgrade | demo | version) cmd=${COMP_WORDS[i]}; break ;;
 		esac
 	done
 
@@ -33,13 +33,14 @@ _fulcrum() {
 	set) flags='-config -admin -h' ;;
 	drain) flags='-config -admin -undo -h' ;;
 	healthz) flags='-config -admin -h' ;;
+	upgrade) flags='-config -admin -h' ;;
 	demo) flags='-listen -n -h' ;;
 	version) flags= ;;
 	*) flags='-config -check -q -version -h' ;;
 	esac
 
 	if [[ -z $cmd && $cur != -* ]]; then
-		COMPREPLY=($(compgen -W 'status drain set healthz demo version' -- "$cur"))
+		COMPREPLY=($(compgen -W 'status drain set healthz upgrade demo version' -- "$cur"))
 		return
 	fi
 	if [[ $cmd == set && $cur != -* && $prev == */* ]]; then

@@ -51,9 +51,14 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
-	mu    sync.Mutex // protects lns and spare
-	lns   map[netip.AddrPort]*socket
-	spare map[netip.AddrPort]*net.TCPListener // inherited from systemd, not in use
+	// acceptHook, if set before the first Prepare, runs at the top of every
+	// accept loop iteration: a test freezes a loop with it.
+	acceptHook func()
+
+	mu      sync.Mutex // protects lns, spare and adopted
+	lns     map[netip.AddrPort]*socket
+	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (handoff.go), not in use
+	adopted map[netip.AddrPort]bool             // spares handed over by the process this one replaced: ours to close
 
 	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
 	atLimit atomic.Uint64 // times an accept loop waited for a slot
@@ -86,6 +91,7 @@ type socket struct {
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
+	refused refusals // connections routing by name turned away (routes.go)
 }
 
 // New returns a Server with no listeners.
@@ -172,6 +178,7 @@ type SocketStats struct {
 	Accepts      uint64
 	AcceptErrors uint64
 	Inherited    bool
+	Refused      map[string]uint64 // routing by name: connections turned away, by reason; nil if none
 }
 
 // Sockets returns the counters of every open listener.
@@ -181,7 +188,7 @@ func (s *Server) Sockets() []SocketStats {
 	out := make([]SocketStats, 0, len(s.lns))
 	for _, so := range s.lns {
 		out = append(out, SocketStats{Listen: so.key, Addr: so.ln.Addr().String(), Accepts: so.accepts.Load(),
-			AcceptErrors: so.errors.Load(), Inherited: so.inherited})
+			AcceptErrors: so.errors.Load(), Inherited: so.inherited, Refused: so.refused.counts()})
 	}
 	return out
 }
@@ -216,12 +223,15 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 		return setNoDelay(c)
 	}}
 	for _, a := range want {
+		if c.want[a] {
+			continue // listed twice: services that share it, routed by name
+		}
 		c.want[a] = true
 		if _, ok := s.lns[a]; ok {
 			continue
 		}
 		if ln, ok := s.spare[a]; ok {
-			c.opened = append(c.opened, newSocket(a, ln, true))
+			c.opened = append(c.opened, newSocket(a, ln, !s.adopted[a]))
 			continue
 		}
 		ln, err := lc.Listen(context.Background(), "tcp", a.String())
@@ -242,7 +252,7 @@ func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) *socket {
 
 func (c *Change) abort() {
 	for _, so := range c.opened {
-		if !so.inherited {
+		if !so.inherited && c.s.spare[so.key] != so.ln { // an adopted spare stays a spare
 			so.ln.Close()
 		}
 	}
@@ -258,6 +268,7 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	defer s.mu.Unlock()
 	for _, so := range c.opened {
 		delete(s.spare, so.key)
+		delete(s.adopted, so.key)
 		s.lns[so.key] = so
 		opened = append(opened, so.key)
 		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Bool("inherited", so.inherited).Msg("listening")
@@ -386,6 +397,9 @@ func (s *Server) accept(so *socket) {
 	defer acc.Close()
 	so.acc.Store(acc)
 	for {
+		if s.acceptHook != nil {
+			s.acceptHook()
+		}
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			acc.SetReadDeadline(time.Now().Add(d))
 		}

@@ -35,9 +35,11 @@ type session struct {
 	t                   *sched.Target
 	clientFD, backendFD int            // the sockets; closed by finish only
 	addr                netip.AddrPort // the client's
+	sni                 string         // the server name the client sent, on an address routed by name
 	start               time.Time
 	idle                time.Duration // 0 = none
 	halfClose           time.Duration // once one direction has closed, the other's idle limit; 0 = none
+	tm                  timing        // queue and connect times, retries: for the access line
 
 	up   half // client → backend
 	down half // backend → client
@@ -175,7 +177,7 @@ func (ss *session) finish() {
 	b.Release()
 	ss.svc.Group.Release()
 	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
-	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.srv.access(ss.svc, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
 	ss.srv.connDone()
 }
 

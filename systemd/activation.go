@@ -31,7 +31,9 @@ func (n *Notifier) Listeners() ([]Socket, error) {
 	if pid == "" {
 		return nil, nil
 	}
-	if pid != strconv.Itoa(os.Getpid()) {
+	// A process started by Upgrade finds its parent's pid here (see upgrade.go).
+	mine := pid == strconv.Itoa(os.Getpid()) || n.getenv(UpgradeEnv) != "" && pid == strconv.Itoa(os.Getppid())
+	if !mine {
 		return nil, nil // meant for another process
 	}
 	count, err := strconv.Atoi(n.getenv("LISTEN_FDS"))

@@ -1,8 +1,6 @@
 package systemd
 
 import (
-	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"time"
@@ -31,22 +29,7 @@ func (n *Notifier) getenv(k string) string {
 //	(false, err) notification supported, but sending failed
 //	(true, nil)  notification sent
 func (n *Notifier) Notify(state string) (bool, error) {
-	path := n.getenv("NOTIFY_SOCKET")
-	if path == "" {
-		return false, nil
-	}
-	if path[0] == '@' { // an abstract socket
-		path = "\x00" + path[1:]
-	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		return false, fmt.Errorf("sd_notify: %w", err)
-	}
-	defer c.Close()
-	if _, err := c.Write([]byte(state)); err != nil {
-		return false, fmt.Errorf("sd_notify: %w", err)
-	}
-	return true, nil
+	return n.send(state, nil)
 }
 
 // Messages, as sd_notify(3) names them.
