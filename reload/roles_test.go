@@ -332,6 +332,9 @@ func TestSplitBrainRefuses(t *testing.T) {
 	if n := s.Group.Rejected()[backend.RejectSplitBrain]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
 	}
+	if n := len(r.logs.All(func(m map[string]any) bool { return m["message"] == "connection rejected" })); n != 0 {
+		t.Errorf("%d per-connection rejection lines; the split is logged once, as it begins", n)
+	}
 }
 
 // TestOnDownPassive: on_down = "close" cuts a backend's sessions when
