@@ -75,8 +75,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		reject(kind, err)
 		return
 	}
-	if refusesSplitBrain(svc) { // logged once per split by reload; counted here
-		reject(backend.RejectSplitBrain, errSplitBrain)
+	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
+		svc.Group.Reject(backend.RejectSplitBrain, func(uint64) {})
+		closeFD(c)
+		s.connDone()
 		return
 	}
 	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
