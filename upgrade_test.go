@@ -133,8 +133,9 @@ func exchange(c net.Conn, line string) error {
 // loadResult counts what happened to the connections of a load run.
 type loadResult struct {
 	answered, refused, reset, other atomic.Int64
-	mu                              sync.Mutex // protects errs
-	errs                            []string   // the first few failures
+	slowest                         atomic.Int64 // nanoseconds: the longest dial plus exchange
+	mu                              sync.Mutex   // protects errs
+	errs                            []string     // the first few failures
 }
 
 func (r *loadResult) fail(err error) {
@@ -168,6 +169,7 @@ func load(addr string, rate, n int, mid chan<- struct{}, r *loadResult) {
 		wg.Add(1)
 		go func() { // exits when its exchange ends, within the 10 s deadlines
 			defer wg.Done()
+			start := time.Now()
 			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 			if err != nil {
 				r.fail(err)
@@ -179,6 +181,9 @@ func load(addr string, rate, n int, mid chan<- struct{}, r *loadResult) {
 				return
 			}
 			r.answered.Add(1)
+			el := int64(time.Since(start))
+			for s := r.slowest.Load(); el > s && !r.slowest.CompareAndSwap(s, el); s = r.slowest.Load() {
+			}
 		}()
 	}
 	wg.Wait()
@@ -282,7 +287,11 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	}
 
 	<-loaded
-	t.Logf("%d answered, %d refused, %d reset, %d other", res.answered.Load(), res.refused.Load(), res.reset.Load(), res.other.Load())
+	slowest := time.Duration(res.slowest.Load())
+	t.Logf("%d answered, %d refused, %d reset, %d other; slowest %v", res.answered.Load(), res.refused.Load(), res.reset.Load(), res.other.Load(), slowest)
+	if slowest >= drain {
+		t.Errorf("a connection took %v; want none waiting for the old process's drain (%v)", slowest, drain)
+	}
 	if res.answered.Load() != n || res.refused.Load() != 0 || res.reset.Load() != 0 {
 		t.Errorf("%d of %d answered, %d refused, %d reset, %d other (%q); want all answered", res.answered.Load(), n, res.refused.Load(), res.reset.Load(), res.other.Load(), res.errs)
 	}
