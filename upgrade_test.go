@@ -345,7 +345,8 @@ func TestUpgradeUnderLoad(t *testing.T) {
 // TestUpgradeFailureKeepsServing: a new binary that exits at once fails the
 // upgrade (exit status 1, the reason, a log line), and the old process
 // serves on, alone, its connections untouched; once a good binary is
-// installed the next upgrade succeeds.
+// installed the next upgrade succeeds, and the new process can upgrade in
+// turn.
 func TestUpgradeFailureKeepsServing(t *testing.T) {
 	becomeSubreaper(t)
 	dir := t.TempDir()
@@ -430,9 +431,37 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 	if pids := daemonPIDs(t, config); len(pids) != 1 || pids[0] != newPID {
 		t.Errorf("daemons after the upgrade: %v; want only %d", pids, newPID)
 	}
-	syscall.Kill(newPID, syscall.SIGTERM)
-	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 {
-		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
+
+	// The new process upgrades in turn: nothing of the first handover
+	// (LISTEN_*, the pipe's variable) lingers in its environment.
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+		t.Fatalf("second upgrade = %d, stderr %q", code, errb.String())
+	}
+	var third, from int
+	fmt.Sscanf(out.String(), "upgraded: pid %d serves; pid %d drains", &third, &from)
+	if from != newPID {
+		t.Errorf("second upgrade: %q; want pid %d to drain", out.String(), newPID)
+	}
+	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 { // no connection: it exits at once
+		t.Errorf("second process exit status %d; want 0", ws.ExitStatus())
+	}
+	c3, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := exchange(c3, "third\n"); err != nil {
+		t.Errorf("through the third process: %v", err)
+	}
+	c3.Close()
+	if pids := daemonPIDs(t, config); len(pids) != 1 || pids[0] != third {
+		t.Errorf("daemons after the second upgrade: %v; want only %d", pids, third)
+	}
+	syscall.Kill(third, syscall.SIGTERM)
+	if ws := reap(t, third, 10*time.Second); ws.ExitStatus() != 0 {
+		t.Errorf("third process exit status %d; want 0", ws.ExitStatus())
 	}
 	d.expectExit(t, 10*time.Second)
 }
