@@ -168,6 +168,7 @@ timeout = "100ms"
 	path := writeFile(t, "fulcrum.toml", config)
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
 	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	d.await(t, "configuration applied")
 
 	var out, errOut strings.Builder
 	if code := run([]string{"set", "-admin", adm, "web/two", "maint"}, &out, &errOut); code != 0 {
@@ -205,7 +206,7 @@ timeout = "100ms"
 		if code := run([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
 			t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
 		}
-		if strings.Contains(table.String(), "ok ") || time.Now().After(deadline) { // a check has run
+		if strings.Count(table.String(), " ok ") >= 3 || time.Now().After(deadline) { // each backend was checked
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -275,4 +276,51 @@ func scrape(t *testing.T, adm string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestAccessLine: one line per connection with HAProxy tcplog's timers —
+// time queued, time to connect, retries, bytes each way, duration, the
+// backend and its address, how it ended; a failed dial names the client
+// and says that a retry follows.
+func TestAccessLine(t *testing.T) {
+	live := listenertest.NewServer(t, listenertest.Echo).Addr
+	dead := listenertest.DeadAddr(t)
+	d := startDaemon(t, fmt.Sprintf(`
+[log]
+format = "json"
+[services.web]
+listen = ["127.0.0.1:0"]
+scheduler = "first"
+retries = 1
+backends = [{ name = "dead", address = %q }, { name = "live", address = %q }]
+`, dead, live))
+	lb := d.await(t, "listening")["addr"].(string)
+	c, err := net.Dial("tcp", lb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("hello"))
+	c.(*net.TCPConn).CloseWrite()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.ReadAll(c)
+	c.Close()
+	fail := d.await(t, "connect failed")
+	if fail["backend"] != "dead" || fail["retry"] != true || fail["client"] != c.LocalAddr().String() || fail["component"] != "listener" {
+		t.Errorf("connect failed line %v; want backend dead, retry, the client", fail)
+	}
+	line := d.await(t, "connection")
+	for key, want := range map[string]any{"backend": "live", "backend_addr": live, "retries": 1.0, "bytes_in": 5.0, "bytes_out": 5.0,
+		"end": "client close", "client": c.LocalAddr().String(), "service": "web"} {
+		if line[key] != want {
+			t.Errorf("access line %s = %v; want %v (%v)", key, line[key], want, line)
+		}
+	}
+	for _, key := range []string{"queue_ms", "connect_ms", "duration_ms"} {
+		if v, ok := line[key].(float64); !ok || v < 0 {
+			t.Errorf("access line %s = %v; want a duration in ms", key, line[key])
+		}
+	}
+	if line["connect_ms"].(float64) > line["duration_ms"].(float64) {
+		t.Errorf("connect_ms %v above duration_ms %v", line["connect_ms"], line["duration_ms"])
+	}
 }

@@ -612,7 +612,17 @@ backends = [{ name = "echo", address = %q }]
 // TestDaemonSplices runs the real daemon: it serves a config, moves bytes
 // with splice(2) (seen as the pipes it holds while data moves — nothing
 // else in fulcrum makes pipes), and exits 0 on SIGTERM.
+//
+// It runs on a plain address, and on one routed by name (docs/routing.md),
+// where the client's ClientHello is peeked before the route is chosen.
 func TestDaemonSplices(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testDaemonSplices(t, "", nil) })
+	t.Run("routed", func(t *testing.T) {
+		testDaemonSplices(t, `sni = ["sink.example.com"]`, clientHello(t, "sink.example.com"))
+	})
+}
+
+func testDaemonSplices(t *testing.T, route string, first []byte) {
 	be := listenertest.NewServer(t, func(c *net.TCPConn) { // a sink
 		io.Copy(io.Discard, listenertest.User(c))
 		c.Write([]byte("done"))
@@ -622,8 +632,9 @@ func TestDaemonSplices(t *testing.T) {
 format = "json"
 [services.sink]
 listen = ["127.0.0.1:0"]
+%s
 backends = [{ name = "sink", address = %q }]
-`, be))
+`, route, be))
 	addr := d.await(t, "listening")["addr"].(string)
 	base := pipes(t, d.cmd.Process.Pid) // descriptors it may have inherited
 
@@ -632,6 +643,9 @@ backends = [{ name = "sink", address = %q }]
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if _, err := c.Write(first); err != nil {
+		t.Fatal(err)
+	}
 	stop := make(chan struct{})
 	wrote := make(chan error, 1)
 	go func() { // writes until told to stop (bounded: 1 GiB)
@@ -666,8 +680,12 @@ backends = [{ name = "sink", address = %q }]
 	if b, err := io.ReadAll(c); err != nil || string(b) != "done" {
 		t.Fatalf("answer = %q, %v", b, err)
 	}
-	if line := d.await(t, "connection"); line["end"] != "client close" {
+	line := d.await(t, "connection")
+	if line["end"] != "client close" {
 		t.Errorf("access log end = %v", line["end"])
+	}
+	if sni, _ := line["sni"].(string); first != nil && sni != "sink.example.com" {
+		t.Errorf("access log sni = %q; want sink.example.com", sni)
 	}
 
 	d.cmd.Process.Signal(syscall.SIGTERM)

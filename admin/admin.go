@@ -275,8 +275,9 @@ type Options struct {
 	// JSON, at most a few a second. The zero Logger writes nowhere.
 	Log zerolog.Logger
 	// MaxConns is how many connections are held at once; default 64. At the
-	// cap the listener stops accepting (the kernel queues the rest) and
-	// answers with Connection: close so that held connections cycle.
+	// cap the listener stops accepting (the kernel queues the rest), closes
+	// the idle keep-alive connections, and answers with Connection: close
+	// so that busy ones cycle; keep-alive resumes below half the cap.
 	MaxConns int
 	// IdleTimeout closes a keep-alive connection idle this long; default 30s.
 	IdleTimeout time.Duration
@@ -317,6 +318,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, o Options) erro
 		MaxHeaderBytes:    16 << 10,
 		ErrorLog:          log.New(logWriter{sampled}, "", 0),
 	}
+	// At the cap, idle keep-alive connections go first: a probe waiting in
+	// the kernel's queue gets in at once, not after an idle timeout.
+	lim.shed = func(on bool) { srv.SetKeepAlivesEnabled(!on) }
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lim) }() // exits when Shutdown closes ln
 	<-ctx.Done()
@@ -345,6 +349,8 @@ type limitListener struct {
 	net.Listener
 	sem       chan struct{} // one token per open connection, and one for the Accept in progress
 	open      atomic.Int64  // connections open now
+	shed      func(on bool) // called with true when the cap is reached, false when below half again; nil: no-op
+	shedding  atomic.Bool   // shed(true) was the last call
 	done      chan struct{} // closed by Close: Accept stops waiting
 	closeOnce sync.Once
 }
@@ -367,8 +373,18 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		<-l.sem
 		return nil, err
 	}
-	l.open.Add(1)
-	return &limitConn{Conn: c, release: func() { l.open.Add(-1); <-l.sem }}, nil
+	if n := l.open.Add(1); n >= int64(cap(l.sem)) && l.shed != nil && l.shedding.CompareAndSwap(false, true) {
+		l.shed(true)
+	}
+	return &limitConn{Conn: c, release: l.release}, nil
+}
+
+// release gives back a closed connection's place.
+func (l *limitListener) release() {
+	if n := l.open.Add(-1); n <= int64(cap(l.sem)/2) && l.shed != nil && l.shedding.CompareAndSwap(true, false) {
+		l.shed(false)
+	}
+	<-l.sem
 }
 
 func (l *limitListener) Close() error {

@@ -86,64 +86,116 @@ func TestHostCheck(t *testing.T) {
 	}
 }
 
+// get sends one request on c and reads the start of its answer, within d.
+func get(c net.Conn, d time.Duration) error {
+	c.SetDeadline(time.Now().Add(d))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
+		return err
+	}
+	buf := make([]byte, 512)
+	n, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+		return fmt.Errorf("answer %q", buf[:n])
+	}
+	return nil
+}
+
 // TestConnCap: the listener holds at most MaxConns connections; one more
 // waits in the kernel's queue (holding no descriptor of ours) until a held
-// one goes, and idle connections go by themselves after IdleTimeout. (A
-// request answered at the cap closes its connection, so that held ones
-// cycle: hence the last place is taken without a request.)
+// one goes.
 func TestConnCap(t *testing.T) {
 	const max = 4
-	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
-		Options{MaxConns: max, IdleTimeout: time.Second})
-	get := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(300 * time.Millisecond))
-		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
-			return err
-		}
-		buf := make([]byte, 512)
-		n, err := c.Read(buf)
-		if err != nil {
-			return err
-		}
-		if !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
-			return fmt.Errorf("answer %q", buf[:n])
-		}
-		return nil
-	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr := serve(t, ok, Options{MaxConns: max})
 	var held []net.Conn
 	defer func() {
 		for _, c := range held {
 			c.Close()
 		}
 	}()
-	for i := range max + 1 {
+	for range max { // connected, asking nothing yet: not idle, so not shed
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, c)
-		switch {
-		case i < max-1: // kept alive after a request
-			if err := get(c); err != nil {
-				t.Fatalf("connection %d: %v", i, err)
-			}
-		case i == max-1: // holds the last place without asking anything
-		case i == max:
-			if err := get(c); err == nil {
-				t.Fatalf("connection %d was served while %d were held; want it to wait", i, max)
-			}
-		}
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := get(c, 300*time.Millisecond); err == nil {
+		t.Fatalf("a connection was served while %d were held; want it to wait", max)
 	}
 	held[0].Close() // one goes: the waiting one is accepted
-	held[max].SetDeadline(time.Now().Add(5 * time.Second))
-	if b, err := io.ReadAll(io.LimitReader(held[max], 12)); err != nil || string(b) != "HTTP/1.1 200" {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, err := io.ReadAll(io.LimitReader(c, 12)); err != nil || string(b) != "HTTP/1.1 200" {
 		t.Fatalf("the waiting connection after one closed: %q, %v", b, err)
 	}
-	// Idle: the server closes held[1] within IdleTimeout (plus margin).
-	held[1].SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := held[1].Read(make([]byte, 1)); err != io.EOF {
-		t.Errorf("idle connection: Read = %d, %v; want EOF from the idle timeout", n, err)
+}
+
+// TestConnCapShedsIdle: keep-alive connections idle when the cap is reached
+// are closed at once, so that one more (a health probe) is served without
+// waiting for their idle timeout.
+func TestConnCapShedsIdle(t *testing.T) {
+	const max = 4
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr := serve(t, ok, Options{MaxConns: max, IdleTimeout: time.Hour})
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for i := range max {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		if i == max-1 {
+			break // the last place is taken by one that asks nothing
+		}
+		if err := get(c, 5*time.Second); err != nil { // then idle, kept alive
+			t.Fatalf("connection %d: %v", i, err)
+		}
 	}
+	probe, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if err := get(probe, 5*time.Second); err != nil {
+		t.Fatalf("a probe while %d idle keep-alive connections and a silent one held the cap: %v; want it served", max-1, err)
+	}
+	held[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := held[0].Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("idle connection at the cap: Read = %d, %v; want EOF (closed to make room)", n, err)
+	}
+}
+
+// TestIdleTimeout: an idle keep-alive connection is closed after IdleTimeout.
+func TestIdleTimeout(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	addr := serve(t, ok, Options{IdleTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := get(c, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("idle connection: Read = %d, %v; want EOF from the idle timeout", n, err)
+	}
+	t.Logf("closed %v after going idle", time.Since(start).Round(time.Millisecond))
 }
 
 // TestErrorLogJSON: net/http's own error lines go to the logger as JSON.

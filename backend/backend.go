@@ -33,6 +33,7 @@ type Backend struct {
 	Name    string // the backend's name, unique in its service
 
 	active       atomic.Int64  // connections holding a slot: dialling or open
+	limit        atomic.Int64  // the max of the last Acquire; 0 = unlimited
 	total        atomic.Uint64 // connections that took a slot
 	bytesIn      atomic.Uint64 // client → backend
 	bytesOut     atomic.Uint64 // backend → client
@@ -68,6 +69,9 @@ func (b *Backend) Acquire(max int) bool {
 	if b.draining.Load() || b.ovr.v.Load() != 0 {
 		return false
 	}
+	if int64(max) != b.limit.Load() {
+		b.limit.Store(int64(max)) // for free: a reload may change it, rarely
+	}
 	if max <= 0 {
 		b.active.Add(1)
 	} else {
@@ -89,8 +93,15 @@ func (b *Backend) Acquire(max int) bool {
 func (b *Backend) Release() {
 	b.active.Add(-1)
 	if b.group != nil {
-		b.group.freed()
+		b.group.freed(b)
 	}
+}
+
+// free reports whether b could take a connection now: not draining, and
+// below the max its connections last asked for.
+func (b *Backend) free() bool {
+	l := b.limit.Load()
+	return !b.draining.Load() && (l <= 0 || b.active.Load() < l)
 }
 
 // Active is the number of slots taken now.

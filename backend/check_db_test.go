@@ -236,3 +236,28 @@ func TestRedisRoles(t *testing.T) {
 	waitRole(t, probe(pri.Addr, "replica"), RoleReplica)
 	wantRole(t, "old master, role primary", probe(pri.Addr, "primary"), RoleReplica, "")
 }
+
+// TestRedisProbeHygiene: 100 probes of each kind leave nothing in Redis's
+// log (at its default level, where a protocol error would show).
+func TestRedisProbeHygiene(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "redis.log")
+	r := dbtest.StartRedis(t, "--requirepass", "redis-pw", "--logfile", log)
+	before, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := secret(t, "redis-pw")
+	for _, p := range []*Probe{
+		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                      // PING, -NOAUTH, QUIT
+		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: RolePrimary}, // AUTH, INFO, QUIT
+	} {
+		for i := range 100 {
+			if err := p.Run(t.Context()); err != nil {
+				t.Fatalf("probe %d: %v", i, err)
+			}
+		}
+	}
+	if after, _ := os.ReadFile(log); len(after) != len(before) {
+		t.Errorf("redis logged during the probes:\n%s", after[len(before):])
+	}
+}

@@ -367,7 +367,7 @@ func TestWrongRole(t *testing.T) {
 func TestAwaitRole(t *testing.T) {
 	var p Pool
 	b := p.Get("s", "a")
-	b.AwaitRole()
+	b.AwaitRole(RolePrimary)
 	if !b.Down() {
 		t.Fatal("an unchecked backend is eligible")
 	}
@@ -376,15 +376,49 @@ func TestAwaitRole(t *testing.T) {
 	if b.Down() {
 		t.Fatal("the first passing role check did not bring it up at once")
 	}
-	b.AwaitRole()
+	b.AwaitRole(RolePrimary)
 	if b.Down() {
-		t.Error("AwaitRole took down a backend whose role is known")
+		t.Error("AwaitRole took down a backend last seen in the role")
+	}
+	// The service now wants a replica of a node last seen as primary: out
+	// until the next check, which decides at once.
+	b.AwaitRole(RoleReplica)
+	if !b.Down() {
+		t.Error("a node last seen as primary stays eligible for a replica service")
+	}
+	b.observed(RolePrimary)
+	b.checked(&WrongRoleError{Observed: RolePrimary, Want: RoleReplica}, 3, 3, time.Now())
+	if st, _ := b.State(); st != StateWrongRole {
+		t.Errorf("after the next check: %v; want wrong role at once", st)
 	}
 	c := p.Get("s", "c")
-	c.AwaitRole()
+	c.AwaitRole(RolePrimary)
 	c.observed(RoleReplica)
 	c.checked(&WrongRoleError{Observed: RoleReplica, Want: RolePrimary}, 3, 3, time.Now())
 	if st, _ := c.State(); st != StateWrongRole {
 		t.Errorf("first check in the wrong role: %v; want wrong role at once", st)
+	}
+}
+
+// TestAwaitRoleQuiet: a backend already in the wrong role keeps that state
+// (no report) when a reload asks again; its next check still decides at once.
+func TestAwaitRoleQuiet(t *testing.T) {
+	changes := make(chan *Backend, 10)
+	p := Pool{Changes: changes}
+	b := p.Get("s", "a")
+	b.AwaitRole(RoleReplica)
+	b.observed(RolePrimary)
+	b.checked(&WrongRoleError{Observed: RolePrimary, Want: RoleReplica}, 3, 3, time.Now())
+	for len(changes) > 0 {
+		(<-changes).Seen()
+	}
+	b.AwaitRole(RoleReplica)
+	if st, _ := b.State(); st != StateWrongRole || len(changes) != 0 {
+		t.Errorf("after AwaitRole again: %v with %d reports; want wrong role, none", st, len(changes))
+	}
+	b.observed(RoleReplica)
+	b.checked(nil, 3, 3, time.Now())
+	if st, _ := b.State(); st != StateUp {
+		t.Errorf("after one check in the right role: %v; want up at once", st)
 	}
 }

@@ -140,18 +140,18 @@ func (g *Group) Admit(max int, deadline time.Time) bool {
 // the backend queue: Enqueue) not already woken: one wake per slot, in
 // arrival order, so a long queue costs a release O(1), not a wake-up of
 // every waiter. It costs one atomic load when nobody waits.
-func (g *Group) freed() {
+func (g *Group) freed(b *Backend) {
 	if g.backendWaiting.Load() == 0 {
 		return
 	}
 	g.mu.Lock()
-	g.wakeAfter(nil)
+	g.wakeAfter(nil, b)
 	g.mu.Unlock()
 }
 
 // wakeAfter wakes the first waiter after e (from the front if e is nil)
-// that has no wake pending. g.mu must be held.
-func (g *Group) wakeAfter(e *list.Element) {
+// that has no wake pending, for a slot of b. g.mu must be held.
+func (g *Group) wakeAfter(e *list.Element, b *Backend) {
 	if e == nil {
 		e = g.queue.Front()
 	} else {
@@ -160,7 +160,7 @@ func (g *Group) wakeAfter(e *list.Element) {
 	for ; e != nil; e = e.Next() {
 		if w := e.Value.(*Waiter); !w.notified {
 			w.notified = true
-			w.wake <- struct{}{} // never blocks: one pending wake at most, and notified says there is none
+			w.wake <- b // never blocks: one pending wake at most, and notified says there is none
 			return
 		}
 	}
@@ -171,8 +171,8 @@ func (g *Group) wakeAfter(e *list.Element) {
 type Waiter struct {
 	g    *Group
 	e    *list.Element // its place in g.queue; nil once it has left
-	wake chan struct{} // a freed slot was handed to it; capacity 1
-	woke bool          // the last Wait returned a wake not yet known to be used
+	wake chan *Backend // a slot of this backend was freed for it; capacity 1
+	woke *Backend      // the last Wait returned a wake for this backend's slot, not yet known to be used
 	// notified (guarded by g.mu): a wake is pending in wake, or taken by
 	// Wait and not yet acted on.
 	notified bool
@@ -182,7 +182,7 @@ type Waiter struct {
 // Enqueue (a slot freed just before would otherwise be missed), then Wait,
 // trying again after each wake, and finally Leave.
 func (g *Group) Enqueue() *Waiter {
-	w := &Waiter{g: g, wake: make(chan struct{}, 1)}
+	w := &Waiter{g: g, wake: make(chan *Backend, 1)}
 	g.waiting.Add(1)
 	g.backendWaiting.Add(1) // before it is queued: freed looks at the queue only when this is non-zero
 	g.queued.Add(1)
@@ -194,23 +194,25 @@ func (g *Group) Enqueue() *Waiter {
 
 // Wait blocks until a slot is handed to this connection or until deadline,
 // and reports false at the deadline. Calling Wait again means the slot the
-// last wake handed over could not be used (a newcomer took it, or it was a
-// backend this connection cannot use): it is handed on to the next waiter,
-// so that no freed slot is lost while someone could take it.
+// last wake handed over could not be used: if it is still free (it was of a
+// backend this connection cannot use) it is handed on to the next waiter,
+// so that no freed slot is lost while someone could take it; if a newcomer
+// took it, nobody could, and nobody else is woken.
 func (w *Waiter) Wait(deadline time.Time) bool {
 	g := w.g
-	if w.woke {
-		w.woke = false
+	if b := w.woke; b != nil {
+		w.woke = nil
 		g.mu.Lock()
 		w.notified = false
-		g.wakeAfter(w.e)
+		if b.free() { // still free: someone behind may use it; taken (by a newcomer): nobody can
+			g.wakeAfter(w.e, b)
+		}
 		g.mu.Unlock()
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-w.wake:
-		w.woke = true
+	case w.woke = <-w.wake:
 		return true
 	case <-t.C:
 		return false
@@ -226,8 +228,8 @@ func (w *Waiter) Leave() {
 	g := w.g
 	g.mu.Lock()
 	select {
-	case <-w.wake: // handed a slot it will not use
-		g.wakeAfter(w.e)
+	case b := <-w.wake: // handed a slot it will not use
+		g.wakeAfter(w.e, b)
 	default:
 	}
 	g.queue.Remove(w.e)

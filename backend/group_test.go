@@ -132,14 +132,17 @@ func TestAdmitTimeout(t *testing.T) {
 }
 
 // TestBackendWakeOne: a freed backend slot wakes one waiter, the oldest; a
-// waiter that cannot use it (it waits again) hands the wake on to the next.
+// waiter that cannot use it (it waits again) hands the wake on to the next
+// while the slot is still free, and not once a newcomer has taken it.
 func TestBackendWakeOne(t *testing.T) {
-	g := newGroup("s")
+	var pool Pool
+	be, g := pool.Get("s", "x"), pool.Group("s")
+	be.Acquire(1)
 	deadline := time.Now().Add(10 * time.Second)
 	a, b := g.Enqueue(), g.Enqueue()
 	defer a.Leave()
 	defer b.Leave()
-	g.freed()
+	be.Release()
 	woken := make(chan string, 2)
 	go func() { // exits after one wake or the deadline
 		if b.Wait(deadline) {
@@ -162,4 +165,92 @@ func TestBackendWakeOne(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the wake a could not use never reached b")
 	}
+
+	// Taken by a newcomer before the woken waiter could: not handed on.
+	c := g.Enqueue()
+	defer c.Leave()
+	be.Acquire(1)
+	be.Release() // wakes a, the oldest
+	if !a.Wait(deadline) {
+		t.Fatal("a was not woken")
+	}
+	be.Acquire(1) // a newcomer takes the slot
+	go func() {   // exits after one wake or the deadline
+		if b.Wait(time.Now().Add(time.Second)) {
+			woken <- "b"
+		}
+	}()
+	a.Wait(time.Now().Add(10 * time.Millisecond)) // a waits again: the slot is taken, nothing to hand on
+	select {
+	case <-woken:
+		t.Error("b was woken for a slot a newcomer had taken")
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// BenchmarkBackendQueueRelease is BenchmarkQueueRelease for a backend's
+// max_conns, queued as the listener's connect does: a newcomer (here the
+// connection that just released, coming back) tries before it queues, so a
+// woken waiter may find its slot taken.
+func BenchmarkBackendQueueRelease(b *testing.B) {
+	for _, waiters := range []int{1, 4000} {
+		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) { benchBackendQueue(b, waiters) })
+	}
+}
+
+func benchBackendQueue(b *testing.B, waiters int) {
+	var pool Pool
+	be := pool.Get("s", "a")
+	g := pool.Group("s")
+	var handed atomic.Int64
+	total := int64(b.N)
+	deadline := time.Now().Add(10 * time.Minute)
+	take := func() bool { // a slot of be, queueing as connect does
+		if be.Acquire(1) {
+			return true
+		}
+		w := g.Enqueue()
+		defer w.Leave()
+		for !be.Acquire(1) {
+			if !w.Wait(deadline) {
+				return false
+			}
+		}
+		return true
+	}
+	if !be.Acquire(1) {
+		b.Fatal("first Acquire failed")
+	}
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Add(1)
+		go func() { // exits once b.N hand-overs are done, after one more turn
+			defer wg.Done()
+			for {
+				if !take() {
+					return
+				}
+				n := handed.Add(1)
+				if n <= total {
+					time.Sleep(100 * time.Microsecond)
+				}
+				be.Release()
+				if n >= total {
+					return
+				}
+			}
+		}()
+	}
+	for g.Stats().Waiting < int64(waiters) {
+		time.Sleep(time.Millisecond)
+	}
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	be.Release()
+	for handed.Load() < total {
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/release")
+	wg.Wait()
 }

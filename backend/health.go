@@ -267,20 +267,23 @@ func (b *Backend) observed(role string) {
 	b.health.mu.Unlock()
 }
 
-// AwaitRole keeps a backend whose role has never been checked out of
-// rotation until its first check: a service that wants a primary must not
-// send writes to a node it has not asked yet. That first result then
-// decides at once, without waiting for rise or fall. It does nothing to a
-// backend whose role a check has already seen.
-func (b *Backend) AwaitRole() {
+// AwaitRole keeps a backend whose checks now want role, and that no check
+// has yet seen in that role, out of rotation until its next check: a
+// service that wants a primary must not send writes to a node it has not
+// asked (or last saw as a replica). That result then decides at once,
+// without waiting for rise or fall. It does nothing to a backend last seen
+// in role.
+func (b *Backend) AwaitRole(role string) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.roleChecked || h.awaiting {
+	if h.roleChecked && h.role == role || h.awaiting {
 		return
 	}
 	h.awaiting = true
-	b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+	if b.down.Load() == 0 { // one already out of rotation keeps its state (and its log stays quiet)
+		b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+	}
 }
 
 // awaitingRole reports whether AwaitRole's first check is still to come.

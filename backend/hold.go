@@ -57,6 +57,11 @@ func (h *Hold) Wait(deadline time.Time) bool {
 
 // Leave leaves the queue, if a Kick has not already emptied it.
 func (h *Hold) Leave() {
+	select {
+	case <-h.ch:
+		return // kicked: Kick took it out of the queue already
+	default:
+	}
 	q := &h.g.hold
 	q.mu.Lock()
 	defer q.mu.Unlock()

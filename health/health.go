@@ -248,14 +248,14 @@ func findTarget(s *sched.Service, b *backend.Backend) (*sched.Target, bool) {
 	return nil, false
 }
 
-// AwaitRoles keeps each backend whose check wants a role, and whose role no
-// check has seen yet, out of rotation until its first check (see
+// AwaitRoles keeps each backend whose check wants a role, and that no check
+// has seen in that role, out of rotation until its next check (see
 // backend.AwaitRole): a writer service must not guess. Part of a reload's
 // commit, before the swap.
 func AwaitRoles(jobs []Job) {
 	for _, j := range jobs {
 		if r := j.Spec.Probe.Role; r == backend.RolePrimary || r == backend.RoleReplica {
-			j.B.AwaitRole()
+			j.B.AwaitRole(r)
 		}
 	}
 }

@@ -26,7 +26,10 @@ import (
 // dial's) until the last of them finishes the session.
 func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
-	svc := s.tbl.Load().Route(key)
+	tbl := s.tbl.Load()
+	// On an address routed by name, any of its services until the route is
+	// chosen: they agree on what comes before (keepalive aside, set again).
+	svc := tbl.Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		closeFD(c)
 		s.connDone()
@@ -55,7 +58,20 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		closeFD(c)
 		s.connDone()
 	}
-	if kind, err := s.screen(svc, c, &r.Client, &orig); err != nil {
+	if kind, err := s.proxyHeader(svc, c, &r.Client, &orig); err != nil {
+		reject(kind, err)
+		return
+	}
+	var h *Hello // what the client sent first, on an address routed by name (routes.go)
+	if rs := tbl.Routes(key); rs != nil {
+		first := svc
+		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
+			s.connDone() // refused, counted and closed
+			return
+		}
+		s.routed(c, first, svc)
+	}
+	if kind, err := s.screen(svc, r.Client); err != nil {
 		reject(kind, err)
 		return
 	}
@@ -69,10 +85,11 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	}
 	// From here a source slot is held, and from admit on a service slot:
 	// an early end gives them back here, a session gives them back in finish.
+	var tm0 timing
 	fail := func(t *sched.Target, end string, err error) {
 		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
-		s.access(svc, r.Client, t, start, 0, 0, end, err)
+		s.access(svc, r.Client, h.sni(), t, start, tm0, 0, 0, end, err)
 		s.connDone()
 	}
 	if !admit(svc, start) {
@@ -80,10 +97,13 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		fail(nil, endFull, errFull)
 		return
 	}
-	bc, t, tries, err := s.connect(svc, &r, start)
+	var tm timing
+	ready := h.toBackend(svc, r.Client, orig)
+	bc, t, tries, err := s.connect(svc, &r, ready, start, &tm)
 	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
-		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, start)
+		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, ready, start, &tm)
 	}
+	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
@@ -94,10 +114,11 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 			end = endNoBackend
 		}
 		svc.Group.Release()
+		tm0 = tm
 		fail(nil, end, err)
 		return
 	}
-	if t.ProxyProtocol > 0 {
+	if t.ProxyProtocol > 0 && !h.postgres() { // such a backend had its header before its SSLRequest
 		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
 			closeFD(bc)
 			t.B.Release()
@@ -107,6 +128,8 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		}
 	}
 	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	ss.tm = tm
+	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.finish()
@@ -115,11 +138,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	ss.run()
 }
 
-// screen applies what is decided before any backend is dialled: the PROXY
-// header (read from a trusted balancer, which may change client and orig;
-// refused from anyone else), the access lists and the accept rate. It
-// returns the backend.Reject kind and why when the connection must go.
-func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
+// proxyHeader reads the PROXY header of a trusted balancer, which may
+// change client and orig, and refuses one from anyone else. It returns the
+// backend.Reject kind and why when the connection must go.
+func (s *Server) proxyHeader(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
 	if len(svc.AcceptProxy) > 0 {
 		c, err := goConn(fd)
 		if err != nil {
@@ -141,6 +163,13 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 			return backend.RejectProxy, err
 		}
 	}
+	return 0, nil
+}
+
+// screen applies what else is decided before any backend is dialled: the
+// access lists and the accept rate. It returns the backend.Reject kind and
+// why when the connection must go.
+func (s *Server) screen(svc *sched.Service, client netip.AddrPort) (int, error) {
 	if !svc.Allowed(client.Addr()) {
 		return backend.RejectDenied, errors.New("denied by allow/deny")
 	}
@@ -155,8 +184,9 @@ func (s *Server) screen(svc *sched.Service, fd int, client, orig *netip.AddrPort
 // picks from the primaries, or from the backups while no primary is up. When
 // every eligible backend is full it waits up to svc.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
-// that failed.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error) {
+// that failed. ready, if not nil, prepares each connected backend before
+// it is taken (routes.go): one it fails counts as a failed dial.
+func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -205,8 +235,18 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, start time.Time) 
 		if tries > 0 {
 			svc.Group.Retried()
 		}
+		d0 := time.Now()
+		if tm.dialled == 0 {
+			tm.queue, tm.dialled = d0.Sub(start), 1
+		}
 		c, err := s.dial(svc, t.Addr)
+		if err == nil && ready != nil {
+			if err = ready(c, t); err != nil {
+				closeFD(c)
+			}
+		}
 		if err == nil {
+			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
 			return c, t, tries, nil
 		}
@@ -288,7 +328,16 @@ func (s *Server) logsAccess(svc *sched.Service) bool {
 	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
 }
 
-func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Target, start time.Time, in, out int64, end string, err error) {
+// timing is what the access line says about the way to a backend, after
+// HAProxy's tcplog timers: the session carries it from connect to finish.
+type timing struct {
+	queue   time.Duration // accept to the first dial (Tw): the service and backend queues, admission
+	connect time.Duration // the successful dial (Tc)
+	retries int           // dials that failed before it
+	dialled int8          // 1 once a dial began: queue is set
+}
+
+func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event
 	if svc.AccessLog {
 		e = s.log.Info()
@@ -299,12 +348,24 @@ func (s *Server) access(svc *sched.Service, client netip.AddrPort, t *sched.Targ
 		return
 	}
 	e = e.Str("service", svc.Name).Stringer("client", client)
-	if t != nil {
-		e = e.Str("backend", t.B.Name)
+	if sni != "" {
+		e = e.Str("sni", sni)
 	}
-	e = e.Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	if t != nil {
+		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
+	}
+	if tm.dialled != 0 {
+		e = e.Float64("queue_ms", ms(tm.queue))
+	}
+	if t != nil {
+		e = e.Float64("connect_ms", ms(tm.connect))
+	}
+	e = e.Int("retries", tm.retries).Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
 	if err != nil && end != endClient && end != endBackend {
 		e = e.AnErr("error", err)
 	}
 	e.Msg("connection")
 }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -253,7 +253,7 @@ func (h *half) count(n int) {
 	} else {
 		ss.t.B.AddBytes(0, int64(n))
 	}
-	if ss.idle > 0 {
+	if ss.idle > 0 || ss.first.Load() != 0 {
 		ss.last.Store(mono())
 	}
 }

@@ -14,7 +14,7 @@ package listener
 //
 // Typical use, in admission (routes.go):
 //
-//	h, err := preread(c, svc.PrereadTimeout) // SSLRequest answered, hello peeked
+//	h, err := preread(fd, rs.PrereadTimeout()) // SSLRequest answered, hello peeked
 //	if err != nil { /* close: err is a *PrereadError with a Reason */ }
 //	svc := routes.Match(h.SNI, h.ALPN, h.Proto != ProtoNone)
 //	... dial ...
@@ -26,12 +26,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/crypto/cryptobyte"
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -119,25 +120,26 @@ func malformed(format string, a ...any) error {
 // are copied out of it.
 var helloBufs = sync.Pool{New: func() any { return new([MaxHello]byte) }}
 
-// preread waits, within timeout, for the first bytes of client c and reads
-// its ClientHello without consuming it. A client starting with an
-// SSLRequest is answered 'S' (its 8 bytes consumed) and its ClientHello is
-// read the same way, within the same timeout. A client that starts with
-// anything else, or sends nothing within timeout (a server-first protocol),
-// gets ProtoNone and nothing consumed. The error is a *PrereadError.
-func preread(c *net.TCPConn, timeout time.Duration) (Hello, error) {
+// preread waits, within timeout, for the first bytes of the client on
+// descriptor fd (a non-blocking socket) and reads its ClientHello without
+// consuming it. A client starting with an SSLRequest is answered 'S' (its
+// 8 bytes consumed) and its ClientHello is read the same way, within the
+// same timeout. A client that starts with anything else, or sends nothing
+// within timeout (a server-first protocol), gets ProtoNone and nothing
+// consumed. The error is a *PrereadError.
+func preread(fd int, timeout time.Duration) (Hello, error) {
 	if timeout <= 0 {
 		timeout = DefaultPrereadTimeout
 	}
-	c.SetReadDeadline(time.Now().Add(timeout))
-	defer c.SetReadDeadline(time.Time{})
 	buf := helloBufs.Get().(*[MaxHello]byte)
 	defer helloBufs.Put(buf)
+	p := fdPeeker{fd: fd, deadline: time.Now().Add(timeout)}
+	defer p.close()
 
 	var proto Proto
 	var total int  // the length of a TLS client's hello, once whole
 	var lerr error // why a TLS client's first bytes are no hello
-	n, err := peek(c, buf[:], func(b []byte) bool {
+	n, err := p.peek(buf[:], func(b []byte) bool {
 		proto = ProtoNone
 		switch {
 		case b[0] == recordHandshake:
@@ -167,16 +169,80 @@ func preread(c *net.TCPConn, timeout time.Duration) (Hello, error) {
 	case proto == ProtoNone:
 		return Hello{}, nil
 	}
-	if err := answerSSL(c); err != nil {
+	if err := answerSSL(fd); err != nil {
 		return Hello{}, readFailed(err)
 	}
-	n, err = peek(c, buf[:], func(b []byte) bool {
+	n, err = p.peek(buf[:], func(b []byte) bool {
 		total, lerr = helloLen(b)
 		return lerr != nil || total > 0
 	})
 	h, err := hello(buf[:], n, total, lerr, err)
 	h.Proto = ProtoPostgres
 	return h, err
+}
+
+// fdPeeker peeks at a non-blocking socket: at what has arrived, without
+// waiting, and only when that is not enough, through a duplicate of the
+// descriptor in Go's poller, until deadline. A client's first message has
+// mostly arrived by the time it is accepted, so most connections never
+// take the slow path.
+type fdPeeker struct {
+	fd       int
+	deadline time.Time
+	f        *os.File // the slow path's duplicate; nil until needed
+}
+
+// peek is the peek of proxyproto.go on p's socket.
+func (p *fdPeeker) peek(buf []byte, decide func(b []byte) (done bool)) (int, error) {
+	n, err := recvPeek(p.fd, buf)
+	switch {
+	case err == nil && n == 0:
+		return 0, io.EOF
+	case err == nil && (decide(buf[:n]) || n == len(buf)):
+		return n, nil
+	case err != nil && err != unix.EAGAIN && err != unix.EINTR:
+		return 0, err
+	}
+	if p.f == nil {
+		if p.f, err = pollable(p.fd); err != nil {
+			return 0, err
+		}
+		p.f.SetReadDeadline(p.deadline)
+	}
+	rc, err := p.f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	return peekRaw(rc, buf, decide)
+}
+
+// close closes the slow path's duplicate, if any; the socket stays open.
+func (p *fdPeeker) close() {
+	if p.f != nil {
+		p.f.Close()
+	}
+}
+
+// pollable returns a duplicate of the non-blocking socket fd as a file in
+// Go's poller, whose deadlines work: the cheapest way to wait for it (a
+// net.Conn would cost a second duplicate and address lookups). The caller
+// closes it; fd stays open.
+func pollable(fd int) (*os.File, error) {
+	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	return os.NewFile(uintptr(nfd), "socket"), nil // non-blocking, so in the poller
+}
+
+// recvPeek peeks at what fd holds, without waiting.
+func recvPeek(fd int, buf []byte) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)),
+		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
 }
 
 // hello turns what a peek for a ClientHello saw into its result: n bytes
@@ -408,32 +474,48 @@ func alpn(data cryptobyte.String) ([]string, error) {
 	return protos, nil
 }
 
-// answerSSL consumes the client's SSLRequest, which preread has peeked, and
-// accepts it: the client sends its ClientHello next.
-func answerSSL(c *net.TCPConn) error {
+// answerSSL consumes the client's SSLRequest, which preread has peeked
+// (so the read does not wait), and accepts it: the client sends its
+// ClientHello next. fd is non-blocking; one byte into its empty send
+// buffer does not wait either.
+func answerSSL(fd int) error {
 	var b [len(sslRequest)]byte
-	if _, err := io.ReadFull(c, b[:]); err != nil {
-		return err
+	for got := 0; got < len(b); {
+		n, err := unix.Read(fd, b[got:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return os.NewSyscallError("read", err)
+		case n == 0:
+			return io.ErrUnexpectedEOF
+		}
+		got += n
 	}
-	_, err := c.Write([]byte{'S'})
+	_, err := fdWriter(fd).Write([]byte{'S'})
 	return err
 }
 
-// backendSSL asks a PostgreSQL backend for TLS on behalf of a client whose
-// SSLRequest fulcrum answered: it sends an SSLRequest and reads exactly the
-// one byte of the answer, which must be 'S'; the ClientHello (still in the
-// client's socket) then follows by splice. Anything else is a
-// *PrereadError with ReasonNoSSL, to be treated like a failed connect.
-func backendSSL(bc *net.TCPConn, timeout time.Duration) error {
-	if timeout > 0 {
-		bc.SetDeadline(time.Now().Add(timeout))
-		defer bc.SetDeadline(time.Time{})
-	}
-	if _, err := bc.Write(sslRequest[:]); err != nil {
+// backendSSL asks a PostgreSQL backend (bc, a fresh non-blocking socket)
+// for TLS on behalf of a client whose SSLRequest fulcrum answered: it
+// sends an SSLRequest and reads exactly the one byte of the answer, within
+// timeout, which must be 'S'; the ClientHello (still in the client's
+// socket) then follows by splice. Anything else is a *PrereadError with
+// ReasonNoSSL, to be treated like a failed connect.
+func backendSSL(bc int, timeout time.Duration) error {
+	if _, err := fdWriter(bc).Write(sslRequest[:]); err != nil {
 		return &PrereadError{Reason: ReasonNoSSL, Err: fmt.Errorf("send SSLRequest: %w", err)}
 	}
+	f, err := pollable(bc) // the answer takes a round trip: wait for it in Go's poller
+	if err != nil {
+		return &PrereadError{Reason: ReasonNoSSL, Err: err}
+	}
+	defer f.Close()
+	if timeout > 0 {
+		f.SetReadDeadline(time.Now().Add(timeout))
+	}
 	var b [1]byte
-	if _, err := io.ReadFull(bc, b[:]); err != nil {
+	if _, err := io.ReadFull(f, b[:]); err != nil {
 		return &PrereadError{Reason: ReasonNoSSL, Err: fmt.Errorf("read the SSLRequest answer: %w", err)}
 	}
 	if b[0] != 'S' {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"fulcrum/listener/listenertest"
+
+	"golang.org/x/sys/unix"
 )
 
 // helloBytes returns the ClientHello records crypto/tls sends with cfg.
@@ -77,7 +79,9 @@ func prereadOne(t *testing.T, timeout time.Duration) (string, <-chan prereadResu
 			return
 		}
 		start := time.Now()
-		h, err := preread(c, timeout)
+		fd := dupFD(c) // fulcrum reads its clients as raw descriptors
+		h, err := preread(fd, timeout)
+		closeFD(fd)
 		ch <- prereadResult{h: h, err: err, c: c, dur: time.Since(start)}
 	}()
 	t.Cleanup(func() {
@@ -109,6 +113,18 @@ func wait(t *testing.T, ch <-chan prereadResult) prereadResult {
 		t.Fatal("preread did not return")
 	}
 	return prereadResult{}
+}
+
+// dupFD returns a duplicate of c's descriptor, non-blocking like c's, for
+// the caller to close.
+func dupFD(c *net.TCPConn) int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	rc.Control(func(s uintptr) { fd, _ = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) })
+	return fd
 }
 
 func dialTCP(t *testing.T, addr string) *net.TCPConn {
@@ -394,8 +410,9 @@ func TestBackendSSL(t *testing.T) {
 					io.Copy(io.Discard, listenertest.User(c))
 				}
 			})
-			bc := dialTCP(t, be.Addr)
-			err := backendSSL(bc, 5*time.Second)
+			fd := dupFD(dialTCP(t, be.Addr))
+			err := backendSSL(fd, 5*time.Second)
+			closeFD(fd)
 			var pe *PrereadError
 			switch {
 			case tc.ok && err != nil:

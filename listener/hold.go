@@ -65,14 +65,14 @@ func eligibleNow(svc *sched.Service) bool {
 // service, which it returns. The connection keeps the service slot it
 // holds, so max_conns bounds the waiting too. A listener removed meanwhile
 // ends the wait.
-func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, start time.Time) (int, *sched.Target, int, error, *sched.Service) {
+func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service) {
 	g := svc.Group
 	g.HoldBegan()
 	deadline := start.Add(svc.HoldTimeout)
 	tried := svc // the table (its service) the last connect failed in
 	for {
 		h := g.Hold()
-		cur := s.tbl.Load().Route(key) // after Hold: a table swapped in from here on kicks us
+		cur := serviceAt(s.tbl.Load(), key, svc.Name) // after Hold: a table swapped in from here on kicks us
 		if cur == nil {
 			h.Leave()
 			return -1, nil, 0, sched.ErrNoBackend, svc
@@ -94,7 +94,7 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Re
 			return -1, nil, 0, errSplitBrain, svc
 		}
 		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
-		bc, t, tries, err := s.connect(svc, r, start)
+		bc, t, tries, err := s.connect(svc, r, ready, start, tm)
 		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc
 		}

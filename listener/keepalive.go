@@ -3,8 +3,6 @@ package listener
 import (
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -60,23 +58,4 @@ func setKeepAliveFD(fd int, ka keepAlive) error {
 		}
 	}
 	return nil
-}
-
-// setKeepAliveRaw applies ka through a RawConn (a net.Conn's, or a
-// Dialer.Control's before the connect).
-func setKeepAliveRaw(rc syscall.RawConn, ka keepAlive) error {
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = setKeepAliveFD(int(fd), ka) }); err != nil {
-		return err
-	}
-	return serr
-}
-
-// setKeepAliveConn applies ka to an accepted connection.
-func setKeepAliveConn(c *net.TCPConn, ka keepAlive) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	return setKeepAliveRaw(rc, ka)
 }

@@ -340,7 +340,7 @@ func TestConcurrent(t *testing.T) {
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := range conns {
-		c, err := net.DialTimeout("tcp", p.addr, 10*time.Second)
+		c, err := net.DialTimeout("tcp", p.addr, 30*time.Second) // a full backlog retries SYNs after 1s, 3s, …
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
@@ -366,28 +366,41 @@ func TestConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	// lc balances, but accepts are handled concurrently: two may read the
+	// same counts and pick the same backend, so allow a few off.
 	a, b := p.svc.Targets[0].B.Active(), p.svc.Targets[1].B.Active()
-	if a+b != n || a < n/2-1 || b < n/2-1 {
+	if a+b != n || a < n/2-n/20 || b < n/2-n/20 {
 		t.Errorf("active = %d + %d; want %d, balanced by lc", a, b, n)
 	}
 	for _, c := range conns {
 		c.Close()
 	}
-	lines := 0
-	p.logs.Wait(t, 20*time.Second, "for every connection", func(m map[string]any) bool {
-		if isAccess(m) {
-			lines++
+	// Every connection logs once it is torn down. Under -race on a loaded
+	// machine 1,000 teardowns can take long, so wait while lines keep
+	// coming: fail only when none came for 20s, or after 2 minutes in all.
+	lines, last := 0, time.Now()
+	for end := time.Now().Add(2 * time.Minute); lines < n; time.Sleep(20 * time.Millisecond) {
+		if got := len(p.logs.All(isAccess)); got > lines {
+			lines, last = got, time.Now()
 		}
-		return lines == n
-	})
+		if now := time.Now(); now.Sub(last) > 20*time.Second || now.After(end) {
+			t.Fatalf("%d of %d access lines; the last came %v ago", lines, n, now.Sub(last).Round(time.Millisecond))
+		}
+	}
 }
 
 // TestIdleTimeout: a connection with no traffic either way is closed after
 // idle_timeout; one where only the backend talks, slowly, is not.
+//
+// The trickle writes every idle/10, so only a stall of 9/10 of idle_timeout
+// cuts it; the backend measures its own gaps, and a cut after a gap of a
+// whole idle_timeout (a machine that stalled it) is legitimate: skipped,
+// not failed.
 func TestIdleTimeout(t *testing.T) {
 	listenertest.CheckLeaks(t)
-	const idle = 300 * time.Millisecond
+	const idle = time.Second
 	release := make(chan struct{})
+	var maxGap atomic.Int64 // the longest pause between two trickle writes, in ns
 	be := listenertest.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != nil {
@@ -397,12 +410,17 @@ func TestIdleTimeout(t *testing.T) {
 			c.Read(b[:])
 			return
 		}
-		// trickle: one byte every idle/3 for 4 idle periods, then wait for the test
-		for range 12 {
+		// trickle: one byte every idle/10 for 3 idle periods, then wait for the test
+		last := time.Now()
+		for range 30 {
 			if _, err := c.Write([]byte{'.'}); err != nil {
 				return
 			}
-			time.Sleep(idle / 3) // the traffic pattern under test, not synchronisation
+			time.Sleep(idle / 10) // the traffic pattern under test, not synchronisation
+			if gap := time.Since(last); gap > time.Duration(maxGap.Load()) {
+				maxGap.Store(int64(gap))
+			}
+			last = time.Now()
 		}
 		<-release
 	})
@@ -415,7 +433,7 @@ func TestIdleTimeout(t *testing.T) {
 	if _, err := io.ReadAll(listenertest.User(quiet)); isTimeout(err) {
 		t.Fatal("idle connection not closed")
 	}
-	if el := time.Since(start); el < idle || el > idle+time.Second {
+	if el := time.Since(start); el < idle || el > idle+10*time.Second { // never early; late only by the machine's stalls
 		t.Errorf("idle connection closed after %v; want about %v", el, idle)
 	}
 	if line := p.logs.Wait(t, 5*time.Second, "access", isAccess); line["end"] != endIdle {
@@ -425,8 +443,12 @@ func TestIdleTimeout(t *testing.T) {
 	trickle := p.dial(t)
 	trickle.Write([]byte{'t'}) // then the client says nothing more
 	trickle.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got := make([]byte, 12)
+	got := make([]byte, 30)
 	if _, err := io.ReadFull(trickle, got); err != nil {
+		close(release)
+		if gap := time.Duration(maxGap.Load()); gap >= idle {
+			t.Skipf("the trickle itself paused %v ≥ idle_timeout %v (a loaded machine): the cut was right", gap, idle)
+		}
 		t.Fatalf("trickle connection cut after %q: %v", got, err)
 	}
 	close(release)

@@ -261,19 +261,49 @@ func (ss *session) begin(lp *loop) error {
 }
 
 // idleCheck runs when the idle timer fires: it stops the session if no
-// byte has moved either way for idle_timeout, or sets the timer to fire
-// idle_timeout after the last byte.
+// byte has moved either way for its limit (idle_timeout, or once a
+// direction has closed the shorter half_close_timeout), or sets the timer
+// to fire that long after the last byte.
 func (ss *session) idleCheck() {
 	if ss.live.Load() == 0 {
 		return
 	}
+	limit, half := ss.idleLimit()
 	quiet := time.Duration(mono() - ss.last.Load())
-	if quiet < ss.idle {
-		ss.timer.Reset(ss.idle - quiet)
+	if quiet < limit {
+		ss.timer.Reset(limit - quiet)
 		return
 	}
+	ss.halfFired.Store(half)
 	ss.idleFired.Store(true)
 	ss.stop()
+}
+
+// idleLimit is how long the session may go without a byte: idle_timeout,
+// or half_close_timeout when one direction has closed and it is shorter
+// (half reports that).
+func (ss *session) idleLimit() (limit time.Duration, half bool) {
+	if ss.first.Load() != 0 && ss.halfClose > 0 && (ss.idle == 0 || ss.halfClose < ss.idle) {
+		return ss.halfClose, true
+	}
+	return ss.idle, false
+}
+
+// armHalfClose starts the half-close limit when a direction has closed
+// cleanly: the other direction's bytes are timed from now, by the idle
+// timer (made now if idle_timeout did not make one). Called once, by the
+// half that closed first.
+func (ss *session) armHalfClose() {
+	ss.last.Store(mono())
+	if ss.timer == nil {
+		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
+		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
+		ss.timer.Reset(ss.halfClose)
+		return
+	}
+	if limit, _ := ss.idleLimit(); limit < ss.idle {
+		ss.timer.Reset(limit) // sooner than the idle timer would look
+	}
 }
 
 // kick makes the direction run: now, in the caller, if it is parked; again

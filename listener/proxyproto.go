@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"syscall"
 	"time"
 
 	proxyproto "github.com/pires/go-proxyproto"
@@ -88,9 +89,14 @@ func peek(c *net.TCPConn, buf []byte, decide func(b []byte) (done bool)) (int, e
 	if err != nil {
 		return 0, err
 	}
+	return peekRaw(rc, buf, decide)
+}
+
+// peekRaw is peek on a socket in Go's poller, until its read deadline.
+func peekRaw(rc syscall.RawConn, buf []byte, decide func(b []byte) (done bool)) (int, error) {
 	var n int
 	var perr error
-	err = rc.Read(func(fd uintptr) bool {
+	err := rc.Read(func(fd uintptr) bool {
 		k, _, e := unix.Recvfrom(int(fd), buf, unix.MSG_PEEK)
 		switch {
 		case e == unix.EAGAIN || e == unix.EINTR:

@@ -2,16 +2,20 @@ package listener
 
 import (
 	"errors"
-	"net"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
 
 	"fulcrum/sched"
 )
 
-// Routing by name on a shared listen address: admission calls route after
-// the accept (and after a PROXY header), before anything else it does for
-// a service, and, for a client that began with an SSLRequest, toBackend
-// after the dial and before the splice. See hello.go for the reading and
-// sched.Routes for the choice.
+// Routing by name on a shared listen address: admission calls
+// Server.route after the accept (and after a PROXY header), before anything
+// else it does for a service, and, for a client that began with an
+// SSLRequest, toBackend after the dial and before the splice. See hello.go
+// for the reading and sched.Routes for the choice.
 
 // ReasonNoRoute: no route takes the client and the address has no default.
 const ReasonNoRoute = "no-route"
@@ -19,12 +23,12 @@ const ReasonNoRoute = "no-route"
 // errNoRoute is the detail of a ReasonNoRoute refusal.
 var errNoRoute = errors.New("no route for the client's server name and protocols, and no default")
 
-// route reads client c's first message, within the address's
+// choose reads client c's first message, within the address's
 // preread_timeout, and returns the service that takes it with what was
 // read. The error is a *PrereadError: the client's message could not be
 // read, or (ReasonNoRoute) no route takes it.
-func route(c *net.TCPConn, rs *sched.Routes) (*sched.Service, Hello, error) {
-	h, err := preread(c, rs.PrereadTimeout())
+func choose(fd int, rs *sched.Routes) (*sched.Service, Hello, error) {
+	h, err := preread(fd, rs.PrereadTimeout())
 	if err != nil {
 		return nil, h, err
 	}
@@ -35,13 +39,126 @@ func route(c *net.TCPConn, rs *sched.Routes) (*sched.Service, Hello, error) {
 	return svc, h, nil
 }
 
-// toBackend prepares backend connection bc for the client's bytes: for a
-// client whose SSLRequest fulcrum answered, the backend must accept one
-// too (a *PrereadError with ReasonNoSSL otherwise, to be treated as a
-// failed connect); for others there is nothing to do.
-func toBackend(bc *net.TCPConn, h Hello, svc *sched.Service) error {
-	if h.Proto != ProtoPostgres {
+// toBackend returns what connect must do to each backend it connects for
+// a client whose SSLRequest fulcrum answered: send the PROXY header, if the
+// target takes one, then an SSLRequest the backend must accept (else a
+// *PrereadError with ReasonNoSSL, which counts as a failed connect). nil
+// for every other client: its first bytes are still in its socket.
+func (h *Hello) toBackend(svc *sched.Service, client, orig netip.AddrPort) func(int, *sched.Target) error {
+	if !h.postgres() {
 		return nil
 	}
-	return backendSSL(bc, svc.ConnectTimeout)
+	return func(bc int, t *sched.Target) error {
+		if t.ProxyProtocol > 0 {
+			if err := writeHeader(fdWriter(bc), t.ProxyProtocol, client, orig); err != nil {
+				return fmt.Errorf("send PROXY header: %w", err)
+			}
+		}
+		return backendSSL(bc, svc.ConnectTimeout)
+	}
+}
+
+// serviceAt is the service that takes connections on listen address key
+// in table t: its own, or on an address routed by name, the service called
+// name (the route a connection already took). nil when there is none.
+func serviceAt(t *sched.Table, key netip.AddrPort, name string) *sched.Service {
+	if t.Routes(key) == nil {
+		return t.Route(key)
+	}
+	if svc := t.Service(name); svc != nil && slices.Contains(svc.Listen, key) {
+		return svc
+	}
+	return nil
+}
+
+// postgres reports whether h is a PostgreSQL client whose SSLRequest
+// fulcrum answered (false for nil: an address not routed).
+func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
+
+// route is admission's routing step on listen address key: it returns the
+// service that takes client c and what c sent first. When none does, or
+// c's first message cannot be read, it closes c, counts the refusal on
+// the listener by reason, and returns a nil service.
+func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *Hello) {
+	svc, h, err := choose(c, rs)
+	if err == nil {
+		return svc, &h
+	}
+	reason := ReasonMalformed
+	var pe *PrereadError
+	if errors.As(err, &pe) {
+		reason = pe.Reason
+	}
+	s.mu.Lock()
+	so := s.lns[key]
+	s.mu.Unlock()
+	if so != nil { // nil once a reload has retired the listener
+		if total, log := so.refused.add(reason); log {
+			s.log.Warn().Stringer("listen", key).Stringer("client", client).Str("sni", h.SNI).Str("reason", reason).
+				Err(err).Uint64("refused_so_far", total).Msg("connection refused")
+		}
+	}
+	closeFD(c)
+	return nil, nil
+}
+
+// routed gives client socket c the keepalive and user timeout of svc, the
+// service its route chose, where they differ from those of first, which
+// the socket was given at the accept.
+func (s *Server) routed(c int, first, svc *sched.Service) {
+	if svc == first {
+		return
+	}
+	if k := keepAliveFor(svc); k != keepAliveFor(first) {
+		_ = setKeepAliveFD(c, k) // best effort: the socket took first's a moment ago
+	}
+	if svc.UserTimeout != first.UserTimeout {
+		_ = setUserTimeoutFD(c, svc.UserTimeout) // likewise
+	}
+}
+
+// sni is the server name h carries; "" for nil (an address not routed).
+func (h *Hello) sni() string {
+	if h == nil {
+		return ""
+	}
+	return h.SNI
+}
+
+// refuseReasons are the reasons routing turns a connection away, in the
+// order refusals counts them.
+var refuseReasons = [...]string{ReasonNoRoute, ReasonMalformed, ReasonTooLarge, ReasonTimeout, ReasonClosed}
+
+// refusals counts one listener's routing refusals by reason, and lets a
+// log line through at most once a second, so that a flood does not flood
+// the log.
+type refusals struct {
+	n    [len(refuseReasons)]atomic.Uint64
+	last atomic.Int64 // unix nanoseconds of the last log line let through
+}
+
+// add counts one refusal for reason and reports the total for it and
+// whether to log it.
+func (r *refusals) add(reason string) (uint64, bool) {
+	i := 0
+	for i < len(refuseReasons)-1 && refuseReasons[i] != reason {
+		i++
+	}
+	total := r.n[i].Add(1)
+	now, last := time.Now().UnixNano(), r.last.Load()
+	return total, now-last >= int64(time.Second) && r.last.CompareAndSwap(last, now)
+}
+
+// counts returns the counts by reason, nil when there are none.
+func (r *refusals) counts() map[string]uint64 {
+	var out map[string]uint64
+	for i, reason := range refuseReasons {
+		if n := r.n[i].Load(); n > 0 {
+			if out == nil {
+				out = map[string]uint64{}
+			}
+			out[reason] = n
+		}
+	}
+	return out
 }

@@ -1,105 +1,130 @@
 package listener
 
 import (
+	"bufio"
+	"bytes"
 	"context"
-	"errors"
+	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/listener/listenertest"
 	"fulcrum/sched"
+
+	proxyproto "github.com/pires/go-proxyproto"
+	"github.com/rs/zerolog"
 )
 
-// routeProxy is the routing step alone, for tests of it with real clients:
-// accept, route, dial the chosen service's one backend, toBackend, then
-// copy both ways. Refusals are counted by reason.
-type routeProxy struct {
-	addr    string
-	mu      sync.Mutex // protects refused
-	refused map[string]int
+// routedProxy is a Server whose one listen address is routed by name over
+// several services, each with its own backends.
+type routedProxy struct {
+	srv  *Server
+	ptr  atomic.Pointer[sched.Table]
+	addr string
+	key  netip.AddrPort
+	logs *listenertest.LogSink
+	svcs map[string]*sched.Service
 }
 
-func startRouteProxy(t *testing.T, rs *sched.Routes, backends map[*sched.Service]string) *routeProxy {
+// routeSpec is one service of a routedProxy.
+type routeSpec struct {
+	name     string
+	sni      []string
+	alpn     []string
+	backends []string      // addresses, picked round robin
+	preread  time.Duration // 0: 5s
+	tune     func(*sched.Service)
+}
+
+// startRouted starts a routedProxy at the given log level and stops it,
+// closing every session, when the test ends. Each opt is applied to the
+// Server before it accepts.
+func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...func(*Server)) *routedProxy {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	p := &routedProxy{logs: listenertest.NewLogSink(), svcs: map[string]*sched.Service{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
+	var pool backend.Pool
+	var services []*sched.Service
+	var routes []sched.Route
+	for _, sp := range specs {
+		targets := make([]sched.Target, len(sp.backends))
+		for i, a := range sp.backends {
+			targets[i] = sched.Target{B: pool.Get(sp.name, fmt.Sprint(i)), Addr: netip.MustParseAddrPort(a), Weight: 1, Base: 1}
+		}
+		picker, err := sched.New("rr", targets, nil, sched.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := &sched.Service{Name: sp.name, Scheduler: "rr", Targets: targets, Picker: picker, Listen: []netip.AddrPort{p.key},
+			ConnectTimeout: 5 * time.Second, Retries: 2, AccessLog: true, Group: pool.Group(sp.name)}
+		if sp.tune != nil {
+			sp.tune(svc)
+		}
+		p.svcs[sp.name] = svc
+		services = append(services, svc)
+		wait := sp.preread
+		if wait == 0 {
+			wait = 5 * time.Second
+		}
+		routes = append(routes, sched.Route{Service: svc, Names: sp.sni, ALPN: sp.alpn, PrereadTimeout: wait})
+	}
+	rs, err := sched.NewRoutes(routes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &routeProxy{addr: ln.Addr().String(), refused: map[string]int{}}
-	var wg sync.WaitGroup
-	var mu sync.Mutex // protects conns
-	conns := map[*net.TCPConn]bool{}
-	track := func(c *net.TCPConn) {
-		mu.Lock()
-		conns[c] = true
-		mu.Unlock()
+	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
+	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
+	p.ptr.Store(tbl)
+	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv.nlp = testLoops
+	for _, o := range opts {
+		o(p.srv)
 	}
-	wg.Add(1)
-	go func() { // exits when the cleanup closes ln
-		defer wg.Done()
-		for {
-			c, err := ln.AcceptTCP()
-			if err != nil {
-				return
-			}
-			track(c)
-			wg.Add(1)
-			go func() { // exits when both copies have ended
-				defer wg.Done()
-				defer c.Close()
-				svc, h, err := route(c, rs)
-				if err == nil {
-					var bc net.Conn
-					if bc, err = net.Dial("tcp", backends[svc]); err == nil {
-						defer bc.Close()
-						track(bc.(*net.TCPConn))
-						if err = toBackend(bc.(*net.TCPConn), h, svc); err == nil {
-							done := make(chan struct{})
-							go func() { // exits at the client's EOF or an error
-								io.Copy(bc, c)
-								bc.(*net.TCPConn).CloseWrite()
-								close(done)
-							}()
-							io.Copy(c, bc)
-							c.CloseWrite()
-							<-done
-							return
-						}
-					}
-				}
-				var pe *PrereadError
-				reason := "dial"
-				if errors.As(err, &pe) {
-					reason = pe.Reason
-				}
-				p.mu.Lock()
-				p.refused[reason]++
-				p.mu.Unlock()
-			}()
-		}
-	}()
+	ch, err := p.srv.Prepare([]netip.AddrPort{p.key}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Commit()
+	p.addr = p.srv.Addr(p.key).String()
 	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
+		p.srv.Close()
+		for _, svc := range services {
+			for _, tg := range svc.Targets { // close whatever is still open
+				ctx, cancel := contextDone()
+				tg.B.Drain(ctx)
+				cancel()
+			}
 		}
-		mu.Unlock()
-		wg.Wait()
+		p.srv.Wait()
 	})
 	return p
 }
 
-func (p *routeProxy) refusals(reason string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.refused[reason]
+// refusals returns the listener's routing refusals for reason.
+func (p *routedProxy) refusals(reason string) uint64 {
+	for _, so := range p.srv.Sockets() {
+		if so.Listen == p.key {
+			return so.Refused[reason]
+		}
+	}
+	return 0
+}
+
+// access waits for the access line of a connection to service with sni.
+func (p *routedProxy) access(t *testing.T, service, sni string) map[string]any {
+	t.Helper()
+	return p.logs.Wait(t, 10*time.Second, fmt.Sprintf("for %s (sni %q)", service, sni), func(m map[string]any) bool {
+		got, _ := m["sni"].(string)
+		return isAccess(m) && m["service"] == service && got == sni
+	})
 }
 
 // needTool skips a test when a client it runs is missing, but not in CI.
@@ -137,28 +162,14 @@ func TestRouteRealClients(t *testing.T) {
 	web2 := listenertest.NewTLSServer(t, ca, "web2", "app.example.com")
 	web1 := listenertest.NewTLSServer(t, ca, "web1", "app.example.com")
 	def := listenertest.NewTLSServer(t, ca, "default", "default.example.com")
-	svc := map[string]*sched.Service{}
-	backends := map[*sched.Service]string{}
-	for _, s := range []*listenertest.TLSServer{db1, tenants, web2, web1, def} {
-		svc[s.Name] = &sched.Service{Name: s.Name, ConnectTimeout: 5 * time.Second}
-		backends[svc[s.Name]] = s.Addr
+	routes := []routeSpec{
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{db1.Addr}},
+		{name: "tenants", sni: []string{"*.tenants.example.com"}, backends: []string{tenants.Addr}},
+		{name: "web2", sni: []string{"app.example.com"}, alpn: []string{"h2"}, backends: []string{web2.Addr}},
+		{name: "web1", sni: []string{"app.example.com"}, alpn: []string{"http/1.1"}, backends: []string{web1.Addr}},
 	}
-	routes := []sched.Route{
-		{Service: svc["db1"], Names: []string{"db1.example.com"}},
-		{Service: svc["tenants"], Names: []string{"*.tenants.example.com"}},
-		{Service: svc["web2"], Names: []string{"app.example.com"}, ALPN: []string{"h2"}},
-		{Service: svc["web1"], Names: []string{"app.example.com"}, ALPN: []string{"http/1.1"}},
-	}
-	withDefault, err := sched.NewRoutes(append(routes, sched.Route{Service: svc["default"], Names: []string{"*"}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	noDefault, err := sched.NewRoutes(routes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startRouteProxy(t, withDefault, backends)
-	q := startRouteProxy(t, noDefault, backends)
+	p := startRouted(t, zerolog.DebugLevel, append(routes, routeSpec{name: "default", sni: []string{"*"}, backends: []string{def.Addr}}))
+	q := startRouted(t, zerolog.DebugLevel, routes)
 	port := p.addr[strings.LastIndexByte(p.addr, ':')+1:]
 	qport := q.addr[strings.LastIndexByte(q.addr, ':')+1:]
 
@@ -183,7 +194,9 @@ func TestRouteRealClients(t *testing.T) {
 		out, err := curl(tc.host, port, tc.extra...)
 		if err != nil || strings.TrimSpace(out) != tc.want {
 			t.Errorf("curl https://%s %v = %q, %v; want %q", tc.host, tc.extra, out, err, tc.want)
+			continue
 		}
+		p.access(t, strings.Fields(tc.want)[0], strings.ToLower(tc.host))
 	}
 
 	sclient := func(addr string, args ...string) (string, error) {
@@ -221,6 +234,9 @@ func TestRouteRealClients(t *testing.T) {
 	if n := q.refusals(ReasonNoRoute); n != 2 {
 		t.Errorf("%d connections refused for %s; want 2", n, ReasonNoRoute)
 	}
+	q.logs.Wait(t, 10*time.Second, "refusing the unknown name", func(m map[string]any) bool {
+		return m["message"] == "connection refused" && m["reason"] == ReasonNoRoute && m["sni"] == "unknown.example.com"
+	})
 }
 
 // TestRoutePostgres: two PostgreSQL clusters with ssl = on and their own
@@ -236,28 +252,287 @@ func TestRoutePostgres(t *testing.T) {
 	pg1, pg2 := listenertest.StartPostgres(t), listenertest.StartPostgres(t)
 	pg1.EnableTLS(t, "db1", ca.Issue(t, "db1.example.com"))
 	pg2.EnableTLS(t, "db2", ca.Issue(t, "db2.example.com"))
-	db1 := &sched.Service{Name: "db1", ConnectTimeout: 5 * time.Second}
-	db2 := &sched.Service{Name: "db2", ConnectTimeout: 5 * time.Second}
-	rs, err := sched.NewRoutes([]sched.Route{
-		{Service: db1, Names: []string{"db1.example.com"}},
-		{Service: db2, Names: []string{"db2.example.com", "*"}},
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{pg1.Addr}},
+		{name: "db2", sni: []string{"db2.example.com", "*"}, backends: []string{pg2.Addr}},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startRouteProxy(t, rs, map[*sched.Service]string{db1: pg1.Addr, db2: pg2.Addr})
 	port := p.addr[strings.LastIndexByte(p.addr, ':')+1:]
 	psql := pg1.Bin("psql")
-	for _, tc := range []struct{ conn, want string }{
-		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db1 t"},
-		{"host=DB2.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db2 t"},
-		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=disable", "db2 f"},
-		{"host=127.0.0.1 sslmode=require", "db2 t"}, // no SNI for an address
+	for _, tc := range []struct{ conn, want, sni string }{
+		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db1 t", "db1.example.com"},
+		{"host=DB2.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db2 t", "db2.example.com"},
+		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=disable", "db2 f", ""},
+		{"host=127.0.0.1 sslmode=require", "db2 t", ""}, // no SNI for an address
 	} {
 		conn := tc.conn + " port=" + port + " user=postgres dbname=postgres gssencmode=disable connect_timeout=20"
 		out, err := runClient(t, psql, "-XAt", "-F", " ", "-d", conn, "-c", "select current_setting('cluster_name'), ssl from pg_stat_ssl where pid = pg_backend_pid()")
 		if err != nil || strings.TrimSpace(out) != tc.want {
 			t.Errorf("psql %q = %q, %v; want %q", tc.conn, out, err, tc.want)
+			continue
 		}
+		p.access(t, strings.Fields(tc.want)[0], tc.sni)
+	}
+}
+
+// TestRouteBackendNoSSL: a backend that does not accept the SSLRequest
+// fulcrum replays counts as a failed connect, and the next one serves the
+// client, receiving its ClientHello untouched. With proxy_protocol, each
+// backend gets its PROXY header before the SSLRequest.
+func TestRouteBackendNoSSL(t *testing.T) {
+	for _, version := range []int{0, 2} {
+		t.Run(fmt.Sprintf("proxy_protocol=%d", version), func(t *testing.T) { testRouteBackendNoSSL(t, version) })
+	}
+}
+
+func testRouteBackendNoSSL(t *testing.T, version int) {
+	listenertest.CheckLeaks(t)
+	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	pgLike := func(answer byte) func(*net.TCPConn) {
+		return func(c *net.TCPConn) {
+			if version > 0 {
+				if _, err := proxyproto.Read(bufio.NewReaderSize(io.LimitReader(c, 28), 16)); err != nil {
+					return // a v2 header over IPv4 is 28 bytes: read exactly it
+				}
+			}
+			var req [8]byte
+			if _, err := io.ReadFull(c, req[:]); err != nil || req != sslRequest {
+				return
+			}
+			c.Write([]byte{answer})
+			if answer != 'S' {
+				return
+			}
+			got := make([]byte, len(hello))
+			if _, err := io.ReadFull(c, got); err == nil && bytes.Equal(got, hello) {
+				c.Write([]byte("hello received"))
+			}
+			io.Copy(io.Discard, listenertest.User(c))
+		}
+	}
+	no := listenertest.NewServer(t, pgLike('N'))
+	yes := listenertest.NewServer(t, pgLike('S'))
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{{name: "db1", sni: []string{"db1.example.com"}, backends: []string{no.Addr, yes.Addr},
+		tune: func(s *sched.Service) {
+			for i := range s.Targets {
+				s.Targets[i].ProxyProtocol = version
+			}
+		}}})
+
+	c := dialTCP(t, p.addr)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.Write(sslRequest[:])
+	var ans [1]byte
+	if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
+		t.Fatalf("answer to SSLRequest: %q, %v; want S", ans, err)
+	}
+	c.Write(hello)
+	got := make([]byte, len("hello received"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "hello received" {
+		t.Fatalf("from the backend: %q, %v; want the hello to have reached it", got, err)
+	}
+	c.Close()
+	line := p.logs.Wait(t, 10*time.Second, "connect failed", listenertest.Message("connect failed"))
+	if e, _ := line["error"].(string); !strings.Contains(e, ReasonNoSSL) || line["backend"] != "0" {
+		t.Errorf("connect failed line = %v; want backend 0 and %s", line, ReasonNoSSL)
+	}
+	if acc := p.access(t, "db1", "db1.example.com"); acc["backend"] != "1" {
+		t.Errorf("access line = %v; want backend 1", acc)
+	}
+	if n := p.svcs["db1"].Targets[0].B.Stats().ConnectFails; n != 1 {
+		t.Errorf("backend 0 counted %d connect failures; want 1", n)
+	}
+}
+
+// TestRouteRefusals: through a Server, a client that stops inside its
+// hello is closed at preread_timeout, a malformed hello at once, and a
+// client that sends nothing reaches the default once the timeout passes;
+// each refusal is counted on the listener by reason.
+func TestRouteRefusals(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("db1")).Addr}, preread: 300 * time.Millisecond},
+		{name: "default", sni: []string{"*"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("default")).Addr}, preread: 300 * time.Millisecond},
+	})
+	closedAfter := func(first []byte) (time.Duration, []byte) {
+		c := dialTCP(t, p.addr)
+		start := time.Now()
+		c.Write(first)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b, _ := io.ReadAll(c)
+		return time.Since(start), b
+	}
+	if d, b := closedAfter(hello[:100]); d < 250*time.Millisecond || len(b) > 0 { // the timeout runs from the accept, a little before
+		t.Errorf("a client stopping inside its hello: closed after %v having read %q; want closed at 300ms, nothing read", d, b)
+	}
+	bad := append([]byte(nil), hello...)
+	bad[recordHeader] = 2 // a ServerHello
+	if d, b := closedAfter(bad); d > 5*time.Second || len(b) > 0 {
+		t.Errorf("a malformed hello: closed after %v having read %q; want closed at once", d, b)
+	}
+	c := dialTCP(t, p.addr) // silent: a server-first client
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if greeting, err := bufio.NewReader(c).ReadString('\n'); err != nil || greeting != "default\n" {
+		t.Errorf("a silent client: read %q, %v; want the default's greeting", greeting, err)
+	}
+	c.Close()
+	if n, m := p.refusals(ReasonTimeout), p.refusals(ReasonMalformed); n != 1 || m != 1 {
+		t.Errorf("refused %d for %s and %d for %s; want 1 and 1", n, ReasonTimeout, m, ReasonMalformed)
+	}
+}
+
+// TestRouteProxyHeader: on a routed address, a trusted balancer's PROXY
+// header is read before the ClientHello, and the client it names is the
+// one the service sees.
+func TestRouteProxyHeader(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	got := make(chan []byte, 1)
+	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		b := make([]byte, len(hello))
+		io.ReadFull(c, b)
+		got <- b
+	})
+	trust := func(s *sched.Service) {
+		s.AcceptProxy = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		s.ProxyTimeout = 5 * time.Second
+	}
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{be.Addr}, tune: trust},
+		{name: "default", sni: []string{"*"}, backends: []string{listenertest.DeadAddr(t)}, tune: trust},
+	})
+	h, _ := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 4242}, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}).Format()
+	c := dialTCP(t, p.addr)
+	c.Write(append(h, hello...))
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, hello) {
+			t.Fatalf("the backend got %x; want the hello alone", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend got nothing")
+	}
+	c.Close()
+	if acc := p.access(t, "db1", "db1.example.com"); acc["client"] != "192.0.2.7:4242" {
+		t.Errorf("access line = %v; want client 192.0.2.7:4242", acc)
+	}
+}
+
+// TestRouteLoops runs the routing tests with three event loops, whose
+// sessions must find the peeked hello still waiting in the client's socket.
+func TestRouteLoops(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"RealClients", TestRouteRealClients},
+		{"BackendNoSSL", TestRouteBackendNoSSL},
+		{"ProxyHeader", TestRouteProxyHeader},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			testLoops = 3
+			defer func() { testLoops = 0 }()
+			tt.f(t)
+		})
+	}
+}
+
+// TestPrepareSharedAddress: services sharing an address by name list it
+// each; it is bound once.
+func TestPrepareSharedAddress(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	var ptr atomic.Pointer[sched.Table]
+	srv := New(&ptr, zerolog.Nop())
+	a := netip.MustParseAddrPort("127.0.0.1:0")
+	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(ch.opened); n != 1 {
+		ch.abort()
+		t.Fatalf("%d sockets bound for one address listed three times; want 1", n)
+	}
+	ch.Commit()
+	srv.Close()
+	srv.Wait()
+}
+
+// TestRoutePerService: the access lists applied are the matched service's,
+// and its counters count the refusal.
+func TestRoutePerService(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("db1")).Addr},
+			tune: func(s *sched.Service) { s.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
+		{name: "default", sni: []string{"*"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("default")).Addr}},
+	})
+	greeting := func(name string) string {
+		c := dialTCP(t, p.addr)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write(helloBytes(t, &tls.Config{ServerName: name}))
+		b, _ := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		return b
+	}
+	if g := greeting("db1.example.com"); g != "" {
+		t.Errorf("db1, which denies loopback, answered %q; want a close", g)
+	}
+	if g := greeting("other.example.com"); g != "default\n" {
+		t.Errorf("the default answered %q; want its greeting", g)
+	}
+	if n := p.svcs["db1"].Group.Rejected()[backend.RejectDenied]; n != 1 {
+		t.Errorf("db1 counted %d denied; want 1", n)
+	}
+	if n := p.svcs["default"].Group.Rejected()[backend.RejectDenied]; n != 0 {
+		t.Errorf("the default counted %d denied; want 0", n)
+	}
+}
+
+// TestRouteHold: a routed connection held for want of a backend (its
+// service's hold_timeout) is served by its own service in the next table,
+// not by whichever service the address names first.
+func TestRouteHold(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	first := listenertest.NewServer(t, listenertest.Greeter("first"))
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "first", sni: []string{"a.example.com"}, backends: []string{first.Addr}},
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.DeadAddr(t)},
+			tune: func(s *sched.Service) { s.HoldTimeout = 20 * time.Second; s.Retries = 0 }},
+	})
+	c := dialTCP(t, p.addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	c.Write(helloBytes(t, &tls.Config{ServerName: "db1.example.com"}))
+	db1 := p.svcs["db1"]
+	for deadline := time.Now().Add(10 * time.Second); db1.Group.HoldStats().Holding == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was not held")
+		}
+		time.Sleep(5 * time.Millisecond) // holding has no event to wait on
+	}
+
+	// The next table: db1 has a live backend now (as after a reload).
+	live := listenertest.NewServer(t, listenertest.Greeter("db1"))
+	next := *db1
+	next.Targets = []sched.Target{{B: db1.Targets[0].B, Addr: netip.MustParseAddrPort(live.Addr), Weight: 1, Base: 1}}
+	picker, err := sched.New("rr", next.Targets, nil, sched.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.Picker = picker
+	old := p.ptr.Load()
+	rs, err := sched.NewRoutes([]sched.Route{
+		{Service: p.svcs["first"], Names: []string{"a.example.com"}},
+		{Service: &next, Names: []string{"db1.example.com"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := sched.NewTable(old.Gen+1, []*sched.Service{p.svcs["first"], &next}, map[netip.AddrPort]*sched.Service{p.key: p.svcs["first"]})
+	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
+	p.ptr.Store(tbl)
+	db1.Group.Kick()
+
+	if g, err := bufio.NewReader(c).ReadString('\n'); err != nil || g != "db1\n" {
+		t.Errorf("the held connection read %q, %v; want db1's greeting", g, err)
 	}
 }

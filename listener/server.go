@@ -51,6 +51,10 @@ type Server struct {
 
 	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
 
+	// acceptHook, if set before the first Prepare, runs at the top of every
+	// accept loop iteration: a test freezes a loop with it.
+	acceptHook func()
+
 	mu      sync.Mutex // protects lns, spare and adopted
 	lns     map[netip.AddrPort]*socket
 	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (handoff.go), not in use
@@ -87,6 +91,7 @@ type socket struct {
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
+	refused refusals // connections routing by name turned away (routes.go)
 }
 
 // New returns a Server with no listeners.
@@ -173,6 +178,7 @@ type SocketStats struct {
 	Accepts      uint64
 	AcceptErrors uint64
 	Inherited    bool
+	Refused      map[string]uint64 // routing by name: connections turned away, by reason; nil if none
 }
 
 // Sockets returns the counters of every open listener.
@@ -182,7 +188,7 @@ func (s *Server) Sockets() []SocketStats {
 	out := make([]SocketStats, 0, len(s.lns))
 	for _, so := range s.lns {
 		out = append(out, SocketStats{Listen: so.key, Addr: so.ln.Addr().String(), Accepts: so.accepts.Load(),
-			AcceptErrors: so.errors.Load(), Inherited: so.inherited})
+			AcceptErrors: so.errors.Load(), Inherited: so.inherited, Refused: so.refused.counts()})
 	}
 	return out
 }
@@ -217,6 +223,9 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 		return setNoDelay(c)
 	}}
 	for _, a := range want {
+		if c.want[a] {
+			continue // listed twice: services that share it, routed by name
+		}
 		c.want[a] = true
 		if _, ok := s.lns[a]; ok {
 			continue
@@ -388,6 +397,9 @@ func (s *Server) accept(so *socket) {
 	defer acc.Close()
 	so.acc.Store(acc)
 	for {
+		if s.acceptHook != nil {
+			s.acceptHook()
+		}
 		if d := time.Duration(s.beat.Load()); d > 0 {
 			acc.SetReadDeadline(time.Now().Add(d))
 		}

@@ -13,14 +13,15 @@ import (
 
 // How a connection ended, as the access log says it.
 const (
-	endClient    = "client close"   // the client sent FIN first; both sides then closed cleanly
-	endBackend   = "backend close"  // the backend sent FIN first
-	endReset     = "reset"          // an error (RST, write failure) on either side
-	endIdle      = "idle timeout"   // no byte either way for idle_timeout
-	endConnect   = "connect failed" // no backend could be dialled
-	endNoBackend = "no backend"     // nothing eligible to dial: every backend down, draining or at weight 0
-	endFull      = "full"           // every eligible backend, or the service, at max_conns (past queue_timeout)
-	endDrained   = "drained"        // closed at a drain deadline
+	endClient    = "client close"       // the client sent FIN first; both sides then closed cleanly
+	endBackend   = "backend close"      // the backend sent FIN first
+	endReset     = "reset"              // an error (RST, write failure) on either side
+	endIdle      = "idle timeout"       // no byte either way for idle_timeout
+	endHalfClose = "half-close timeout" // one direction closed, and the other moved no byte for half_close_timeout
+	endConnect   = "connect failed"     // no backend could be dialled
+	endNoBackend = "no backend"         // nothing eligible to dial: every backend down, draining or at weight 0
+	endFull      = "full"               // every eligible backend, or the service, at max_conns (past queue_timeout)
+	endDrained   = "drained"            // closed at a drain deadline
 )
 
 // session is one proxied connection after a successful dial. It owns both
@@ -34,28 +35,36 @@ type session struct {
 	t                   *sched.Target
 	clientFD, backendFD int            // the sockets; closed by finish only
 	addr                netip.AddrPort // the client's
+	sni                 string         // the server name the client sent, on an address routed by name
 	start               time.Time
 	idle                time.Duration // 0 = none
+	halfClose           time.Duration // once one direction has closed, the other's idle limit; 0 = none
+	tm                  timing        // queue and connect times, retries: for the access line
 
 	up   half // client → backend
 	down half // backend → client
 
 	lp        *loop       // the epoll both sockets are registered in
-	timer     *time.Timer // the idle timer; nil without idle timeout
+	timer     *time.Timer // the idle timer; nil without idle timeout until a direction closes
 	idleFired atomic.Bool // the idle timer stopped the session
+	halfFired atomic.Bool // it did so as the half-close timeout
 
 	live     atomic.Int32 // halves still running, plus a stop shutting the sockets down
-	last     atomic.Int64 // mono() of the last byte written either way (idle timeout only)
+	last     atomic.Int64 // mono() of the last byte written either way (idle or half-close timeout only)
 	first    atomic.Int32 // which half reached EOF first: 1 up, 2 down
 	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
 	stopping atomic.Bool  // both sockets are being shut down: errors and EOFs from now on are its echo
 	drained  atomic.Bool
 }
 
-var errIdle = errors.New("idle timeout")
+var (
+	errIdle      = errors.New("idle timeout")
+	errHalfClose = errors.New("half-close timeout: one direction closed, the other idle")
+)
 
 func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend int, addr netip.AddrPort, start time.Time) *session {
-	ss := &session{srv: s, svc: svc, t: t, clientFD: client, backendFD: backend, addr: addr, start: start, idle: svc.IdleTimeout}
+	ss := &session{srv: s, svc: svc, t: t, clientFD: client, backendFD: backend, addr: addr, start: start,
+		idle: svc.IdleTimeout, halfClose: svc.HalfCloseTimeout}
 	ss.up = half{ss: ss, id: 1, x: newXfer(&s.pipes, s.mode)}
 	ss.down = half{ss: ss, id: 2, x: newXfer(&s.pipes, s.mode)}
 	return ss
@@ -117,7 +126,9 @@ func (ss *session) halfDone(h *half, err error) {
 		ss.failed.CompareAndSwap(0, h.id)
 		ss.stop()
 	case !ss.stopping.Load():
-		ss.first.CompareAndSwap(0, h.id)
+		if ss.first.CompareAndSwap(0, h.id) && ss.halfClose > 0 {
+			ss.armHalfClose()
+		}
 		// A FIN; the other direction keeps flowing. Unless it has ended
 		// too: then close sends the FIN, one syscall fewer per connection
 		// (its socket has nothing unread, so close does not reset).
@@ -166,12 +177,15 @@ func (ss *session) finish() {
 	b.Release()
 	ss.svc.Group.Release()
 	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
-	ss.srv.access(ss.svc, ss.addr, ss.t, ss.start, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.srv.access(ss.svc, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
 	ss.srv.connDone()
 }
 
 // firstErr is the error that ended the session, or nil.
 func (ss *session) firstErr() error {
+	if ss.halfFired.Load() {
+		return errHalfClose
+	}
 	if ss.idleFired.Load() {
 		return errIdle
 	}
@@ -192,6 +206,9 @@ func (ss *session) end() string {
 	if err := ss.firstErr(); err != nil {
 		if errors.Is(err, errIdle) {
 			return endIdle
+		}
+		if errors.Is(err, errHalfClose) {
+			return endHalfClose
 		}
 		return endReset
 	}

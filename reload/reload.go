@@ -70,6 +70,10 @@ type Manager struct {
 	// state file: who drained it and since when, ok false when it is not
 	// drained by an operator.
 	Instance func() (by string, since time.Time, ok bool)
+	// Alive, if set before Run, is the liveness probe the watchdog ping
+	// depends on: it reports whether every accept loop has answered within
+	// maxAge. nil is the Server's own (listener.Server.Alive).
+	Alive func(maxAge time.Duration) bool
 	// Sockets, if set before the first Apply, names the listening sockets
 	// passed by systemd (FileDescriptorName= → addresses): a service of that
 	// name also listens on them, whatever its listen list says.
@@ -326,9 +330,6 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
-		if len(cs.SNI) > 0 { // conf accepts it; the listener does not route by name yet
-			return nil, fmt.Errorf("service %s: sni: routing by name is not available in this build", cs.Name)
-		}
 		var prim, back []sched.Target
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
@@ -374,6 +375,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			KeepAliveIdle:     cs.KeepAliveIdle,
 			KeepAliveInterval: cs.KeepAliveInterval,
 			KeepAliveCount:    cs.KeepAliveCount,
+			HalfCloseTimeout:  cs.HalfCloseTimeout,
 		}
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
@@ -402,7 +404,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 		}
 		for _, a := range svc.Listen {
-			listen[a] = svc
+			if listen[a] == nil { // a routed address: any of its services (they agree on accept_proxy)
+				listen[a] = svc
+			}
 		}
 	}
 	for i, cs := range cfg.Services {
@@ -411,6 +415,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 	}
 	p.table = sched.NewTable(gen, services, listen)
+	if err := routes(cfg, p.table); err != nil {
+		return nil, err
+	}
 	p.table.Seq = m.seq.Add(1)
 	return p, nil
 }

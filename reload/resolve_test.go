@@ -3,9 +3,13 @@ package reload
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,5 +156,105 @@ func TestLoopNeverBlocks(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("Run took %v to stop", d)
+	}
+}
+
+// TestAddressChange: when a backend's host name starts resolving to
+// another address, the change is applied like a reload (a new generation,
+// logged with trigger dns): new connections reach the new address while a
+// session opened on the old one runs on.
+func TestAddressChange(t *testing.T) {
+	// Two backends on one port, on two loopback addresses.
+	var a *listenertest.Server
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		la, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		lb, err := net.Listen("tcp", fmt.Sprintf("127.0.0.2:%d", port))
+		if err != nil {
+			la.Close()
+			continue
+		}
+		a = listenertest.Serve(t, la.(*net.TCPListener), greetEcho("a"))
+		listenertest.Serve(t, lb.(*net.TCPListener), greetEcho("b"))
+		break
+	}
+	if a == nil {
+		t.Fatal("no port free on both 127.0.0.1 and 127.0.0.2")
+	}
+	port := a.Addr[strings.LastIndex(a.Addr, ":"):]
+	dns := &dnsStub{}
+	dns.set("db.test", netip.MustParseAddr("127.0.0.1"))
+	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr",
+		backends: []be{{name: "db", addr: "db.test" + port, weight: 1}}})
+	text = strings.Replace(text, "[reload]\n", "[reload]\nresolve_interval = \"1s\"\n", 1)
+	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	addr := r.addr("127.0.0.1:0")
+	old, err := dialSession(addr) // a session on the old address, kept open
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.c.Close()
+	if old.backend != "a" {
+		t.Fatalf("first session reached %q; want a", old.backend)
+	}
+
+	dns.set("db.test", netip.MustParseAddr("127.0.0.2"))
+	r.expectGen(2, 10*time.Second) // at the next resolve_interval
+	if line := r.logs.Wait(t, 5*time.Second, "the reload", listenertest.Message("reload applied")); line["trigger"] != "dns" {
+		t.Errorf("trigger = %v; want dns", line["trigger"])
+	}
+	if got, err := greeting(addr); err != nil || got != "b" {
+		t.Fatalf("a new connection reached %q (%v); want b, the new address", got, err)
+	}
+	if err := old.roundTrip(rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Errorf("the session on the old address: %v", err)
+	}
+}
+
+// TestWatchdogWithheld: while the accept loops do not answer (Alive is
+// false: a frozen loop, see listener's TestFrozenAcceptLoopNotAlive) the
+// loop sends no WATCHDOG=1, so systemd restarts the unit; pings resume
+// when they answer again.
+func TestWatchdogWithheld(t *testing.T) {
+	a := listenertest.NewServer(t, greetEcho("a"))
+	var frozen atomic.Bool
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}}),
+		func(m *Manager) {
+			m.Watchdog = 100 * time.Millisecond
+			m.Alive = func(time.Duration) bool { return !frozen.Load() }
+		})
+	pings := func(n int, within time.Duration) int {
+		t.Helper()
+		got := 0
+		timeout := time.After(within)
+		for got < n {
+			select {
+			case s := <-r.events:
+				if strings.HasPrefix(s, "WATCHDOG=1") {
+					got++
+				}
+			case <-timeout:
+				return got
+			}
+		}
+		return got
+	}
+	if n := pings(3, 10*time.Second); n < 3 {
+		t.Fatalf("%d pings in 10 s while alive; want 3", n)
+	}
+	frozen.Store(true)
+	r.logs.Wait(t, 10*time.Second, "the withheld ping", listenertest.Message("an accept loop did not answer; withholding the watchdog ping"))
+	for len(r.events) > 0 { // pings sent before the freeze was seen
+		<-r.events
+	}
+	if n := pings(1, time.Second); n != 0 { // ten intervals
+		t.Errorf("%d pings while an accept loop was frozen; want none", n)
+	}
+	frozen.Store(false)
+	if n := pings(3, 10*time.Second); n < 3 {
+		t.Errorf("%d pings in 10 s after the loop answered again; want 3", n)
 	}
 }

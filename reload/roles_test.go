@@ -333,3 +333,51 @@ func TestSplitBrainRefuses(t *testing.T) {
 		t.Errorf("rejected for split brain: %d; want 1", n)
 	}
 }
+
+// TestOnDownPassive: on_down = "close" cuts a backend's sessions when
+// passive failures (a refused dial) mark it down, not only a failed check.
+func TestOnDownPassive(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan net.Conn, 1)
+	go func() { // exits when ln is closed
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("a\n"))
+			held <- c
+		}
+	}()
+	b := listenertest.NewServer(t, listenertest.Greeter("b"))
+	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra:    "on_down = \"close\"\nmax_fails = 1\nretries = 1\n",
+		backends: []be{{"a", ln.Addr().String(), 1, ""}, {"b", b.Addr, 1, ""}}}))
+	front := r.addr("127.0.0.1:0")
+	c, err := net.Dial("tcp", front)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	if s, err := br.ReadString('\n'); s != "a\n" {
+		t.Fatalf("first connection: %q, %v; want a", s, err)
+	}
+	server := <-held
+	defer server.Close()
+	ln.Close() // a refuses new connections; its open session stays
+	if name, err := greeting(front); name != "b" {
+		t.Errorf("after a refused: %q, %v; want b", name, err)
+	}
+	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
+		return m["message"] == "sessions cut (on_down = close)" && m["backend"] == "a" && m["reason"] == "backend down"
+	})
+	if n, err := br.ReadByte(); err == nil {
+		t.Errorf("the session on a is still open (read %q)", n)
+	}
+}

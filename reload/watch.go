@@ -140,7 +140,11 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			// This loop is running; the accept loops must have answered
 			// their heartbeat (every half interval) within two intervals,
 			// or systemd hears nothing.
-			if m.srv.Alive(2 * m.Watchdog) {
+			alive := m.srv.Alive
+			if m.Alive != nil {
+				alive = m.Alive
+			}
+			if alive(2 * m.Watchdog) {
 				m.notify(systemd.Watchdog + "\n" + systemd.Status(m.StatusLine()))
 			} else {
 				m.log.Error().Msg("an accept loop did not answer; withholding the watchdog ping")

@@ -307,6 +307,10 @@ type Service struct {
 	KeepAliveIdle     time.Duration
 	KeepAliveInterval time.Duration
 	KeepAliveCount    int
+	// HalfCloseTimeout ends a session one direction of which has closed
+	// (a FIN passed through) when the other moves no byte for this long
+	// (HAProxy's timeout client-fin / server-fin); 0 = never.
+	HalfCloseTimeout time.Duration
 	// SplitBrain names the backends that claim the primary role at once in
 	// a service whose checks want a primary; nil when at most one does.
 	// While it is set, with RefuseSplitBrain every target has weight 0 and
@@ -378,6 +382,11 @@ type Table struct {
 	Gen      uint64     // 1 for the first configuration, +1 per applied reload
 	Seq      uint64     // this table's own number, unique: health and DNS rebuilds keep Gen but take a new Seq
 	Services []*Service // in config order
+	// Routed holds the addresses that route by name (sni), each with its
+	// routes, for the builder to set before the table is published. Route
+	// gives one of their services, which agree on what comes before the
+	// route is chosen (the PROXY header).
+	Routed map[netip.AddrPort]*Routes
 
 	listen map[netip.AddrPort]*Service
 }
@@ -392,6 +401,12 @@ func NewTable(gen uint64, services []*Service, listen map[netip.AddrPort]*Servic
 // nil if no service does in this generation.
 func (t *Table) Route(a netip.AddrPort) *Service {
 	return t.listen[a]
+}
+
+// Routes returns the routes of listen address a, or nil when a is not
+// routed by name.
+func (t *Table) Routes(a netip.AddrPort) *Routes {
+	return t.Routed[a]
 }
 
 // Service returns the service called name, or nil.

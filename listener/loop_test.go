@@ -1,0 +1,176 @@
+package listener
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"golang.org/x/sys/unix"
+
+	"fulcrum/listener/listenertest"
+	"fulcrum/sched"
+)
+
+// fullQueue listens on 127.0.0.1 with a backlog of 0 and fills its accept
+// queue, so that the next SYN is dropped (the client retransmits it a
+// second later). It returns the listening descriptor, blocking, and its
+// address.
+func fullQueue(t *testing.T) (int, string) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)
+	for range 8 { // connect until a SYN goes unanswered
+		c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(c) })
+		err = unix.Connect(c, sa)
+		if err == nil {
+			continue
+		}
+		if err != unix.EINPROGRESS {
+			t.Fatal(err)
+		}
+		pfd := []unix.PollFd{{Fd: int32(c), Events: unix.POLLOUT}}
+		if n, _ := unix.Poll(pfd, 300); n == 0 {
+			unix.Close(c) // no more retransmissions of its SYN
+			return fd, addr
+		}
+	}
+	t.Fatal("accept queue never filled")
+	return -1, ""
+}
+
+// acceptWithin accepts from the blocking listening socket fd, waiting at
+// most d.
+func acceptWithin(t *testing.T, fd int, d time.Duration) int {
+	t.Helper()
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if n, err := unix.Poll(pfd, int(d/time.Millisecond)); n != 1 {
+		t.Fatalf("nothing to accept within %v (%v)", d, err)
+	}
+	nfd, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(nfd) })
+	return nfd
+}
+
+// TestDialWaitsInLoop: a connect with no outcome at once (its SYN dropped
+// by a backend whose accept queue is full) waits in an event loop, not in a
+// thread, and once the backend takes it the session runs as any other.
+func TestDialWaitsInLoop(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	lfd, addr := fullQueue(t)
+	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, func(s *sched.Service) { s.ConnectTimeout = 20 * time.Second })
+	c := p.dial(t)
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() bool {
+		lps := p.srv.lps.Load()
+		if lps == nil {
+			return false
+		}
+		for _, lp := range *lps {
+			for i := range lp.dial {
+				if lp.dial[i].Load() != nil {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no connect waiting in a loop within 5s")
+		}
+	}
+	unix.Close(acceptWithin(t, lfd, 5*time.Second)) // the filler: now the retransmitted SYN gets in
+	b := acceptWithin(t, lfd, 15*time.Second)
+	buf := make([]byte, 5)
+	pfd := []unix.PollFd{{Fd: int32(b), Events: unix.POLLIN}}
+	if n, _ := unix.Poll(pfd, 5000); n != 1 {
+		t.Fatal("the client's bytes did not reach the backend within 5s")
+	}
+	if n, err := unix.Read(b, buf); err != nil || string(buf[:n]) != "ping\n" {
+		t.Fatalf("backend read %q, %v; want ping", buf[:n], err)
+	}
+	if _, err := unix.Write(b, []byte("pong\n")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if line, err := bufio.NewReader(listenertest.User(c)).ReadString('\n'); err != nil || line != "pong\n" {
+		t.Fatalf("client read %q, %v; want pong", line, err)
+	}
+	if waiting() {
+		t.Error("a dial is still registered as waiting")
+	}
+}
+
+// TestNoDelayInherited: a listening socket as Prepare makes it has
+// TCP_NODELAY, and a socket accepted raw from it, as the accept loop does,
+// has it too without a setsockopt of its own.
+func TestNoDelayInherited(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	var ptr atomic.Pointer[sched.Table]
+	s := New(&ptr, zerolog.Nop())
+	ch, err := s.Prepare([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.abort() // closes what Prepare bound; nothing was committed
+	ln := ch.opened[0].ln
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lv, av int
+	var aerr error
+	rc.Control(func(fd uintptr) {
+		lv, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(pfd, 5000); n != 1 {
+			aerr = errors.New("nothing to accept within 5s")
+			return
+		}
+		nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+		if err != nil {
+			aerr = err
+			return
+		}
+		defer unix.Close(nfd)
+		av, aerr = unix.GetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
+	})
+	if aerr != nil {
+		t.Fatal(aerr)
+	}
+	if lv == 0 || av == 0 {
+		t.Errorf("TCP_NODELAY: listening socket %d, accepted socket %d; want both set", lv, av)
+	}
+}

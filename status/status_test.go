@@ -1,0 +1,75 @@
+package status
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/backend"
+	"fulcrum/sched"
+)
+
+// table builds a one-service table over backends with weights.
+func table(t *testing.T, bs []*backend.Backend, weights []int) *sched.Table {
+	t.Helper()
+	var ts []sched.Target
+	for i, b := range bs {
+		ts = append(ts, sched.Target{B: b, Addr: netip.MustParseAddrPort("127.0.0.1:1"), Weight: weights[i], Base: weights[i]})
+	}
+	p, err := sched.New("rr", ts, nil, sched.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &sched.Service{Name: "s", Scheduler: "rr", Targets: ts, Picker: p}
+	return sched.NewTable(3, []*sched.Service{svc}, nil)
+}
+
+// TestOf: every view's state comes from backend.Condition; a removed
+// backend still draining is listed under its service with its deadline,
+// and the STATUS= line counts it apart.
+func TestOf(t *testing.T) {
+	up, zero, held, gone := backend.New("s", "up"), backend.New("s", "zero"), backend.New("s", "held"), backend.New("s", "gone")
+	held.SetOverride(backend.Maint, "test", time.Now())
+	gone.Acquire(0) // one session still open
+	gone.StopNew()
+	deadline := time.Now().Add(time.Minute)
+	tbl := table(t, []*backend.Backend{up, zero, held}, []int{1, 0, 1})
+	st := Of(Source{Table: func() *sched.Table { return tbl },
+		Draining: func() []Drain {
+			return []Drain{{B: gone, Addr: netip.MustParseAddrPort("127.0.0.1:2"), Deadline: deadline}}
+		}})
+	want := map[string]struct {
+		state, cause string
+		up           bool
+	}{
+		"up":   {"up", "", true},
+		"zero": {"draining", "weight 0", false},
+		"held": {"maint", "set maint", false},
+		"gone": {"draining", "removed", false},
+	}
+	if len(st.Services) != 1 || len(st.Services[0].Backends) != 4 {
+		t.Fatalf("services %+v; want s with 4 backends", st.Services)
+	}
+	for _, b := range st.Services[0].Backends {
+		w := want[b.Name]
+		if b.State != w.state || b.Cause != w.cause || b.Up() != w.up {
+			t.Errorf("%s: %s (%s), up %v; want %s (%s), up %v", b.Name, b.State, b.Cause, b.Up(), w.state, w.cause, w.up)
+		}
+		if b.Name == "gone" && (!b.Removed || b.Active != 1 || !b.DrainDeadline.Equal(deadline)) {
+			t.Errorf("gone: %+v; want removed, 1 active, the deadline", b)
+		}
+		if b.Name == "held" && (b.Override != "maint" || b.Weight != 0 || b.Configured != 1) {
+			t.Errorf("held: override %q weight %d/%d; want maint 0/1", b.Override, b.Weight, b.Configured)
+		}
+	}
+	if line := st.Line(); line != "generation 3; 1 services; backends 1/3 up; 1 connections; 1 removed backends draining" {
+		t.Errorf("Line() = %q", line)
+	}
+	// A removed service's draining backend is still listed, by service.
+	st = Of(Source{Table: func() *sched.Table { return sched.NewTable(4, nil, nil) },
+		Draining: func() []Drain { return []Drain{{B: gone}} }})
+	if len(st.Services) != 1 || st.Services[0].Name != "s" || !strings.Contains(st.Line(), "1 removed backends draining") {
+		t.Errorf("removed service: %+v, %q", st.Services, st.Line())
+	}
+}
