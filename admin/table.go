@@ -101,7 +101,7 @@ func weight(b BackendStatus) string {
 // 9s left)", "up (primary, backup)".
 func stateCell(b BackendStatus, now time.Time) string {
 	var notes []string
-	if b.Cause != "" {
+	if b.Cause != "" && !strings.Contains(b.State, b.Cause) { // "wrong role" needs no "(role)"
 		notes = append(notes, b.Cause)
 	}
 	if b.Role != "" {
