@@ -652,3 +652,67 @@ func TestRestartKeepsFDStore(t *testing.T) {
 	next.cmd.Process.Signal(syscall.SIGTERM)
 	next.expectExit(t, 10*time.Second)
 }
+
+// TestUpgradeKeepsSystemdSockets: a socket systemd passed under a
+// FileDescriptorName= is passed on under that name, so the new process
+// serves it for the service of that name, and it stays systemd's: the new
+// process adopts it as passed by systemd, not as its own.
+func TestUpgradeKeepsSystemdSockets(t *testing.T) {
+	becomeSubreaper(t)
+	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // held by "systemd"
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
+	d := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", config},
+		[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
+	t.Cleanup(func() {
+		for _, pid := range daemonPIDs(t, config) {
+			if pid != d.cmd.Process.Pid {
+				syscall.Kill(pid, syscall.SIGKILL)
+				reap(t, pid, 10*time.Second)
+			}
+		}
+	})
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	greet := func(what string) {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); line != "a\n" {
+			t.Fatalf("%s: %q, %v; want the service's greeting", what, line, err)
+		}
+	}
+	greet("before the upgrade")
+	f.Close()
+	var out, errb bytes.Buffer
+	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+		t.Fatalf("fulcrum upgrade = %d, stderr %q", code, errb.String())
+	}
+	var newPID int
+	fmt.Sscanf(out.String(), "upgraded: pid %d", &newPID)
+	m := d.awaitMatch(t, "the new process adopts the socket as systemd's", func(m map[string]any) bool {
+		return m["message"] == "socket passed by systemd" && m["name"] == "s"
+	})
+	if m["addr"] != ln.Addr().String() {
+		t.Errorf("adopted %v; want %s", m["addr"], ln.Addr())
+	}
+	awaitExited(t, d.cmd.Process.Pid, 10*time.Second)
+	greet("after the old process exited")
+	syscall.Kill(newPID, syscall.SIGTERM)
+	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 {
+		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
+	}
+	d.expectExit(t, 10*time.Second)
+}
