@@ -25,12 +25,18 @@ import (
 
 // becomeSubreaper makes this test process the parent of the daemons that an
 // upgrade leaves behind when the old one exits, as systemd is for a
-// service, so that the test can wait for them.
+// service, so that the test can wait for them. It is undone when the test
+// ends (its cleanup runs last: call it first): left on, it would make this
+// process the parent of every orphan of the tests that follow, which
+// nobody reaps, and their process groups would never empty. The tests
+// that call it do not run in parallel, so no other test's orphans come
+// meanwhile.
 func becomeSubreaper(t *testing.T) {
 	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Fatalf("PR_SET_CHILD_SUBREAPER: %v", err)
 	}
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 }
 
 // daemonPIDs returns the live (not zombie) processes whose command line
