@@ -163,7 +163,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var sd systemd.Notifier
 	up := newUpgrader(srv, &sd, mlog)
-	m.Notify = up.Notify
+	m.Notify, up.handOver = up.Notify, m.HandOver
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {

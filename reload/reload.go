@@ -90,6 +90,7 @@ type Manager struct {
 
 	pool   backend.Pool
 	dirty  chan struct{}      // StateChanged → saveLoop
+	handed atomic.Bool        // HandOver was called: the state file is another process's now
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
