@@ -163,7 +163,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var sd systemd.Notifier
 	up := newUpgrader(srv, &sd, mlog)
-	m.Notify = up.Notify
+	m.Notify, up.handOver = up.Notify, m.HandOver
 	m.Watchdog = sd.WatchdogInterval()
 	socks, err := sd.Listeners()
 	if err != nil {
@@ -202,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst, Version: versionString(), Build: buildInfo(),
+		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -782,12 +783,15 @@ func TestDaemonConnectionLimit(t *testing.T) {
 	path := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
 [log]
 format = "json"
+[admin]
+listen = "127.0.0.1:0"
 [services.s]
 listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
 `, be))
 	const nofile = 300 // a limit of (300 - 128) / 2 = 86 connections
 	d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec prlimit --nofile=%d %s -config %s", nofile, os.Args[0], path)}, nil, nil)
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
 	addr := d.await(t, "listening")["addr"].(string)
 
 	const clients = 150 // 300 descriptors: more than the table holds
@@ -838,6 +842,24 @@ backends = [{ address = %q }]
 			t.Fatalf("a waiting client was closed without its greeting (%d served)", len(served))
 		}
 		served[i] = true
+	}
+	resp, err := http.Get("http://" + adm + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "fulcrum_connections_max 86\n") {
+		t.Error("/metrics lacks fulcrum_connections_max 86")
+	}
+	var open int // the 64 served last are open; the first 86 may still be ending
+	if i := strings.Index(string(metrics), "\nfulcrum_connections "); i < 0 {
+		t.Error("/metrics lacks fulcrum_connections")
+	} else if fmt.Sscan(string(metrics[i+len("\nfulcrum_connections "):]), &open); open < 64 || open > 86 {
+		t.Errorf("fulcrum_connections %d; want 64 to 86", open)
+	}
+	if strings.Contains(string(metrics), "fulcrum_connection_limit_waits_total 0\n") {
+		t.Error("/metrics counts no wait at the limit")
 	}
 	for _, c := range conns {
 		c.Close()

@@ -2,14 +2,15 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -86,7 +87,7 @@ func (l *lab) ip(t *testing.T, args ...string) {
 // most d: a process exits without an event its non-parent can wait on.
 func groupGone(pg int, d time.Duration) bool {
 	for deadline := time.Now().Add(d); ; {
-		if err := syscall.Kill(pg, 0); errors.Is(err, syscall.ESRCH) {
+		if !groupLives(-pg) {
 			return true
 		}
 		if time.Now().After(deadline) {
@@ -94,6 +95,32 @@ func groupGone(pg int, d time.Duration) bool {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// groupLives reports whether a process of group pgid is alive: a zombie
+// does not count, since one that its parent left to init waits for init to
+// reap it, which this machine's init does in its own time.
+func groupLives(pgid int) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return syscall.Kill(-pgid, 0) == nil
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // not a process, or gone
+		}
+		// pid (comm) state ppid pgrp …: comm may hold spaces, so read after the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 3 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" && f[0] != "X" {
+			return true
+		}
+	}
+	return false
 }
 
 // ns adds a namespace with lo up and returns its name.
@@ -206,12 +233,10 @@ func start(t *testing.T, ns string, argv ...string) *proc {
 		}
 		// The rest of the group got the SIGTERM too; wait until the last
 		// has gone and been reaped, and kill what lingers.
-		// A killed process that its parent left to init stays in the group
-		// until init reaps it: on a loaded machine that takes seconds.
 		if !groupGone(pg, 5*time.Second) {
 			syscall.Kill(pg, syscall.SIGKILL)
-			if !groupGone(pg, 30*time.Second) {
-				t.Errorf("processes of %s's group outlived SIGKILL by 30s", argv[0])
+			if !groupGone(pg, 5*time.Second) {
+				t.Errorf("processes of %s's group outlived SIGKILL by 5s", argv[0])
 			}
 		}
 		if t.Failed() {

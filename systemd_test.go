@@ -304,8 +304,10 @@ func TestGracefulStop(t *testing.T) {
 				return
 			}
 			io.ReadAll(r) // stays open until fulcrum closes it
-			if el := time.Since(stop); el < drain-drain/6 || el > drain+drain/6 {
-				errs <- fmt.Errorf("conn %d closed after %v; want %v ± 0.5s", i, el, drain)
+			// Not before the deadline; after it by as long as a loaded
+			// machine takes to run the closes and deliver the FINs.
+			if el := time.Since(stop); el < drain-drain/6 || el > drain+5*time.Second {
+				errs <- fmt.Errorf("conn %d closed after %v; want %v, -0.5s to +5s", i, el, drain)
 			}
 		}()
 	}

@@ -61,6 +61,10 @@ type upgrader struct {
 	admin    *net.TCPListener          // nil without [admin] listen
 	adminKey netip.AddrPort            // admin's address as configured
 	timeout  time.Duration
+	// handOver, if set, is called when the new process serves, before
+	// MAINPID=: this one stops writing what the new one now owns (the
+	// state file).
+	handOver func()
 
 	mu     sync.Mutex      // serialises upgrades and store syncs; protects done and stored
 	done   bool            // handed over: this process is draining
@@ -155,6 +159,9 @@ func (u *upgrader) Upgrade() (int, error) {
 	}
 	u.done = true
 	u.handedOff.Store(true)
+	if u.handOver != nil {
+		u.handOver()
+	}
 	// This process's last message, and the one only it may send: under
 	// NotifyAccess=main systemd takes MAINPID= from the main process alone.
 	if _, err := u.sd.Notify(systemd.MainPID(pid) + "\n" + systemd.Status(fmt.Sprintf("upgraded: pid %d serves, pid %d drains", pid, os.Getpid()))); err != nil {

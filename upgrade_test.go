@@ -25,12 +25,18 @@ import (
 
 // becomeSubreaper makes this test process the parent of the daemons that an
 // upgrade leaves behind when the old one exits, as systemd is for a
-// service, so that the test can wait for them.
+// service, so that the test can wait for them. It is undone when the test
+// ends (its cleanup runs last: call it first): left on, it would make this
+// process the parent of every orphan of the tests that follow, which
+// nobody reaps, and their process groups would never empty. The tests
+// that call it do not run in parallel, so no other test's orphans come
+// meanwhile.
 func becomeSubreaper(t *testing.T) {
 	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Fatalf("PR_SET_CHILD_SUBREAPER: %v", err)
 	}
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
 }
 
 // daemonPIDs returns the live (not zombie) processes whose command line
@@ -133,8 +139,9 @@ func exchange(c net.Conn, line string) error {
 // loadResult counts what happened to the connections of a load run.
 type loadResult struct {
 	answered, refused, reset, other atomic.Int64
-	mu                              sync.Mutex // protects errs
-	errs                            []string   // the first few failures
+	slowest                         atomic.Int64 // nanoseconds: the longest dial plus exchange
+	mu                              sync.Mutex   // protects errs
+	errs                            []string     // the first few failures
 }
 
 func (r *loadResult) fail(err error) {
@@ -168,6 +175,7 @@ func load(addr string, rate, n int, mid chan<- struct{}, r *loadResult) {
 		wg.Add(1)
 		go func() { // exits when its exchange ends, within the 10 s deadlines
 			defer wg.Done()
+			start := time.Now()
 			c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 			if err != nil {
 				r.fail(err)
@@ -179,6 +187,9 @@ func load(addr string, rate, n int, mid chan<- struct{}, r *loadResult) {
 				return
 			}
 			r.answered.Add(1)
+			el := int64(time.Since(start))
+			for s := r.slowest.Load(); el > s && !r.slowest.CompareAndSwap(s, el); s = r.slowest.Load() {
+			}
 		}()
 	}
 	wg.Wait()
@@ -282,7 +293,11 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	}
 
 	<-loaded
-	t.Logf("%d answered, %d refused, %d reset, %d other", res.answered.Load(), res.refused.Load(), res.reset.Load(), res.other.Load())
+	slowest := time.Duration(res.slowest.Load())
+	t.Logf("%d answered, %d refused, %d reset, %d other; slowest %v", res.answered.Load(), res.refused.Load(), res.reset.Load(), res.other.Load(), slowest)
+	if slowest >= drain {
+		t.Errorf("a connection took %v; want none waiting for the old process's drain (%v)", slowest, drain)
+	}
 	if res.answered.Load() != n || res.refused.Load() != 0 || res.reset.Load() != 0 {
 		t.Errorf("%d of %d answered, %d refused, %d reset, %d other (%q); want all answered", res.answered.Load(), n, res.refused.Load(), res.reset.Load(), res.other.Load(), res.errs)
 	}
@@ -336,7 +351,8 @@ func TestUpgradeUnderLoad(t *testing.T) {
 // TestUpgradeFailureKeepsServing: a new binary that exits at once fails the
 // upgrade (exit status 1, the reason, a log line), and the old process
 // serves on, alone, its connections untouched; once a good binary is
-// installed the next upgrade succeeds.
+// installed the next upgrade succeeds, and the new process can upgrade in
+// turn.
 func TestUpgradeFailureKeepsServing(t *testing.T) {
 	becomeSubreaper(t)
 	dir := t.TempDir()
@@ -421,9 +437,37 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 	if pids := daemonPIDs(t, config); len(pids) != 1 || pids[0] != newPID {
 		t.Errorf("daemons after the upgrade: %v; want only %d", pids, newPID)
 	}
-	syscall.Kill(newPID, syscall.SIGTERM)
-	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 {
-		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
+
+	// The new process upgrades in turn: nothing of the first handover
+	// (LISTEN_*, the pipe's variable) lingers in its environment.
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+		t.Fatalf("second upgrade = %d, stderr %q", code, errb.String())
+	}
+	var third, from int
+	fmt.Sscanf(out.String(), "upgraded: pid %d serves; pid %d drains", &third, &from)
+	if from != newPID {
+		t.Errorf("second upgrade: %q; want pid %d to drain", out.String(), newPID)
+	}
+	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 { // no connection: it exits at once
+		t.Errorf("second process exit status %d; want 0", ws.ExitStatus())
+	}
+	c3, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := exchange(c3, "third\n"); err != nil {
+		t.Errorf("through the third process: %v", err)
+	}
+	c3.Close()
+	if pids := daemonPIDs(t, config); len(pids) != 1 || pids[0] != third {
+		t.Errorf("daemons after the second upgrade: %v; want only %d", pids, third)
+	}
+	syscall.Kill(third, syscall.SIGTERM)
+	if ws := reap(t, third, 10*time.Second); ws.ExitStatus() != 0 {
+		t.Errorf("third process exit status %d; want 0", ws.ExitStatus())
 	}
 	d.expectExit(t, 10*time.Second)
 }
@@ -613,4 +657,68 @@ func TestRestartKeepsFDStore(t *testing.T) {
 	}
 	next.cmd.Process.Signal(syscall.SIGTERM)
 	next.expectExit(t, 10*time.Second)
+}
+
+// TestUpgradeKeepsSystemdSockets: a socket systemd passed under a
+// FileDescriptorName= is passed on under that name, so the new process
+// serves it for the service of that name, and it stays systemd's: the new
+// process adopts it as passed by systemd, not as its own.
+func TestUpgradeKeepsSystemdSockets(t *testing.T) {
+	becomeSubreaper(t)
+	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // held by "systemd"
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	f, err := ln.(*net.TCPListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
+	d := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", config},
+		[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
+	t.Cleanup(func() {
+		for _, pid := range daemonPIDs(t, config) {
+			if pid != d.cmd.Process.Pid {
+				syscall.Kill(pid, syscall.SIGKILL)
+				reap(t, pid, 10*time.Second)
+			}
+		}
+	})
+	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	greet := func(what string) {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); line != "a\n" {
+			t.Fatalf("%s: %q, %v; want the service's greeting", what, line, err)
+		}
+	}
+	greet("before the upgrade")
+	f.Close()
+	var out, errb bytes.Buffer
+	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+		t.Fatalf("fulcrum upgrade = %d, stderr %q", code, errb.String())
+	}
+	var newPID int
+	fmt.Sscanf(out.String(), "upgraded: pid %d", &newPID)
+	m := d.awaitMatch(t, "the new process adopts the socket as systemd's", func(m map[string]any) bool {
+		return m["message"] == "socket passed by systemd" && m["name"] == "s"
+	})
+	if m["addr"] != ln.Addr().String() {
+		t.Errorf("adopted %v; want %s", m["addr"], ln.Addr())
+	}
+	awaitExited(t, d.cmd.Process.Pid, 10*time.Second)
+	greet("after the old process exited")
+	syscall.Kill(newPID, syscall.SIGTERM)
+	if ws := reap(t, newPID, 10*time.Second); ws.ExitStatus() != 0 {
+		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
+	}
+	d.expectExit(t, 10*time.Second)
 }

@@ -58,6 +58,7 @@ type Source struct {
 	Table   func() *sched.Table           // the current snapshot
 	Reloads func() reload.Status          // the reload history
 	Sockets func() []listener.SocketStats // per-listener counters
+	Limit   func() listener.LimitStats    // the process's connection limit; nil: not shown
 	// Set applies `fulcrum set SERVICE/BACKEND drain|maint|ready` (POST
 	// /backends/{service}/{backend}/{state}); by says who asked. Nil: the
 	// endpoint answers 404.
@@ -417,6 +418,6 @@ type (
 
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
-	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets,
+	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit,
 		Draining: src.Draining, Instance: src.Instance, Version: src.Version})
 }

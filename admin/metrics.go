@@ -43,6 +43,10 @@ var (
 	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
+	listenRefused   = prometheus.NewDesc("fulcrum_listener_refused_total", "Connections an address routed by name turned away before any service: reason=\"no-route\" (no route and no default), \"hello-malformed\", \"hello-too-large\", \"preread-timeout\", \"hello-closed\".", []string{"listen", "reason"}, nil)
+	connsOpen       = prometheus.NewDesc("fulcrum_connections", "Connections accepted and not ended, on every listener.", nil, nil)
+	connsMax        = prometheus.NewDesc("fulcrum_connections_max", "The process's connection limit, derived from RLIMIT_NOFILE: accepting stops there.", nil, nil)
+	connsWaits      = prometheus.NewDesc("fulcrum_connection_limit_waits_total", "Times accepting stopped at the connection limit.", nil, nil)
 	reloadsTotal    = prometheus.NewDesc("fulcrum_reloads_total", "Configuration reloads applied (the first configuration not counted).", nil, nil)
 	reloadsFailed   = prometheus.NewDesc("fulcrum_reload_failures_total", "Configuration reloads refused.", nil, nil)
 	generation      = prometheus.NewDesc("fulcrum_config_generation", "Generation of the running configuration: 1 at start, +1 per applied reload.", nil, nil)
@@ -55,7 +59,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
-		backendState, backendChecks, backendResults, backendDrainDL, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
+		backendState, backendChecks, backendResults, backendDrainDL, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, listenRefused, connsOpen, connsMax, connsWaits, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy} {
 		ch <- d
 	}
@@ -120,6 +124,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for _, so := range st.Listeners {
 		counter(listenAccepts, float64(so.Accepts), so.Listen)
 		counter(listenErrors, float64(so.AcceptErrors), so.Listen)
+		for reason, n := range so.Refused {
+			counter(listenRefused, float64(n), so.Listen, reason)
+		}
+	}
+	if c := st.Connections; c != nil {
+		gauge(connsOpen, float64(c.Open))
+		gauge(connsMax, float64(c.Max))
+		counter(connsWaits, float64(c.Waits))
 	}
 	counter(reloadsTotal, float64(st.Reload.Reloads))
 	counter(reloadsFailed, float64(st.Reload.Failed))

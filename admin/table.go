@@ -3,6 +3,7 @@ package admin
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -69,6 +70,40 @@ func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 		}
 		tw.Flush()
 	}
+	for _, l := range st.Listeners {
+		writeRoutes(w, l)
+	}
+}
+
+// writeRoutes prints the routes of a listener routed by name, and what it
+// refused before any service, by reason.
+func writeRoutes(w io.Writer, l ListenStatus) {
+	if len(l.Routes) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nroutes on %s", l.Listen)
+	reasons := make([]string, 0, len(l.Refused))
+	for r := range l.Refused {
+		reasons = append(reasons, r)
+	}
+	slices.Sort(reasons)
+	for i, r := range reasons {
+		sep := ", "
+		if i == 0 {
+			sep = "  refused: "
+		}
+		fmt.Fprintf(w, "%s%s %d", sep, r, l.Refused[r])
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range l.Routes {
+		alpn := ""
+		if len(r.ALPN) > 0 {
+			alpn = " alpn " + strings.Join(r.ALPN, ",")
+		}
+		fmt.Fprintf(tw, "  %s%s\t→ %s\n", strings.Join(r.SNI, " "), alpn, r.Service)
+	}
+	tw.Flush()
 }
 
 // bytes formats n in binary units.

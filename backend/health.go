@@ -65,10 +65,8 @@ func causeOf(bits int32) string {
 		return "check"
 	case bits&downPassive != 0:
 		return "passive"
-	case bits&downRole != 0:
-		return "role"
 	}
-	return ""
+	return "" // up, or the wrong role: the state says it all
 }
 
 // healthState is the part of Backend that health checks and passive
@@ -78,7 +76,7 @@ type healthState struct {
 	reason       string     // why the last transition happened
 	upSince      time.Time  // when it last came up; zero if up since it was created
 	since        time.Time  // when its State last changed; zero if never
-	cause        string     // short form of reason: "check", "passive", "resolve", "role"; "" when up
+	cause        string     // short form of reason: "check", "passive", "resolve"; "" when up or in the wrong role
 	checkOK      int        // consecutive successful checks
 	checkFail    int        // consecutive failed checks
 	fails        int        // passive: connect failures in the current window

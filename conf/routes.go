@@ -2,6 +2,7 @@ package conf
 
 import (
 	"fmt"
+	"fulcrum/sched"
 	"io"
 	"net/netip"
 	"slices"
@@ -15,7 +16,7 @@ import (
 // with their keys; sched.NewRoutes compiles what passes.
 
 // DefaultRoute is the sni name of the default route.
-const DefaultRoute = "*"
+const DefaultRoute = sched.DefaultName
 
 // claim is one service's listing of one address.
 type claim struct {
@@ -30,7 +31,7 @@ type claim struct {
 func (w *walker) routeKeys(t *table) (sni, alpn []string) {
 	names, _ := t.strs("sni")
 	for i, n := range names {
-		if err := checkName(n); err != nil {
+		if err := sched.CheckName(n); err != nil {
 			w.errorf(fmt.Sprintf("%s[%d]", t.key("sni"), i), "%v", err)
 			continue
 		}
@@ -58,38 +59,6 @@ func (w *walker) routeKeys(t *table) (sni, alpn []string) {
 		w.errorf(t.key("alpn"), `the default route (sni = ["*"]) takes every client; alpn cannot narrow it`)
 	}
 	return sni, alpn
-}
-
-// checkName reports whether n is a name sni may hold: "*", a host name, or
-// "*." and a host name. Host names are ASCII (internationalised names in
-// their xn-- form, as clients send them), at most 253 bytes, in labels of 1
-// to 63 letters, digits, hyphens or underscores.
-func checkName(n string) error {
-	if n == DefaultRoute {
-		return nil
-	}
-	host := strings.TrimPrefix(n, "*.")
-	if strings.Contains(host, "*") {
-		return fmt.Errorf("%q: a wildcard may only be a whole first label, as in \"*.example.com\"", n)
-	}
-	if len(host) == 0 || len(host) > 253 {
-		return fmt.Errorf("%q: a host name has 1 to 253 bytes", n)
-	}
-	for _, label := range strings.Split(host, ".") {
-		if len(label) == 0 || len(label) > 63 {
-			return fmt.Errorf("%q: each label has 1 to 63 bytes", n)
-		}
-		for _, c := range []byte(label) {
-			switch {
-			case c >= 0x80:
-				return fmt.Errorf("%q: write an internationalised name as clients send it, in its xn-- form", n)
-			case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
-			default:
-				return fmt.Errorf("%q: %q is not a letter, digit, hyphen or underscore", n, c)
-			}
-		}
-	}
-	return nil
 }
 
 // checkRoutes judges every address listed by more than one service, or by

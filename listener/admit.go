@@ -75,8 +75,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		reject(kind, err)
 		return
 	}
-	if refusesSplitBrain(svc) { // logged once per split by reload; counted here
-		reject(backend.RejectSplitBrain, errSplitBrain)
+	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
+		svc.Group.Reject(backend.RejectSplitBrain, func(uint64) {})
+		closeFD(c)
+		s.connDone()
 		return
 	}
 	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
@@ -303,7 +305,7 @@ func up(ts []sched.Target, r *sched.Request) bool {
 func full(ts []sched.Target, r *sched.Request) bool {
 	for i := range ts {
 		t := &ts[i]
-		if t.MaxConns > 0 && t.Up() && !r.Tried(i) && t.B.Active() >= int64(t.MaxConns) {
+		if t.Up() && t.Full() && !r.Tried(i) {
 			return true
 		}
 	}

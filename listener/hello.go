@@ -16,8 +16,8 @@ package listener
 //
 //	h, err := preread(fd, rs.PrereadTimeout()) // SSLRequest answered, hello peeked
 //	if err != nil { /* close: err is a *PrereadError with a Reason */ }
-//	svc := routes.Match(h.SNI, h.ALPN, h.Proto != ProtoNone)
-//	... dial ...
+//	svc := rs.Match(h.SNI, h.ALPN) // nil: no route
+//	... dial bc ...
 //	if h.Proto == ProtoPostgres { err = backendSSL(bc, timeout) } // before the splice
 
 import (

@@ -41,6 +41,18 @@ func (s *Server) MaxConns() int { return cap(s.slots) }
 // Conns is how many connections hold a slot of the global limit now.
 func (s *Server) Conns() int { return len(s.slots) }
 
+// LimitStats is the global connection limit as status views show it.
+type LimitStats struct {
+	Open  int    // connections holding a slot
+	Max   int    // the limit (MaxConns)
+	Waits uint64 // times an accept loop waited at the limit
+}
+
+// Limit reads the global connection limit's counters.
+func (s *Server) Limit() LimitStats {
+	return LimitStats{Open: len(s.slots), Max: cap(s.slots), Waits: s.atLimit.Load()}
+}
+
 // takeSlot waits for a slot of the global limit before so's next accept. It
 // reports false when so is taken out of service meanwhile. While it waits,
 // it keeps answering the heartbeat: a daemon at its limit is busy, not

@@ -13,9 +13,9 @@ import (
 
 // Routing by name on a shared listen address: admission calls
 // Server.route after the accept (and after a PROXY header), before anything
-// else it does for a service, and, for a client that began with an
-// SSLRequest, toBackend after the dial and before the splice. See hello.go
-// for the reading and sched.Routes for the choice.
+// else it does for a service, then Server.routed; connect runs the
+// function Hello.toBackend gives on each backend it connects, before the
+// splice. See hello.go for the reading and sched.Routes for the choice.
 
 // ReasonNoRoute: no route takes the client and the address has no default.
 const ReasonNoRoute = "no-route"
@@ -23,7 +23,7 @@ const ReasonNoRoute = "no-route"
 // errNoRoute is the detail of a ReasonNoRoute refusal.
 var errNoRoute = errors.New("no route for the client's server name and protocols, and no default")
 
-// choose reads client c's first message, within the address's
+// choose reads the first message of the client on fd, within the address's
 // preread_timeout, and returns the service that takes it with what was
 // read. The error is a *PrereadError: the client's message could not be
 // read, or (ReasonNoRoute) no route takes it.

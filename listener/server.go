@@ -85,9 +85,12 @@ type socket struct {
 	exited    chan struct{} // closed when its accept loop has returned
 	// acc is the listening socket again, as a conn on a duplicate
 	// descriptor: what the accept loop waits on in Go's poller, with its
-	// deadline, since a listener's RawConn cannot wait. Set by the loop,
-	// which closes it when it returns; nil until then.
-	acc     atomic.Pointer[net.TCPConn]
+	// deadline, since a listener's RawConn cannot wait; rc is its RawConn.
+	// Made by Prepare, so that a full descriptor table refuses the reload
+	// instead of leaving a listener that never accepts; closed by the accept
+	// loop as it returns, or by abort.
+	acc     *net.TCPConn
+	rc      syscall.RawConn
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
@@ -122,7 +125,7 @@ func (s *Server) SetHeartbeat(d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, so := range s.lns { // loops already waiting wait at most d from now
-		if c := so.acc.Load(); c != nil && d > 0 {
+		if c := so.acc; c != nil && d > 0 {
 			c.SetReadDeadline(time.Now().Add(d))
 		}
 	}
@@ -231,27 +234,45 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 			continue
 		}
 		if ln, ok := s.spare[a]; ok {
-			c.opened = append(c.opened, newSocket(a, ln, !s.adopted[a]))
+			so, err := newSocket(a, ln, !s.adopted[a])
+			if err != nil {
+				c.abort()
+				return nil, fmt.Errorf("listen %s: %w", a, err)
+			}
+			c.opened = append(c.opened, so)
 			continue
 		}
-		ln, err := lc.Listen(context.Background(), "tcp", a.String())
+		l, err := lc.Listen(context.Background(), "tcp", a.String())
 		if err != nil {
 			c.abort()
 			return nil, fmt.Errorf("listen %s: %w", a, err)
 		}
-		c.opened = append(c.opened, newSocket(a, ln.(*net.TCPListener), false))
+		ln := l.(*net.TCPListener)
+		so, err := newSocket(a, ln, false)
+		if err != nil {
+			ln.Close()
+			c.abort()
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+		c.opened = append(c.opened, so)
 	}
 	return c, nil
 }
 
-func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) *socket {
-	so := &socket{key: a, ln: ln, inherited: inherited, done: make(chan struct{}), exited: make(chan struct{})}
+// newSocket prepares ln for its accept loop: the duplicate it waits on.
+func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) (*socket, error) {
+	acc, rc, err := acceptConn(ln)
+	if err != nil {
+		return nil, err
+	}
+	so := &socket{key: a, ln: ln, inherited: inherited, acc: acc, rc: rc, done: make(chan struct{}), exited: make(chan struct{})}
 	so.beat.Store(time.Now().UnixNano())
-	return so
+	return so, nil
 }
 
 func (c *Change) abort() {
 	for _, so := range c.opened {
+		so.acc.Close()
 		if !so.inherited && c.s.spare[so.key] != so.ln { // an adopted spare stays a spare
 			so.ln.Close()
 		}
@@ -290,9 +311,7 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 func (s *Server) retire(so *socket) {
 	delete(s.lns, so.key)
 	close(so.done)
-	if c := so.acc.Load(); c != nil {
-		c.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes c as it returns
-	}
+	so.acc.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes acc as it returns
 	// The loop's duplicate of the socket keeps it listening until the loop
 	// has returned: wait for that, so that a socket retired is closed.
 	<-so.exited
@@ -391,13 +410,8 @@ func (s *Server) accept(so *socket) {
 	defer close(so.exited)
 	var delay time.Duration
 	var t *time.Timer
-	acc, rc, err := acceptConn(so.ln)
-	if err != nil {
-		s.log.Error().Err(err).Stringer("listen", so.key).Msg("cannot accept")
-		return
-	}
+	acc, rc := so.acc, so.rc
 	defer acc.Close()
-	so.acc.Store(acc)
 	for {
 		if s.acceptHook != nil {
 			s.acceptHook()

@@ -54,9 +54,9 @@ type watcher struct {
 	wds  map[string]int // directory → watch descriptor
 }
 
-// newWatcher is a variable so that a test can create the watcher under a
-// lowered fs.inotify.max_queued_events.
-var newWatcher = func() (*watcher, error) {
+// newWatcher makes the watcher Run uses unless Manager.newWatcher is set
+// (a test does, to create it under a lowered fs.inotify.max_queued_events).
+func newWatcher() (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, fmt.Errorf("inotify_init1: %w", err)

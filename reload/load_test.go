@@ -101,7 +101,7 @@ func TestRunDrain(t *testing.T) {
 
 	writeInPlace(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: extra,
 		backends: []be{{"a", a.Addr, 1, ""}}}))
-	r.expectGen(2, 3*time.Second)
+	r.expectGen(2, 20*time.Second)
 	applied := time.Now()
 	if line := r.logs.Wait(t, time.Second, "reload report", listenertest.Message("reload applied")); fmt.Sprint(line["removed"]) != "[s/b (50 open)]" {
 		t.Errorf("reload report removed = %v; want [s/b (50 open)]", line["removed"])
@@ -369,7 +369,7 @@ func TestRunSchedulerAndListener(t *testing.T) {
 	l := startLoad(t, addr, 20, 20*time.Millisecond)
 
 	renameOver(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0", second}, scheduler: "lc", backends: bs}))
-	r.expectGen(2, 3*time.Second)
+	r.expectGen(2, 20*time.Second)
 	if s := r.ptr.Load().Services[0]; s.Scheduler != "lc" || fmt.Sprintf("%T", s.Picker) != "*sched.leastConnSched" {
 		t.Errorf("scheduler %s, picker %T; want lc", s.Scheduler, s.Picker)
 	}
@@ -406,7 +406,7 @@ func TestRunManyReloads(t *testing.T) {
 		// The write's own events may also reload (a debounce that fires
 		// before the SIGHUP is read): wait until the new file is in effect.
 		for r.gen() < want || r.ptr.Load().Services[0].Targets[0].Weight != 1+k%7 {
-			r.attempt(3 * time.Second)
+			r.attempt(20 * time.Second)
 		}
 		if st := r.m.Status(); st.LastError != "" {
 			t.Fatalf("reload %d: %s", k, st.LastError)

@@ -79,13 +79,18 @@ type Manager struct {
 	// name also listens on them, whatever its listen list says.
 	Sockets map[string][]netip.AddrPort
 
-	path   string
-	ptr    *atomic.Pointer[sched.Table]
-	srv    *listener.Server
-	log    zerolog.Logger
-	ovlog  zerolog.Logger // overrides and restored state, under component "state"
+	path  string
+	ptr   *atomic.Pointer[sched.Table]
+	srv   *listener.Server
+	log   zerolog.Logger
+	ovlog zerolog.Logger // overrides and restored state, under component "state"
+	// newWatcher, if set before Run, replaces newWatcher: a test creates the
+	// watcher under a lowered inotify queue with it.
+	newWatcher func() (*watcher, error)
+
 	pool   backend.Pool
 	dirty  chan struct{}      // StateChanged → saveLoop
+	handed atomic.Bool        // HandOver was called: the state file is another process's now
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped

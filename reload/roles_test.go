@@ -332,6 +332,9 @@ func TestSplitBrainRefuses(t *testing.T) {
 	if n := s.Group.Rejected()[backend.RejectSplitBrain]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
 	}
+	if n := len(r.logs.All(func(m map[string]any) bool { return m["message"] == "connection rejected" })); n != 0 {
+		t.Errorf("%d per-connection rejection lines; the split is logged once, as it begins", n)
+	}
 }
 
 // TestOnDownPassive: on_down = "close" cuts a backend's sessions when
@@ -380,4 +383,61 @@ func TestOnDownPassive(t *testing.T) {
 	if n, err := br.ReadByte(); err == nil {
 		t.Errorf("the session on a is still open (read %q)", n)
 	}
+}
+
+// TestRolesMariaDB: SET GLOBAL read_only moves a MariaDB node out of a
+// role = "primary" service within fall × interval + 1s (its session cut
+// with on_down = "close"), and back in when cleared.
+func TestRolesMariaDB(t *testing.T) {
+	listenertest.CheckLeaks(t)
+	m := dbtest.StartMariaDB(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(dbtest.MD5Password+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const interval, fall = 300 * time.Millisecond, 2
+	health := fmt.Sprintf("[services.my.health]\ncheck = \"mysql\"\nrole = \"primary\"\nuser = \"checker\"\npassword_file = \"my.pw\"\n"+
+		"interval = %q\ntimeout = %q\nrise = 1\nfall = %d\n", interval, interval, fall)
+	r := startRun(t, dir, render(svc{name: "my", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: "on_down = \"close\"\n" + health, backends: []be{{"m", m.Addr, 1, ""}}}))
+	b := r.ptr.Load().Service("my").Targets[0].B
+	wait := func(want backend.State) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for deadline := start.Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) { // checks give no event but the state
+			if st, _ := b.State(); st == want {
+				return time.Since(start)
+			}
+			if time.Now().After(deadline) {
+				st, role := b.State()
+				t.Fatalf("m is %v (%s); want %v", st, role, want)
+			}
+		}
+	}
+	wait(backend.StateUp)
+	c, err := net.Dial("tcp", r.addr("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err != nil { // the server's greeting, through fulcrum
+		t.Fatalf("no greeting through fulcrum: %v", err)
+	}
+	m.Exec(t, "SET GLOBAL read_only = 1")
+	if d, limit := wait(backend.StateWrongRole), fall*interval+time.Second; d > limit {
+		t.Errorf("read_only took m out after %v; want within %v", d, limit)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			break // cut (the greeting's rest, if any, read first)
+		}
+	}
+	if s := b.Stats(); s.CutClosed != 1 {
+		t.Errorf("CutClosed = %d; want 1", s.CutClosed)
+	}
+	m.Exec(t, "SET GLOBAL read_only = 0")
+	wait(backend.StateUp)
 }

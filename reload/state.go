@@ -148,6 +148,10 @@ func (m *Manager) StateChanged() {
 	}
 }
 
+// HandOver stops writing the state file: a binary upgrade has started a new
+// process that owns it now, while this one drains.
+func (m *Manager) HandOver() { m.handed.Store(true) }
+
 // saveLoop writes the state file after each StateChanged until ctx ends,
 // then once more. Run owns it.
 func (m *Manager) saveLoop(ctx context.Context) {
@@ -165,8 +169,8 @@ func (m *Manager) saveLoop(ctx context.Context) {
 
 // saveState writes the state file if its content changed since *last.
 func (m *Manager) saveState(last *[]byte) {
-	if m.StateFile == "" || m.ptr.Load() == nil {
-		return // nothing applied (a failed start): keep the file as it was
+	if m.StateFile == "" || m.ptr.Load() == nil || m.handed.Load() {
+		return // nothing applied (a failed start), or handed over: keep the file as it is
 	}
 	st := m.savedState()
 	body, err := json.Marshal(st.Backends)

@@ -38,7 +38,11 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	// Watch before applying, so that no edit made from here on is missed.
 	var events <-chan event
 	var werrs <-chan error
-	w, err := newWatcher()
+	mk := newWatcher
+	if m.newWatcher != nil {
+		mk = m.newWatcher
+	}
+	w, err := mk()
 	if err != nil {
 		m.log.Warn().Err(err).Msg("cannot watch the configuration file; reload it with SIGHUP")
 	} else {

@@ -84,6 +84,13 @@ type Target struct {
 // name the same rule's outcome with backend.Condition.
 func (t *Target) Up() bool { return t.Weight > 0 && t.B.Takes() }
 
+// Full reports whether t is at its MaxConns: it takes connections again as
+// they end (caddy-l4's full()).
+func (t *Target) Full() bool { return t.MaxConns > 0 && t.B.Active() >= int64(t.MaxConns) }
+
+// Available is the whole rule for a new connection: up and not full.
+func (t *Target) Available() bool { return t.Up() && !t.Full() }
+
 // MaxTries bounds how many backends one connection may try.
 const MaxTries = 16
 
@@ -133,8 +140,7 @@ type Picker interface {
 // rebuilt with a down backend's weight at 0 so that cycles stay fair.
 func eligible(ts []Target, i int, r *Request) bool {
 	t := &ts[i]
-	return t.Up() && !r.Tried(i) &&
-		(t.MaxConns <= 0 || t.B.Active() < int64(t.MaxConns))
+	return t.Available() && !r.Tried(i)
 }
 
 // firstEligible is the last resort of schedulers whose fast path gave up

@@ -28,6 +28,7 @@ type Source struct {
 	Table    func() *sched.Table           // the current snapshot
 	Reloads  func() Reload                 // the reload history
 	Sockets  func() []listener.SocketStats // per-listener counters
+	Limit    func() listener.LimitStats    // the process's connection limit
 	Draining func() []Drain                // backends draining after their removal (or at shutdown)
 	// Instance answers for the instance's drain and /healthz; nil: none.
 	Instance *cluster.Instance
@@ -52,6 +53,16 @@ type Status struct {
 	Reload     Reload          `json:"reload"`
 	Services   []Service       `json:"services"`
 	Listeners  []Listener      `json:"listeners"`
+	// Connections is the process's connection limit (derived from
+	// RLIMIT_NOFILE) and its use; nil when not known.
+	Connections *Connections `json:"connections,omitempty"`
+}
+
+// Connections is the process's connection limit and its use.
+type Connections struct {
+	Open  int    `json:"open"`  // connections accepted and not ended
+	Max   int    `json:"max"`   // the limit: accepting stops there
+	Waits uint64 `json:"waits"` // times accepting stopped at the limit
 }
 
 // Reload is the reload history.
@@ -97,7 +108,7 @@ type Backend struct {
 	Configured int    `json:"configured_weight"` // as in the file
 	Backup     bool   `json:"backup,omitempty"`
 	State      string `json:"state"`           // up | down | wrong role | draining | maint
-	Cause      string `json:"cause,omitempty"` // short reason: check, passive, resolve, role, weight 0, removed, set drain, set maint
+	Cause      string `json:"cause,omitempty"` // short reason: check, passive, resolve, weight 0, removed, stopping, set drain, set maint
 	Role       string `json:"role,omitempty"`  // primary | replica, as its role check last saw it
 	Reason     string `json:"reason,omitempty"`
 	// Since is when the backend entered its state; absent if unknown (up
@@ -142,6 +153,19 @@ type Listener struct {
 	Accepts      uint64 `json:"accepts"`
 	AcceptErrors uint64 `json:"accept_errors"`
 	Inherited    bool   `json:"inherited,omitempty"`
+	// Routing by name (docs/routing.md): the address's routes in order,
+	// and the connections it turned away before any service, by reason
+	// (no-route, hello-malformed, hello-too-large, preread-timeout,
+	// hello-closed). Both empty on an address that is not routed.
+	Routes  []Route           `json:"routes,omitempty"`
+	Refused map[string]uint64 `json:"refused,omitempty"`
+}
+
+// Route is one service's route on a listen address shared by name.
+type Route struct {
+	Service string   `json:"service"`
+	SNI     []string `json:"sni"`
+	ALPN    []string `json:"alpn,omitempty"`
 }
 
 // Of reads src into a Status.
@@ -205,6 +229,9 @@ func Of(src Source) Status {
 				}
 				if d, ok := drains[tg.B]; ok {
 					b.DrainDeadline = d.Deadline
+					if b.Cause == "removed" { // still in the table: the whole instance is stopping
+						b.Cause, b.Reason = "stopping", "draining for shutdown"
+					}
 				}
 				ss.Backends = append(ss.Backends, b)
 			}
@@ -235,10 +262,26 @@ func Of(src Source) Status {
 	if src.Reloads != nil {
 		st.Reload = src.Reloads()
 	}
+	if src.Limit != nil {
+		l := src.Limit()
+		st.Connections = &Connections{Open: l.Open, Max: l.Max, Waits: l.Waits}
+	}
 	if src.Sockets != nil {
+		var t *sched.Table
+		if src.Table != nil {
+			t = src.Table()
+		}
 		for _, so := range src.Sockets() {
-			st.Listeners = append(st.Listeners, Listener{Listen: so.Listen.String(), Addr: so.Addr,
-				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited})
+			l := Listener{Listen: so.Listen.String(), Addr: so.Addr,
+				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited, Refused: so.Refused}
+			if t != nil {
+				if rs := t.Routes(so.Listen); rs != nil {
+					for _, r := range rs.List() {
+						l.Routes = append(l.Routes, Route{Service: r.Service.Name, SNI: r.Names, ALPN: r.ALPN})
+					}
+				}
+			}
+			st.Listeners = append(st.Listeners, l)
 		}
 	}
 	return st

@@ -73,3 +73,15 @@ func TestOf(t *testing.T) {
 		t.Errorf("removed service: %+v, %q", st.Services, st.Line())
 	}
 }
+
+// TestOfStopping: at shutdown every backend drains while still in the
+// table; it says stopping, not removed.
+func TestOfStopping(t *testing.T) {
+	b := backend.New("s", "a")
+	b.StopNew()
+	tbl := table(t, []*backend.Backend{b}, []int{1})
+	st := Of(Source{Table: func() *sched.Table { return tbl }, Draining: func() []Drain { return []Drain{{B: b}} }})
+	if got := st.Services[0].Backends; len(got) != 1 || got[0].State != "draining" || got[0].Cause != "stopping" || got[0].Removed {
+		t.Errorf("backends at shutdown %+v; want one, draining (stopping)", got)
+	}
+}

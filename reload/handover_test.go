@@ -1,0 +1,45 @@
+package reload
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"fulcrum/backend"
+	"fulcrum/listener/listenertest"
+)
+
+// TestHandOverStopsStateFile: after HandOver (a binary upgrade's new
+// process owns the state file) a draining process writes it no more, not
+// even at its last save, so it cannot overwrite what the new one wrote.
+func TestHandOverStopsStateFile(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state.json")
+	live := listenertest.NewServer(t, listenertest.Echo)
+	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{{name: "a", addr: live.Addr, weight: 1}}})
+	r := startRun(t, dir, text, func(m *Manager) { m.StateFile = state })
+	override := func() string {
+		st, err := ReadState(state)
+		if err != nil {
+			return ""
+		}
+		for _, b := range st.Backends {
+			if b.Backend == "a" {
+				return b.Override
+			}
+		}
+		return ""
+	}
+	if _, err := r.m.SetOverride("s", "a", backend.Maint, "test"); err != nil {
+		t.Fatal(err)
+	}
+	await(t, 10*time.Second, "the state file says maint", func() bool { return override() == "maint" })
+	r.m.HandOver()
+	if _, err := r.m.SetOverride("s", "a", backend.Drain, "test"); err != nil {
+		t.Fatal(err)
+	}
+	r.stop() // the last save
+	if got := override(); got != "maint" {
+		t.Errorf("state file after HandOver says %q; want it untouched (maint)", got)
+	}
+}
