@@ -135,7 +135,7 @@ type Settings struct {
 	MaxConnsPerSource int            // connections at once from one client address; 0 (default) = unlimited
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
-	Copy              string         // how connections copy: "pooled" (default, a goroutine per direction) or "parked" (none while idle)
+	Copy              string         // accepted and ignored: there is one copy design (the event loops); kept so that files that set it still load
 
 	// TCP keepalive on both legs of every connection: a peer silent for
 	// KeepAliveIdle (spread ±20% per socket, so that connections opened

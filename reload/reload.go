@@ -375,7 +375,6 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			Allow:             cs.Allow,
 			Deny:              cs.Deny,
 			MaxConnsPerSource: cs.MaxConnsPerSource,
-			Parked:            cs.Copy == "parked",
 			KeepAliveIdle:     cs.KeepAliveIdle,
 			KeepAliveInterval: cs.KeepAliveInterval,
 			KeepAliveCount:    cs.KeepAliveCount,

@@ -305,7 +305,6 @@ type Service struct {
 	Retries           int            // further backends tried after a failed connect
 	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
 	AccessLog         bool           // one log line per finished connection
-	Parked            bool           // connections hold no goroutine while idle (copy = "parked")
 
 	// TCP keepalive on both legs of each connection (listener.keepAliveFor):
 	// the idle time before the first probe (spread ±20% per socket), 0 = off;
