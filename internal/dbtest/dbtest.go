@@ -17,6 +17,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -459,15 +460,22 @@ func appendFile(t testing.TB, path, text string) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago (servers
-// that take a port number need one; the race with another binder is
-// accepted).
+// freePort returns a port of 127.0.0.1 that was free a moment ago, for a
+// server that takes a port number. It is drawn below 32768, where the
+// kernel never hands out an ephemeral port: an ephemeral one (port 0) can
+// be taken by any outgoing connection of a busy machine before the server
+// binds it, which made PostgreSQL fail to start under parallel suites.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return p
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port below 32768 on 127.0.0.1 in 100 draws")
+	return 0
 }
