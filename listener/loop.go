@@ -373,6 +373,11 @@ func (h *half) step(budget int) (stepResult, error) {
 					}
 					h.outArmed = true
 				}
+				// The source may fill while this waits for room, and the
+				// input edge that says so can wake a run that only finds
+				// the flush blocked again: once the flush goes through, read
+				// rather than trust the short read made before it.
+				h.drained = false
 				return stepBlocked, nil
 			}
 			h.wantOut.Store(false)
