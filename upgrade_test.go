@@ -103,6 +103,17 @@ func reap(t *testing.T, pid int, within time.Duration) syscall.WaitStatus {
 		var ws syscall.WaitStatus
 		for {
 			_, err := syscall.Wait4(pid, &ws, 0, nil)
+			if errors.Is(err, syscall.ECHILD) {
+				// Not adopted yet (its parent is still exiting), or reaped
+				// elsewhere: wait for it to be gone instead, and look again.
+				for s := procState(pid); s != 0 && s != 'Z'; s = procState(pid) {
+					time.Sleep(20 * time.Millisecond)
+				}
+				if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); err != nil {
+					ws = 0 // not ours to reap: gone is all that can be said
+				}
+				break
+			}
 			if !errors.Is(err, syscall.EINTR) {
 				break
 			}
