@@ -319,9 +319,16 @@ func flatten(err error) []error {
 // existing parent watched until it is back.
 func (r *runner) rewatch() {
 	path := r.m.path
+	prev := r.real
 	r.real = ""
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		r.real = real
+	}
+	if prev != "" && r.real != "" && r.real != prev {
+		// The path leads elsewhere now. The events that said so may come
+		// after this (a ConfigMap's "..data" swapped just as a reload
+		// finished) and would then look like nothing changed: read it now.
+		r.ld.request(loadReq{file: true})
 	}
 	if r.w == nil {
 		return
