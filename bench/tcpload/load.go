@@ -242,13 +242,12 @@ func oneShot(d *net.Dialer, addr string, msg, buf []byte, deadline time.Time) er
 	return ping(c, msg, buf)
 }
 
-// pingPong opens cfg.conns connections, then each pings back to back for
-// warmup+dur. A connection that fails stops; the others go on.
-func pingPong(cfg *config) *rateResult {
-	conns := make([]net.Conn, cfg.conns)
-	tallies := make([]tally, cfg.conns)
+// dialAll opens cfg.conns connections over cfg.addrs in turn; a failed
+// dial is tallied on its slot, which stays nil. open counts the others.
+func dialAll(cfg *config) (conns []net.Conn, tallies []tally, open int) {
+	conns = make([]net.Conn, cfg.conns)
+	tallies = make([]tally, cfg.conns)
 	d := dialer(cfg.timeout)
-	open := 0
 	for i := range conns {
 		c, err := d.Dial("tcp", cfg.addrs[i%len(cfg.addrs)])
 		if err != nil {
@@ -258,6 +257,13 @@ func pingPong(cfg *config) *rateResult {
 		conns[i] = c
 		open++
 	}
+	return conns, tallies, open
+}
+
+// pingPong opens cfg.conns connections, then each pings back to back for
+// warmup+dur. A connection that fails stops; the others go on.
+func pingPong(cfg *config) *rateResult {
+	conns, tallies, open := dialAll(cfg)
 	start := time.Now()
 	warmEnd := start.Add(cfg.warmup)
 	end := warmEnd.Add(cfg.dur)
@@ -412,19 +418,7 @@ func writeAtomic(path, text string) error {
 // connection's writer sends on time or, when behind, at once; its reader
 // takes the echoes in order. A connection that fails stops; the others go on.
 func openLoop(cfg *config) *rateResult {
-	conns := make([]net.Conn, cfg.conns)
-	tallies := make([]tally, cfg.conns)
-	d := dialer(cfg.timeout)
-	open := 0
-	for i := range conns {
-		c, err := d.Dial("tcp", cfg.addrs[i%len(cfg.addrs)])
-		if err != nil {
-			tallies[i].fail(&opError{"dial", err})
-			continue
-		}
-		conns[i] = c
-		open++
-	}
+	conns, tallies, open := dialAll(cfg)
 	start := time.Now()
 	warmEnd := start.Add(cfg.warmup)
 	end := warmEnd.Add(cfg.dur)
