@@ -3,6 +3,7 @@ package main
 // The subcommands that ask a running daemon through its admin listener.
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -135,18 +136,13 @@ func drain(args []string, stdout, stderr io.Writer) int {
 	if *undo {
 		path = "/undrain"
 	}
-	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	body, status, err := post(&adminClient, addr, path)
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum drain: %v\n", unreachable(err))
 		return 1
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %v\n", addr, path, err)
+	if status != "" {
+		fmt.Fprintf(stderr, "fulcrum drain: %s%s: %s: %s\n", addr, path, status, body)
 		return 1
 	}
 	stdout.Write(body)
@@ -170,18 +166,13 @@ func set(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	path := "/backends/" + url.PathEscape(svc) + "/" + url.PathEscape(name) + "/" + rest[1]
-	resp, err := adminClient.Post("http://"+addr+path, "text/plain", nil)
+	body, status, err := post(&adminClient, addr, path)
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum set: %v\n", unreachable(err))
 		return 1
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s", strings.TrimSpace(string(body)))
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum set: %v\n", err)
+	if status != "" {
+		fmt.Fprintf(stderr, "fulcrum set: %s\n", body)
 		return 1
 	}
 	stdout.Write(body)
@@ -220,20 +211,35 @@ func upgrade(args []string, stdout, stderr io.Writer) int {
 	}
 	c := adminClient
 	c.Timeout = upgradeTimeout + 10*time.Second // the daemon bounds the wait; this only backs it up
-	resp, err := c.Post("http://"+addr+"/upgrade", "text/plain", nil)
+	body, status, err := post(&c, addr, "/upgrade")
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum upgrade: %v\n", unreachable(err))
 		return 1
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum upgrade: %s: %v\n", addr, err)
+	if status != "" {
+		fmt.Fprintf(stderr, "fulcrum upgrade: %s: %s: %s\n", addr, status, body)
 		return 1
 	}
 	stdout.Write(body)
 	return 0
+}
+
+// post sends an empty POST to path on the admin listener at addr. It
+// returns the answer's body (at most 4 KiB), and status, the HTTP status,
+// only when it is not 200 OK (the body then trimmed); err is a failure to
+// reach the listener or to read its answer.
+func post(c *http.Client, addr, path string) (body []byte, status string, err error) {
+	resp, err := c.Post("http://"+addr+path, "text/plain", nil)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	body, err = io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return nil, "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return bytes.TrimSpace(body), resp.Status, nil
+	}
+	return body, "", nil
 }
