@@ -16,14 +16,14 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // TestMetrics scrapes /metrics from the real daemon, parses it with the
 // Prometheus text parser, and checks that the counters equal what the test
 // itself sent.
 func TestMetrics(t *testing.T) {
-	be := listenertest.NewServer(t, func(c *net.TCPConn) { // reads a request, answers twice its size
+	be := testkit.NewServer(t, func(c *net.TCPConn) { // reads a request, answers twice its size
 		buf := make([]byte, 4096)
 		n, _ := c.Read(buf)
 		c.Write(bytes.Repeat(buf[:n], 2))
@@ -36,7 +36,7 @@ listen = "127.0.0.1:0"
 [services.web]
 listen = ["127.0.0.1:0"]
 backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weight = 0 }]
-`, be, listenertest.DeadAddr(t)))
+`, be, testkit.DeadAddr(t)))
 	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
 	lb := d.await(t, "listening")["addr"].(string)
 
@@ -149,7 +149,7 @@ backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weigh
 // the check metrics are served, and with [admin] state_file the instance
 // drain and the override survive a restart.
 func TestSetAndState(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	state := filepath.Join(t.TempDir(), "state.json")
 	config := fmt.Sprintf(`
 [log]
@@ -283,8 +283,8 @@ func scrape(t *testing.T, adm string) string {
 // backend and its address, how it ended; a failed dial names the client
 // and says that a retry follows.
 func TestAccessLine(t *testing.T) {
-	live := listenertest.NewServer(t, listenertest.Echo).Addr
-	dead := listenertest.DeadAddr(t)
+	live := testkit.NewServer(t, testkit.Echo).Addr
+	dead := testkit.DeadAddr(t)
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"fulcrum/admin"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // get fetches http://addr+path and returns the status code and body.
@@ -80,7 +80,7 @@ const (
 // /healthz flips while connections are still served, that /status,
 // /metrics and `fulcrum status` show it, and that each flip is logged once.
 func TestDrainInstance(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	be := testkit.NewServer(t, testkit.Greeter("a")).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
@@ -201,7 +201,7 @@ listen = "127.0.0.1:0"
 [services.s]
 listen = ["127.0.0.1:0"]
 backends = [{ name = "dead", address = %q, health = { check = "tcp", interval = "100ms", timeout = "100ms", fall = 1 } }]
-`, listenertest.DeadAddr(t)))
+`, testkit.DeadAddr(t)))
 	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
 	d.await(t, "backend down")
 	wantHealthz(t, adm, 503, "no service has a backend up: s 0/1")

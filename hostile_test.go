@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // rawDaemon is fulcrum as a child process whose every stderr line is kept,
@@ -82,7 +82,7 @@ func (d *rawDaemon) notJSON() []string {
 // and leaves the rest in the kernel's queue. Its net/http error lines, if
 // any, are JSON like every other line.
 func TestAdminCannotStarveDataPath(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startRawDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"

@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/conf"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // TestMain lets the test binary run as fulcrum itself, so that tests can
@@ -533,7 +533,7 @@ func TestDaemonIdleDescriptors(t *testing.T) {
 
 func testDaemonIdleDescriptors(t *testing.T, copy string) {
 	const idle, bulk = 200, 20
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
@@ -624,8 +624,8 @@ func TestDaemonSplices(t *testing.T) {
 }
 
 func testDaemonSplices(t *testing.T, route string, first []byte) {
-	be := listenertest.NewServer(t, func(c *net.TCPConn) { // a sink
-		io.Copy(io.Discard, listenertest.User(c))
+	be := testkit.NewServer(t, func(c *net.TCPConn) { // a sink
+		io.Copy(io.Discard, testkit.User(c))
 		c.Write([]byte("done"))
 	}).Addr
 	d := startDaemon(t, fmt.Sprintf(`
@@ -714,7 +714,7 @@ func lowestFreeFD(t *testing.T, pid int) int {
 // TestDaemonSurvivesEMFILE: when the daemon's descriptor table is full its
 // accept loop backs off and logs, and serves again once descriptors free up.
 func TestDaemonSurvivesEMFILE(t *testing.T) {
-	be := listenertest.NewServer(t, func(c *net.TCPConn) { c.Write([]byte("hi\n")) }).Addr
+	be := testkit.NewServer(t, func(c *net.TCPConn) { c.Write([]byte("hi\n")) }).Addr
 	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
@@ -776,7 +776,7 @@ func TestAdminUnreachable(t *testing.T) {
 // and close clients with "no backend"): every client is served, the later
 // ones as soon as earlier ones end.
 func TestDaemonConnectionLimit(t *testing.T) {
-	be := listenertest.NewServer(t, func(c *net.TCPConn) { // greets, then holds the connection until the client ends it
+	be := testkit.NewServer(t, func(c *net.TCPConn) { // greets, then holds the connection until the client ends it
 		c.Write([]byte("hi\n"))
 		io.Copy(io.Discard, c)
 	}).Addr
@@ -877,8 +877,8 @@ backends = [{ address = %q }]
 // flight still completes, and the process exits 0 (Go's default would dump
 // every goroutine and exit 2, dropping the connection).
 func TestDaemonSIGQUITStopsGracefully(t *testing.T) {
-	be := listenertest.NewServer(t, func(c *net.TCPConn) { // echoes until EOF
-		io.Copy(c, listenertest.User(c))
+	be := testkit.NewServer(t, func(c *net.TCPConn) { // echoes until EOF
+		io.Copy(c, testkit.User(c))
 		c.CloseWrite()
 	}).Addr
 	d := startDaemon(t, fmt.Sprintf(`

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // lab is a set of network namespaces a test made for itself, joined by veth
@@ -320,7 +320,7 @@ func listenIn(t *testing.T, ns, addr, name string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	listenertest.Serve(t, ln, greetVia(name))
+	testkit.Serve(t, ln, greetVia(name))
 }
 
 // prober is a client in a namespace that opens a connection to one address

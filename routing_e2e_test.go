@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // TestDaemonRoutesPostgres: two PostgreSQL clusters with ssl = on and their
@@ -26,8 +26,8 @@ func TestDaemonRoutesPostgres(t *testing.T) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("starts two PostgreSQL clusters")
 	}
-	ca := listenertest.NewCA(t)
-	pg1, pg2 := listenertest.StartPostgres(t), listenertest.StartPostgres(t)
+	ca := testkit.NewCA(t)
+	pg1, pg2 := testkit.StartPostgres(t), testkit.StartPostgres(t)
 	pg1.EnableTLS(t, "db1", ca.Issue(t, "db1.example.com"))
 	pg2.EnableTLS(t, "db2", ca.Issue(t, "db2.example.com"))
 	d := startDaemon(t, fmt.Sprintf(`
@@ -92,10 +92,10 @@ func clientHello(t *testing.T, name string) []byte {
 // TestDaemonRoutesReload: a reload that adds a service to a routed address
 // routes its name from then on, and -check prints the address's routes.
 func TestDaemonRoutesReload(t *testing.T) {
-	ca := listenertest.NewCA(t)
-	a := listenertest.NewTLSServer(t, ca, "a", "a.example.com")
-	b := listenertest.NewTLSServer(t, ca, "b", "b.example.com")
-	def := listenertest.NewTLSServer(t, ca, "default", "default.example.com")
+	ca := testkit.NewCA(t)
+	a := testkit.NewTLSServer(t, ca, "a", "a.example.com")
+	b := testkit.NewTLSServer(t, ca, "b", "b.example.com")
+	def := testkit.NewTLSServer(t, ca, "default", "default.example.com")
 	// Port 0 is one address to the reload (it keeps the socket it bound).
 	conf1 := fmt.Sprintf(`
 [log]

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"fulcrum/conf"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // nameThenClose greets with name and closes first, so that the client's
@@ -108,7 +108,7 @@ func TestMaglevAgreement(t *testing.T) {
 	names := []string{"pg-a", "pg-b", "pg-c", "pg-d", "pg-e"}
 	addrs := map[string]string{}
 	for _, n := range names {
-		addrs[n] = listenertest.NewServer(t, nameThenClose(n)).Addr
+		addrs[n] = testkit.NewServer(t, nameThenClose(n)).Addr
 	}
 	config := func(order []string) string {
 		var b strings.Builder
@@ -220,8 +220,8 @@ func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
 // added and takes its share of clients; an empty catalog is refused while
 // the last good file keeps serving.
 func TestConsulTemplate(t *testing.T) {
-	a := listenertest.NewServer(t, nameThenClose("node-a"))
-	b := listenertest.NewServer(t, nameThenClose("node-b"))
+	a := testkit.NewServer(t, nameThenClose("node-a"))
+	b := testkit.NewServer(t, nameThenClose("node-b"))
 	inst := func(node, addr string) healthService {
 		host, port, _ := net.SplitHostPort(addr)
 		p, _ := strconv.Atoi(port)

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // realBinary builds fulcrum once, without the race detector, for tests
@@ -122,7 +122,7 @@ func TestSlowReaderMemory(t *testing.T) {
 			resume := make(chan struct{})
 			var sent counter
 			got := make(chan [32]byte, 1)
-			be := listenertest.NewServer(t, func(c *net.TCPConn) {
+			be := testkit.NewServer(t, func(c *net.TCPConn) {
 				c.Write([]byte("hi\n"))
 				if dir == "backend to client" {
 					io.Copy(io.MultiWriter(c, &sent), io.LimitReader(newPattern(), size))

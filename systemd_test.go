@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // notifySocket plays systemd: a unixgram socket that collects sd_notify
@@ -81,7 +81,7 @@ func startDaemonEnv(t *testing.T, config string, env ...string) *daemon {
 // sd_notify messages across start, a valid and an invalid reload, watchdog
 // pings and stop.
 func TestSystemdNotify(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	be := testkit.NewServer(t, testkit.Greeter("a")).Addr
 	ns := newNotifySocket(t)
 	config := func(w int) string {
 		return fmt.Sprintf("[log]\nformat = \"json\"\n[reload]\ndebounce = \"50ms\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ name = \"a\", address = %q, weight = %d }]\n", be, w)
@@ -141,8 +141,8 @@ func TestSocketActivation(t *testing.T) {
 	if err != nil {
 		t.Skip("systemd-socket-activate is not installed")
 	}
-	a := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
-	byAddr, byName := listenertest.FreeAddr(t), listenertest.FreeAddr(t)
+	a := testkit.NewServer(t, testkit.Greeter("a")).Addr
+	byAddr, byName := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
 [log]
 format = "json"
@@ -208,7 +208,7 @@ backends = [{ address = %q }]
 // passes it (LISTEN_FDS) to one fulcrum after another: a connection made
 // while no fulcrum runs waits in the backlog and is served by the next.
 func TestRestartKeepsBacklog(t *testing.T) {
-	a := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	a := testkit.NewServer(t, testkit.Greeter("a")).Addr
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +259,7 @@ func TestRestartKeepsBacklog(t *testing.T) {
 // (± 0.5s); the exit status is 0.
 func TestGracefulStop(t *testing.T) {
 	const n, drain = 100, 3 * time.Second
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
 	addr := d.await(t, "listening")["addr"].(string)
 	conns := make([]net.Conn, n)
@@ -321,7 +321,7 @@ func TestGracefulStop(t *testing.T) {
 
 // TestSecondSignal: a second SIGTERM during the drain exits at once.
 func TestSecondSignal(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1h\"\nbackends = [{ address = %q }]\n", be))
 	addr := d.await(t, "listening")["addr"].(string)
 	c, err := net.Dial("tcp", addr)

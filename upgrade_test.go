@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // becomeSubreaper makes this test process the parent of the daemons that an
@@ -223,7 +223,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 		drain   = 3 * time.Second
 	)
 	becomeSubreaper(t)
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	ns := newNotifySocket(t)
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
 	d := startDaemonArgs(t, []string{"-config", config}, []string{"NOTIFY_SOCKET=" + ns.path, "WATCHDOG_USEC=2000000"}, nil)
@@ -382,7 +382,7 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 		}
 	}
 	install(os.Args[0])
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
 	d := startDaemonArgs(t, []string{"-c", `exec "$0" "$@"`, bin, "-config", config}, nil, nil)
 	t.Cleanup(func() {
@@ -595,7 +595,7 @@ func (s *fdStore) names() []string {
 // queued, not refused, and the new process, given the store in
 // LISTEN_FDS, serves them on the same ports.
 func TestRestartKeepsFDStore(t *testing.T) {
-	be := listenertest.NewServer(t, listenertest.Echo).Addr
+	be := testkit.NewServer(t, testkit.Echo).Addr
 	st := newFDStore(t)
 	config := func(extra string) string {
 		return fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"%s]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", extra, be)
@@ -676,7 +676,7 @@ func TestRestartKeepsFDStore(t *testing.T) {
 // process adopts it as passed by systemd, not as its own.
 func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 	becomeSubreaper(t)
-	be := listenertest.NewServer(t, listenertest.Greeter("a")).Addr
+	be := testkit.NewServer(t, testkit.Greeter("a")).Addr
 	ln, err := net.Listen("tcp", "127.0.0.1:0") // held by "systemd"
 	if err != nil {
 		t.Fatal(err)

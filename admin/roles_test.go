@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -77,7 +77,7 @@ func TestRolesShown(t *testing.T) {
 func wrongRole(t *testing.T, b *backend.Backend) {
 	t.Helper()
 	info := "role:slave\r\nmaster_host:127.0.0.1\r\nmaster_port:1\r\nmaster_link_status:up\r\n"
-	replica := listenertest.NewServer(t, func(c *net.TCPConn) {
+	replica := testkit.NewServer(t, func(c *net.TCPConn) {
 		c.Read(make([]byte, 512)) // INFO replication and QUIT, in one write
 		fmt.Fprintf(c, "$%d\r\n%s\r\n+OK\r\n", len(info), info)
 	})

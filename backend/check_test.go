@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 func probe(kind, addr string) *Probe {
@@ -20,11 +20,11 @@ func probe(kind, addr string) *Probe {
 }
 
 func TestProbeTCP(t *testing.T) {
-	up := listenertest.NewServer(t, func(*net.TCPConn) {})
+	up := testkit.NewServer(t, func(*net.TCPConn) {})
 	if err := probe("tcp", up.Addr).Run(t.Context()); err != nil {
 		t.Errorf("tcp on a listener: %v", err)
 	}
-	if err := probe("tcp", listenertest.DeadAddr(t)).Run(t.Context()); err == nil {
+	if err := probe("tcp", testkit.DeadAddr(t)).Run(t.Context()); err == nil {
 		t.Error("tcp on a dead port succeeded")
 	}
 }
@@ -32,7 +32,7 @@ func TestProbeTCP(t *testing.T) {
 // TestProbeSendExpect: a backend that accepts but never answers fails the
 // check within its timeout; one that answers as expected passes.
 func TestProbeSendExpect(t *testing.T) {
-	mute := listenertest.NewServer(t, func(c *net.TCPConn) {
+	mute := testkit.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		c.Read(b[:]) // accepts, reads nothing useful, never answers
@@ -45,7 +45,7 @@ func TestProbeSendExpect(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("send-expect took %v; want about its 300ms timeout", el)
 	}
-	p.Addr = listenertest.NewServer(t, listenertest.Echo).Addr
+	p.Addr = testkit.NewServer(t, testkit.Echo).Addr
 	p.Send, p.Expect = []byte("OK ready\n"), regexp.MustCompile(`OK ready`)
 	if err := p.Run(t.Context()); err != nil {
 		t.Errorf("send-expect on an echo: %v", err)
@@ -109,16 +109,16 @@ func TestProbeMySQL(t *testing.T) {
 		}
 	}
 	tooMany := append([]byte{0xff, 0x10, 0x04}, "Too many connections"...)
-	if err := probe("mysql", listenertest.NewServer(t, greet(tooMany)).Addr).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "Too many connections") {
+	if err := probe("mysql", testkit.NewServer(t, greet(tooMany)).Addr).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "Too many connections") {
 		t.Errorf("mysql error greeting = %v; want down", err)
 	}
-	if err := probe("mysql", listenertest.NewServer(t, listenertest.Greeter("SSH-2.0-OpenSSH")).Addr).Run(t.Context()); err == nil {
+	if err := probe("mysql", testkit.NewServer(t, testkit.Greeter("SSH-2.0-OpenSSH")).Addr).Run(t.Context()); err == nil {
 		t.Error("an SSH banner passed the mysql check")
 	}
 }
 
 func TestProbePostgres(t *testing.T) {
-	pg := listenertest.StartPostgres(t)
+	pg := testkit.StartPostgres(t)
 	if err := probe("pgsql", pg.Addr).Run(t.Context()); err != nil {
 		t.Fatalf("pgsql on a running cluster: %v", err)
 	}
@@ -127,7 +127,7 @@ func TestProbePostgres(t *testing.T) {
 	if err := p.Run(t.Context()); err != nil {
 		t.Errorf("pgsql with an unknown user (the server is still up): %v", err)
 	}
-	if err := probe("pgsql", listenertest.NewServer(t, listenertest.Greeter("+PONG")).Addr).Run(t.Context()); err == nil {
+	if err := probe("pgsql", testkit.NewServer(t, testkit.Greeter("+PONG")).Addr).Run(t.Context()); err == nil {
 		t.Error("a non-PostgreSQL server passed the pgsql check")
 	}
 
@@ -155,11 +155,11 @@ func TestProbePostgres(t *testing.T) {
 }
 
 func TestProbeRedis(t *testing.T) {
-	r := listenertest.StartRedis(t)
+	r := testkit.StartRedis(t)
 	if err := probe("redis", r.Addr).Run(t.Context()); err != nil {
 		t.Errorf("redis PING: %v", err)
 	}
-	auth := listenertest.StartRedis(t, "--requirepass", "secret")
+	auth := testkit.StartRedis(t, "--requirepass", "secret")
 	if err := probe("redis", auth.Addr).Run(t.Context()); err != nil {
 		t.Errorf("redis with a password (-NOAUTH is still a live Redis): %v", err)
 	}
@@ -167,7 +167,7 @@ func TestProbeRedis(t *testing.T) {
 	if err := probe("redis", r.Addr).Run(t.Context()); err == nil {
 		t.Error("redis PING on a killed server succeeded")
 	}
-	if err := probe("redis", listenertest.NewServer(t, listenertest.Greeter("-LOADING Redis is loading the dataset in memory")).Addr).Run(t.Context()); err == nil {
+	if err := probe("redis", testkit.NewServer(t, testkit.Greeter("-LOADING Redis is loading the dataset in memory")).Addr).Run(t.Context()); err == nil {
 		t.Error("-LOADING passed the redis check")
 	}
 }
@@ -279,8 +279,8 @@ func TestPassive(t *testing.T) {
 // TestRunChecksStops: RunChecks returns promptly when its context ends,
 // even in the middle of a probe.
 func TestRunChecksStops(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	mute := listenertest.NewServer(t, func(c *net.TCPConn) {
+	testkit.CheckLeaks(t)
+	mute := testkit.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		c.Read(b[:])
 	})

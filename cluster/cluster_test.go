@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -82,7 +82,7 @@ func TestServing(t *testing.T) {
 func TestDrainFlips(t *testing.T) {
 	var ptr atomic.Pointer[sched.Table]
 	ptr.Store(table(t, map[string][]string{"pg": {"a"}}))
-	sink := listenertest.NewLogSink()
+	sink := testkit.NewLogSink()
 	in := New(ptr.Load, zerolog.New(sink))
 	healthy := func(want bool, prefix string) {
 		t.Helper()
@@ -121,7 +121,7 @@ func TestDrainFlips(t *testing.T) {
 		"instance stopping: /healthz fails until exit":                    1,
 		"instance is stopping; it stays drained":                          1,
 	} {
-		if n := len(sink.All(listenertest.Message(msg))); n != want {
+		if n := len(sink.All(testkit.Message(msg))); n != want {
 			t.Errorf("%d lines %q; want %d", n, msg, want)
 		}
 	}
@@ -131,7 +131,7 @@ func TestDrainFlips(t *testing.T) {
 func TestRunSignals(t *testing.T) {
 	var ptr atomic.Pointer[sched.Table]
 	ptr.Store(table(t, map[string][]string{"pg": {"a"}}))
-	sink := listenertest.NewLogSink()
+	sink := testkit.NewLogSink()
 	in := New(ptr.Load, zerolog.New(sink))
 	ctx, cancel := context.WithCancel(context.Background())
 	sig := make(chan os.Signal)

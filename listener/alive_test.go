@@ -4,17 +4,17 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // TestFrozenAcceptLoopNotAlive: Alive, which the watchdog ping depends on,
 // turns false when an accept loop stops answering its heartbeat, and true
 // again when it answers.
 func TestFrozenAcceptLoopNotAlive(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	freeze := make(chan struct{}, 1)
 	thaw := make(chan struct{})
-	p := startProxy(t, "rr", []testBackend{{"a", listenertest.DeadAddr(t), 1}}, nil, 0, func(s *Server) {
+	p := startProxy(t, "rr", []testBackend{{"a", testkit.DeadAddr(t), 1}}, nil, 0, func(s *Server) {
 		s.acceptHook = func() {
 			select {
 			case <-freeze:

@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -40,7 +40,7 @@ var designs = []struct {
 }{{"loops=1", []func(*Server){withLoops(1)}}, {"loops=2", []func(*Server){withLoops(2)}}}
 
 func benchmarkProxyConnection(b *testing.B, opts ...func(*Server)) {
-	be := listenertest.NewServer(b, listenertest.Echo)
+	be := testkit.NewServer(b, testkit.Echo)
 	p := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel, opts...)
 	msg, buf := make([]byte, 64), make([]byte, 64)
 	roundTrip := func(addr string) {
@@ -117,7 +117,7 @@ func BenchmarkSpliceThroughput(b *testing.B) {
 func benchmarkSpliceThroughput(b *testing.B, opts ...func(*Server)) {
 	const chunk = 256 << 10
 	got := make(chan int64, 1)
-	be := listenertest.NewServer(b, func(c *net.TCPConn) {
+	be := testkit.NewServer(b, func(c *net.TCPConn) {
 		buf := make([]byte, chunk)
 		var n int64
 		for {

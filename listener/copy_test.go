@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -90,13 +90,13 @@ func echoThrough(t *testing.T, p *testProxy, n int, wsize, rsize func() int) {
 	c.SetDeadline(time.Now().Add(60 * time.Second))
 	werr := make(chan error, 1)
 	go func() { // exits when the payload is written
-		err := writePattern(listenertest.User(c), n, wsize)
+		err := writePattern(testkit.User(c), n, wsize)
 		if err == nil {
 			err = c.CloseWrite()
 		}
 		werr <- err
 	}()
-	got, err := readPattern(listenertest.User(c), rsize)
+	got, err := readPattern(testkit.User(c), rsize)
 	if err != nil || got != n {
 		t.Fatalf("echo of %d bytes: %d matched, %v", n, got, err)
 	}
@@ -125,8 +125,8 @@ func TestPayloads(t *testing.T) {
 	sizes := []int{1, 100, 64 << 10, 3_000_000, 50_000_000}
 	for _, mode := range []copyMode{copyBuffer, copySplice, copyAuto} {
 		t.Run(mode.String(), func(t *testing.T) {
-			listenertest.CheckLeaks(t)
-			be := listenertest.NewServer(t, listenertest.Echo)
+			testkit.CheckLeaks(t)
+			be := testkit.NewServer(t, testkit.Echo)
 			p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(mode))
 			for _, n := range sizes {
 				t.Run(fmt.Sprint(n), func(t *testing.T) {
@@ -167,14 +167,14 @@ func TestPayloads(t *testing.T) {
 // TestPipeNotHeldWhileIdle: a connection that has spliced megabytes and then
 // goes quiet holds no pipe, and its counters are live before it ends.
 func TestPipeNotHeldWhileIdle(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, listenertest.Echo)
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Echo)
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	const n = 3_000_000
 	werr := make(chan error, 1)
-	go func() { werr <- writePattern(listenertest.User(c), n, nil) }() // exits when written
+	go func() { werr <- writePattern(testkit.User(c), n, nil) }() // exits when written
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(c, buf); err != nil {
 		t.Fatal(err)
@@ -205,9 +205,9 @@ func TestPipeNotHeldWhileIdle(t *testing.T) {
 func TestResetMidSplice(t *testing.T) {
 	const chunk = 256 << 10
 	t.Run("backend", func(t *testing.T) {
-		listenertest.CheckLeaks(t)
+		testkit.CheckLeaks(t)
 		rst := make(chan struct{})
-		be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		be := testkit.NewServer(t, func(c *net.TCPConn) {
 			for i := 0; ; i++ {
 				select {
 				case <-rst:
@@ -229,7 +229,7 @@ func TestResetMidSplice(t *testing.T) {
 			t.Fatal(err)
 		}
 		close(rst)
-		if _, err := io.Copy(io.Discard, listenertest.User(c)); isTimeout(err) {
+		if _, err := io.Copy(io.Discard, testkit.User(c)); isTimeout(err) {
 			t.Fatalf("client not released after the backend's reset: %v", err)
 		}
 		if line := p.logs.Wait(t, 10*time.Second, "access", isAccess); line["end"] != endReset {
@@ -240,8 +240,8 @@ func TestResetMidSplice(t *testing.T) {
 	t.Run("client receiving", func(t *testing.T) {
 		// The client stops reading with a small receive buffer, so the
 		// proxy's pipe towards it fills up, then resets.
-		listenertest.CheckLeaks(t)
-		be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		testkit.CheckLeaks(t)
+		be := testkit.NewServer(t, func(c *net.TCPConn) {
 			for writePattern(c, chunk, nil) == nil { // until the proxy shuts it down
 			}
 		})
@@ -266,15 +266,15 @@ func TestResetMidSplice(t *testing.T) {
 		waitNoPipeLent(t, p)
 	})
 	t.Run("client", func(t *testing.T) {
-		listenertest.CheckLeaks(t)
+		testkit.CheckLeaks(t)
 		read := make(chan struct{})
-		be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		be := testkit.NewServer(t, func(c *net.TCPConn) {
 			buf := make([]byte, 2<<20)
 			if _, err := io.ReadFull(c, buf); err != nil {
 				return
 			}
 			close(read)
-			io.Copy(io.Discard, listenertest.User(c))
+			io.Copy(io.Discard, testkit.User(c))
 		})
 		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice))
 		c := p.dial(t)
@@ -302,8 +302,8 @@ func TestResetMidSplice(t *testing.T) {
 // 1 MiB, and copying still works when no pipe can be had at all.
 func TestPipeFallbacks(t *testing.T) {
 	t.Run("size", func(t *testing.T) {
-		listenertest.CheckLeaks(t)
-		be := listenertest.NewServer(t, listenertest.Echo)
+		testkit.CheckLeaks(t)
+		be := testkit.NewServer(t, testkit.Echo)
 		// F_SETPIPE_SZ refuses anything above 2 GiB with EINVAL, root or not.
 		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice), func(s *Server) { s.pipes.size = 1<<31 + 1 })
 		echoThrough(t, p, 3_000_000, nil, nil)
@@ -312,8 +312,8 @@ func TestPipeFallbacks(t *testing.T) {
 		}
 	})
 	t.Run("none", func(t *testing.T) {
-		listenertest.CheckLeaks(t)
-		be := listenertest.NewServer(t, listenertest.Echo)
+		testkit.CheckLeaks(t)
+		be := testkit.NewServer(t, testkit.Echo)
 		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice),
 			func(s *Server) { s.pipes.failedAt.Store(mono() + int64(time.Hour)) }) // as if pipe2 had just failed
 		echoThrough(t, p, 3_000_000, nil, nil)
@@ -365,7 +365,7 @@ func FuzzCopy(f *testing.F) {
 		n := int(size % (4 << 20))
 		r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 		bsizes := randomSizes(rand.New(rand.NewPCG(seed+1, seed)))
-		be := listenertest.NewServer(t, func(c *net.TCPConn) {
+		be := testkit.NewServer(t, func(c *net.TCPConn) {
 			buf := make([]byte, 256<<10)
 			for {
 				k, err := c.Read(buf[:bsizes()])
@@ -399,8 +399,8 @@ func FuzzCopy(f *testing.F) {
 // does) ends both directions promptly, even one blocked writing to a client
 // that does not read, and the session ends as drained.
 func TestDrainClosesSession(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		for writePattern(c, 1<<20, nil) == nil { // until the proxy goes away
 		}
 	})
@@ -424,7 +424,7 @@ func TestDrainClosesSession(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("the drained session took %v to end", el)
 	}
-	_, err := io.Copy(io.Discard, listenertest.User(c))
+	_, err := io.Copy(io.Discard, testkit.User(c))
 	if isTimeout(err) || errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("client after the drain: %v", err)
 	}
@@ -434,7 +434,7 @@ func TestDrainClosesSession(t *testing.T) {
 // again; one that may still hold bytes is closed, so that no connection can
 // ever send another's leftovers.
 func TestPipePool(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	pp := &pipePool{size: pipeSize, max: 2}
 	defer pp.closeIdle()
 	a, b, c := pp.get(), pp.get(), pp.get()

@@ -10,7 +10,7 @@ import (
 
 	proxyproto "github.com/pires/go-proxyproto"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -34,8 +34,8 @@ func FuzzProxyHeader(f *testing.F) {
 
 	var mu sync.Mutex // protects got
 	var got [][]byte  // what each backend connection received, in order
-	be := listenertest.NewServer(f, func(c *net.TCPConn) {
-		b, _ := io.ReadAll(listenertest.User(c))
+	be := testkit.NewServer(f, func(c *net.TCPConn) {
+		b, _ := io.ReadAll(testkit.User(c))
 		mu.Lock()
 		got = append(got, b)
 		mu.Unlock()

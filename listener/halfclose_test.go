@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -16,10 +16,10 @@ import (
 // timeout at all) the session ends, logged as such. A backend that keeps
 // answering slowly after the client's FIN is not cut.
 func TestHalfCloseTimeout(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const limit = 300 * time.Millisecond
 	release := make(chan struct{})
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != nil {
 			return
@@ -43,7 +43,7 @@ func TestHalfCloseTimeout(t *testing.T) {
 	stuck.CloseWrite()
 	start := time.Now()
 	stuck.SetReadDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.ReadAll(listenertest.User(stuck)); isTimeout(err) {
+	if _, err := io.ReadAll(testkit.User(stuck)); isTimeout(err) {
 		t.Fatal("a half-closed session with a stuck backend was not ended")
 	}
 	if el := time.Since(start); el < limit {
@@ -57,7 +57,7 @@ func TestHalfCloseTimeout(t *testing.T) {
 	slow.Write([]byte{'w'})
 	slow.CloseWrite()
 	slow.SetReadDeadline(time.Now().Add(20 * time.Second))
-	b, err := io.ReadAll(listenertest.User(slow))
+	b, err := io.ReadAll(testkit.User(slow))
 	if err != nil || string(b) != "......" {
 		t.Fatalf("slow answer after the client's FIN = %q, %v; want all six bytes", b, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -22,8 +22,8 @@ import (
 // adopted socket no listener wants is closed by CloseUnadopted; one that is
 // used is the new Server's own: a reload that removes it closes it.
 func TestHandoff(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	key := netip.MustParseAddrPort("127.0.0.1:0")
 	spareLn, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,8 +141,8 @@ func dialTCP(t *testing.T, addr string) *net.TCPConn {
 // without consuming a byte: a TLS server then completes the handshake on
 // the same socket, with the protocol the client offered.
 func TestPrereadTLS(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	ca := listenertest.NewCA(t)
+	testkit.CheckLeaks(t)
+	ca := testkit.NewCA(t)
 	cert := ca.Issue(t, "db1.example.com", "*.tenants.example.com")
 	for _, tc := range []struct {
 		name, server, wantSNI string
@@ -185,7 +185,7 @@ func TestPrereadTLS(t *testing.T) {
 // TestPrereadFragmented: a hello written one byte per segment (TCP_NODELAY),
 // and a hello spread over many small records, are both read whole.
 func TestPrereadFragmented(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db2.example.com", NextProtos: []string{"postgresql"}})
 	for _, tc := range []struct {
 		name  string
@@ -222,7 +222,7 @@ func TestPrereadFragmented(t *testing.T) {
 // TestPrereadStopsMidHello: a client that stops inside its hello is
 // refused at the timeout; one that closes inside it, at once.
 func TestPrereadStopsMidHello(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	for _, cut := range []int{1, 4, recordHeader + 10, len(hello) - 1} {
 		addr, ch := prereadOne(t, 300*time.Millisecond)
@@ -254,7 +254,7 @@ func TestPrereadStopsMidHello(t *testing.T) {
 // TestPrereadNotTLS: other protocols, a GSSENCRequest, a StartupMessage and
 // a silent client are not TLS, and nothing of theirs is consumed.
 func TestPrereadNotTLS(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	startup := []byte{0, 0, 0, 0x29, 0, 3, 0, 0}
 	startup = append(startup, "user\x00postgres\x00database\x00postgres\x00\x00"...)
 	for _, tc := range []struct {
@@ -286,7 +286,7 @@ func TestPrereadNotTLS(t *testing.T) {
 // TestPrereadRefused: oversized and malformed hellos are refused with
 // their reason, without waiting for more bytes.
 func TestPrereadRefused(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"h2"}})
 	big := []byte{recordHandshake, 3, 1, 0x40, 0, typeClientHello, 0, 0x40, 0} // 16 KiB of hello announced
 	bigSplit := reframe(append([]byte{recordHandshake, 3, 1, 0x3f, 0xfc, typeClientHello, 0, 0x3f, 0xf8}, make([]byte, 0x3ff8)...), 1000)
@@ -357,8 +357,8 @@ func TestPrereadRefused(t *testing.T) {
 // and consumed; its ClientHello is then read like any other and left for
 // the server, whose handshake completes.
 func TestPrereadSSLRequest(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	ca := listenertest.NewCA(t)
+	testkit.CheckLeaks(t)
+	ca := testkit.NewCA(t)
 	cert := ca.Issue(t, "db1.example.com")
 	addr, ch := prereadOne(t, 5*time.Second)
 	c := dialTCP(t, addr)
@@ -388,7 +388,7 @@ func TestPrereadSSLRequest(t *testing.T) {
 // TestBackendSSL: towards a backend, an SSLRequest must be answered 'S';
 // 'N', a close or silence is backend-no-ssl.
 func TestBackendSSL(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	for _, tc := range []struct {
 		name   string
 		answer []byte
@@ -401,13 +401,13 @@ func TestBackendSSL(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := make(chan []byte, 1)
-			be := listenertest.NewServer(t, func(c *net.TCPConn) {
+			be := testkit.NewServer(t, func(c *net.TCPConn) {
 				var b [8]byte
 				io.ReadFull(c, b[:])
 				got <- b[:]
 				c.Write(tc.answer)
 				if tc.answer != nil {
-					io.Copy(io.Discard, listenertest.User(c))
+					io.Copy(io.Discard, testkit.User(c))
 				}
 			})
 			fd := dupFD(dialTCP(t, be.Addr))

@@ -10,7 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -21,7 +21,7 @@ type testProxy struct {
 	srv  *Server
 	ptr  atomic.Pointer[sched.Table]
 	addr string
-	logs *listenertest.LogSink
+	logs *testkit.LogSink
 	svc  *sched.Service
 }
 
@@ -46,7 +46,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 // Each opt is applied to the Server before it accepts.
 func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
-	p := &testProxy{logs: listenertest.NewLogSink()}
+	p := &testProxy{logs: testkit.NewLogSink()}
 	var pool backend.Pool
 	targets := make([]sched.Target, len(backends))
 	for i, b := range backends {

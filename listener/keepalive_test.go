@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -63,8 +63,8 @@ func legKeepAlives(t *testing.T, local, peer netip.AddrPort) (accepted, dialled 
 // connections never probes in step); keepalive_idle = 0 turns it off on
 // both legs.
 func TestKeepAlivePerSocket(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
 	for _, c := range []struct {
 		name string
 		idle time.Duration

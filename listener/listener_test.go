@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -57,14 +57,14 @@ func streamSum(seed uint64, n int) [32]byte {
 
 // TestBulkBothWays moves 16 MiB each way at once and compares checksums.
 func TestBulkBothWays(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const size = 16 << 20
 	got := make(chan [32]byte, 1)
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		done := make(chan error, 1)
-		go func() { done <- stream(listenertest.User(c), 2, size) }() // exits when the stream is written
+		go func() { done <- stream(testkit.User(c), 2, size) }() // exits when the stream is written
 		h := sha256.New()
-		io.Copy(h, listenertest.User(c))
+		io.Copy(h, testkit.User(c))
 		got <- [32]byte(h.Sum(nil))
 		if <-done == nil {
 			c.CloseWrite()
@@ -74,12 +74,12 @@ func TestBulkBothWays(t *testing.T) {
 	c := p.dial(t)
 	werr := make(chan error, 1)
 	go func() { // exits when the upload is written
-		err := stream(listenertest.User(c), 1, size)
+		err := stream(testkit.User(c), 1, size)
 		c.CloseWrite()
 		werr <- err
 	}()
 	h := sha256.New()
-	n, err := io.Copy(h, listenertest.User(c))
+	n, err := io.Copy(h, testkit.User(c))
 	if err != nil || n != size {
 		t.Fatalf("download: %d bytes, %v; want %d", n, err, size)
 	}
@@ -105,15 +105,15 @@ func TestBulkBothWays(t *testing.T) {
 // TestHalfClose: the client sends and shuts its write side; the backend
 // answers only after EOF, and the client still gets the whole answer.
 func TestHalfClose(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const answer = 1 << 20
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
-		req, err := io.ReadAll(listenertest.User(c))
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
+		req, err := io.ReadAll(testkit.User(c))
 		if err != nil {
 			return
 		}
 		fmt.Fprintf(c, "got %q\n", req)
-		stream(listenertest.User(c), 7, answer)
+		stream(testkit.User(c), 7, answer)
 		c.CloseWrite()
 	})
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
@@ -146,18 +146,18 @@ func TestHalfClose(t *testing.T) {
 // TestBackendClosesFirst: the backend's FIN reaches the client, and the
 // client's later data still reaches the backend.
 func TestBackendClosesFirst(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	got := make(chan string, 1)
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		c.Write([]byte("bye\n"))
 		c.CloseWrite()
-		b, _ := io.ReadAll(listenertest.User(c))
+		b, _ := io.ReadAll(testkit.User(c))
 		got <- string(b)
 	})
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b, err := io.ReadAll(listenertest.User(c))
+	b, err := io.ReadAll(testkit.User(c))
 	if err != nil || string(b) != "bye\n" {
 		t.Fatalf("read = %q, %v", b, err)
 	}
@@ -173,8 +173,8 @@ func TestBackendClosesFirst(t *testing.T) {
 
 // TestResetMidStream: a backend reset ends the client's connection promptly.
 func TestResetMidStream(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		c.Write([]byte("partial"))
 		var b [1]byte
 		c.Read(b[:]) // wait for the client's go-ahead
@@ -189,7 +189,7 @@ func TestResetMidStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Write([]byte("x"))
-	if _, err := io.ReadAll(listenertest.User(c)); errors.Is(err, unix.ETIMEDOUT) || isTimeout(err) {
+	if _, err := io.ReadAll(testkit.User(c)); errors.Is(err, unix.ETIMEDOUT) || isTimeout(err) {
 		t.Fatalf("client was not closed after the backend reset: %v", err)
 	}
 	line := p.logs.Wait(t, 5*time.Second, "access", isAccess)
@@ -206,9 +206,9 @@ func isTimeout(err error) bool {
 // TestRetrySkipsDeadBackend: a refused backend is skipped by the retry and
 // the connection is served by another; it is never tried twice.
 func TestRetrySkipsDeadBackend(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	live := listenertest.NewServer(t, listenertest.Greeter("live"))
-	dead := listenertest.DeadAddr(t)
+	testkit.CheckLeaks(t)
+	live := testkit.NewServer(t, testkit.Greeter("live"))
+	dead := testkit.DeadAddr(t)
 	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.Addr, 1}}, func(s *sched.Service) { s.Retries = 1 })
 	for i := range 4 {
 		c := p.dial(t)
@@ -229,12 +229,12 @@ func TestRetrySkipsDeadBackend(t *testing.T) {
 // TestAllDeadRefused: with every backend refusing, the client is closed at
 // once, each backend tried exactly once.
 func TestAllDeadRefused(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	bs := []testBackend{{"a", listenertest.DeadAddr(t), 1}, {"b", listenertest.DeadAddr(t), 1}, {"c", listenertest.DeadAddr(t), 1}}
+	testkit.CheckLeaks(t)
+	bs := []testBackend{{"a", testkit.DeadAddr(t), 1}, {"b", testkit.DeadAddr(t), 1}, {"c", testkit.DeadAddr(t), 1}}
 	p := newProxy(t, "lc", bs, func(s *sched.Service) { s.Retries = 5 })
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadAll(listenertest.User(c)); isTimeout(err) {
+	if _, err := io.ReadAll(testkit.User(c)); isTimeout(err) {
 		t.Fatal("client not closed")
 	}
 	for _, tg := range p.svc.Targets {
@@ -281,14 +281,14 @@ func blackhole(t *testing.T) string {
 // TestAllDeadTimeout: with every backend silently dropping SYNs, the client
 // is closed after (retries+1) connect timeouts, not later.
 func TestAllDeadTimeout(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const timeout = 300 * time.Millisecond
 	bs := []testBackend{{"a", blackhole(t), 1}, {"b", blackhole(t), 1}, {"c", blackhole(t), 1}}
 	p := newProxy(t, "rr", bs, func(s *sched.Service) { s.ConnectTimeout, s.Retries = timeout, 2 })
 	c := p.dial(t)
 	start := time.Now()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(listenertest.User(c)); isTimeout(err) {
+	if _, err := io.ReadAll(testkit.User(c)); isTimeout(err) {
 		t.Fatal("client not closed within 10s")
 	}
 	elapsed := time.Since(start)
@@ -306,11 +306,11 @@ func TestAllDeadTimeout(t *testing.T) {
 // TestWRROrder: sequential connections through a wrr 8/6/4/2 service reach
 // the backends in the LVS order.
 func TestWRROrder(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var bs []testBackend
 	for i, w := range []int{8, 6, 4, 2} {
 		name := string(rune('A' + i))
-		bs = append(bs, testBackend{name, listenertest.NewServer(t, listenertest.Greeter(name)).Addr, w})
+		bs = append(bs, testBackend{name, testkit.NewServer(t, testkit.Greeter(name)).Addr, w})
 	}
 	p := newProxy(t, "wrr", bs, nil)
 	var got strings.Builder
@@ -332,9 +332,9 @@ func TestWRROrder(t *testing.T) {
 // TestConcurrent holds 1,000 proxied connections open at once, each doing a
 // request/response, then closes them all.
 func TestConcurrent(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const n = 1000
-	bs := []testBackend{{"a", listenertest.NewServer(t, listenertest.Echo).Addr, 1}, {"b", listenertest.NewServer(t, listenertest.Echo).Addr, 1}}
+	bs := []testBackend{{"a", testkit.NewServer(t, testkit.Echo).Addr, 1}, {"b", testkit.NewServer(t, testkit.Echo).Addr, 1}}
 	p := newProxy(t, "lc", bs, nil)
 	conns := make([]*net.TCPConn, n)
 	errs := make(chan error, n)
@@ -397,11 +397,11 @@ func TestConcurrent(t *testing.T) {
 // whole idle_timeout (a machine that stalled it) is legitimate: skipped,
 // not failed.
 func TestIdleTimeout(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	const idle = time.Second
 	release := make(chan struct{})
 	var maxGap atomic.Int64 // the longest pause between two trickle writes, in ns
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		var b [1]byte
 		if _, err := c.Read(b[:]); err != nil {
 			return
@@ -430,7 +430,7 @@ func TestIdleTimeout(t *testing.T) {
 	start := time.Now()
 	quiet.Write([]byte{'q'})
 	quiet.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(listenertest.User(quiet)); isTimeout(err) {
+	if _, err := io.ReadAll(testkit.User(quiet)); isTimeout(err) {
 		t.Fatal("idle connection not closed")
 	}
 	if el := time.Since(start); el < idle || el > idle+10*time.Second { // never early; late only by the machine's stalls
@@ -458,8 +458,8 @@ func TestIdleTimeout(t *testing.T) {
 // address, handed back (still open, still queueing) when a reload removes
 // that address, adopted again when it returns, and closed by Close.
 func TestInheritedSocket(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -512,9 +512,9 @@ func TestInheritedSocket(t *testing.T) {
 // contend for it at once. Every one is served in turn (none is closed
 // because it lost a race for the slot), and the backend never holds two.
 func TestQueueOneSlot(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var open, peak, served atomic.Int64
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		n := open.Add(1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 		}
@@ -574,8 +574,8 @@ func (p *racyPicker) Pick(r *sched.Request) (int, error) {
 // and its Acquire is not closed as "no backend": the backend is not counted
 // as tried, and the connection queues until the slot frees.
 func TestLostSlotRace(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
 	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
 		s.Targets[0].MaxConns = 1
 		s.QueueTimeout = 10 * time.Second

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -80,7 +80,7 @@ func acceptWithin(t *testing.T, fd int, d time.Duration) int {
 // by a backend whose accept queue is full) waits in an event loop, not in a
 // thread, and once the backend takes it the session runs as any other.
 func TestDialWaitsInLoop(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	lfd, addr := fullQueue(t)
 	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, func(s *sched.Service) { s.ConnectTimeout = 20 * time.Second })
 	c := p.dial(t)
@@ -120,7 +120,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if line, err := bufio.NewReader(listenertest.User(c)).ReadString('\n'); err != nil || line != "pong\n" {
+	if line, err := bufio.NewReader(testkit.User(c)).ReadString('\n'); err != nil || line != "pong\n" {
 		t.Fatalf("client read %q, %v; want pong", line, err)
 	}
 	if waiting() {
@@ -132,7 +132,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 // TCP_NODELAY, and a socket accepted raw from it, as the accept loop does,
 // has it too without a setsockopt of its own.
 func TestNoDelayInherited(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var ptr atomic.Pointer[sched.Table]
 	s := New(&ptr, zerolog.Nop())
 	ch, err := s.Prepare([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, false)

@@ -10,7 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -27,7 +27,7 @@ import (
 //	go test -run '^$' -bench RoutingCost -benchtime 3000x -count 5 ./listener/
 func BenchmarkRoutingCost(b *testing.B) {
 	hello := helloBytes(b, &tls.Config{ServerName: "db1.example.com"})
-	be := listenertest.NewServer(b, func(c *net.TCPConn) {
+	be := testkit.NewServer(b, func(c *net.TCPConn) {
 		buf := make([]byte, len(hello))
 		if _, err := io.ReadFull(c, buf); err != nil {
 			return
@@ -38,8 +38,8 @@ func BenchmarkRoutingCost(b *testing.B) {
 	plain := startProxy(b, "rr", []testBackend{{"a", be.Addr, 1}}, quiet, zerolog.InfoLevel)
 	routed := startRouted(b, zerolog.InfoLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{be.Addr}, tune: quiet},
-		{name: "other", sni: []string{"*.tenants.example.com"}, backends: []string{listenertest.DeadAddr(b)}, tune: quiet},
-		{name: "default", sni: []string{"*"}, backends: []string{listenertest.DeadAddr(b)}, tune: quiet},
+		{name: "other", sni: []string{"*.tenants.example.com"}, backends: []string{testkit.DeadAddr(b)}, tune: quiet},
+		{name: "default", sni: []string{"*"}, backends: []string{testkit.DeadAddr(b)}, tune: quiet},
 	})
 	var one [1]byte
 	conn := func(addr string) {

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 
 	proxyproto "github.com/pires/go-proxyproto"
@@ -31,7 +31,7 @@ type routedProxy struct {
 	ptr  atomic.Pointer[sched.Table]
 	addr string
 	key  netip.AddrPort
-	logs *listenertest.LogSink
+	logs *testkit.LogSink
 	svcs map[string]*sched.Service
 }
 
@@ -50,7 +50,7 @@ type routeSpec struct {
 // Server before it accepts.
 func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...func(*Server)) *routedProxy {
 	t.Helper()
-	p := &routedProxy{logs: listenertest.NewLogSink(), svcs: map[string]*sched.Service{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
+	p := &routedProxy{logs: testkit.NewLogSink(), svcs: map[string]*sched.Service{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
 	var pool backend.Pool
 	var services []*sched.Service
 	var routes []sched.Route
@@ -155,13 +155,13 @@ func runClient(t *testing.T, name string, args ...string) (string, error) {
 func TestRouteRealClients(t *testing.T) {
 	needTool(t, "curl")
 	needTool(t, "openssl")
-	listenertest.CheckLeaks(t)
-	ca := listenertest.NewCA(t)
-	db1 := listenertest.NewTLSServer(t, ca, "db1", "db1.example.com")
-	tenants := listenertest.NewTLSServer(t, ca, "tenants", "*.tenants.example.com")
-	web2 := listenertest.NewTLSServer(t, ca, "web2", "app.example.com")
-	web1 := listenertest.NewTLSServer(t, ca, "web1", "app.example.com")
-	def := listenertest.NewTLSServer(t, ca, "default", "default.example.com")
+	testkit.CheckLeaks(t)
+	ca := testkit.NewCA(t)
+	db1 := testkit.NewTLSServer(t, ca, "db1", "db1.example.com")
+	tenants := testkit.NewTLSServer(t, ca, "tenants", "*.tenants.example.com")
+	web2 := testkit.NewTLSServer(t, ca, "web2", "app.example.com")
+	web1 := testkit.NewTLSServer(t, ca, "web1", "app.example.com")
+	def := testkit.NewTLSServer(t, ca, "default", "default.example.com")
 	routes := []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{db1.Addr}},
 		{name: "tenants", sni: []string{"*.tenants.example.com"}, backends: []string{tenants.Addr}},
@@ -247,9 +247,9 @@ func TestRoutePostgres(t *testing.T) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("starts two PostgreSQL clusters")
 	}
-	listenertest.CheckLeaks(t)
-	ca := listenertest.NewCA(t)
-	pg1, pg2 := listenertest.StartPostgres(t), listenertest.StartPostgres(t)
+	testkit.CheckLeaks(t)
+	ca := testkit.NewCA(t)
+	pg1, pg2 := testkit.StartPostgres(t), testkit.StartPostgres(t)
 	pg1.EnableTLS(t, "db1", ca.Issue(t, "db1.example.com"))
 	pg2.EnableTLS(t, "db2", ca.Issue(t, "db2.example.com"))
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
@@ -285,7 +285,7 @@ func TestRouteBackendNoSSL(t *testing.T) {
 }
 
 func testRouteBackendNoSSL(t *testing.T, version int) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	pgLike := func(answer byte) func(*net.TCPConn) {
 		return func(c *net.TCPConn) {
@@ -306,11 +306,11 @@ func testRouteBackendNoSSL(t *testing.T, version int) {
 			if _, err := io.ReadFull(c, got); err == nil && bytes.Equal(got, hello) {
 				c.Write([]byte("hello received"))
 			}
-			io.Copy(io.Discard, listenertest.User(c))
+			io.Copy(io.Discard, testkit.User(c))
 		}
 	}
-	no := listenertest.NewServer(t, pgLike('N'))
-	yes := listenertest.NewServer(t, pgLike('S'))
+	no := testkit.NewServer(t, pgLike('N'))
+	yes := testkit.NewServer(t, pgLike('S'))
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{{name: "db1", sni: []string{"db1.example.com"}, backends: []string{no.Addr, yes.Addr},
 		tune: func(s *sched.Service) {
 			for i := range s.Targets {
@@ -331,7 +331,7 @@ func testRouteBackendNoSSL(t *testing.T, version int) {
 		t.Fatalf("from the backend: %q, %v; want the hello to have reached it", got, err)
 	}
 	c.Close()
-	line := p.logs.Wait(t, 10*time.Second, "connect failed", listenertest.Message("connect failed"))
+	line := p.logs.Wait(t, 10*time.Second, "connect failed", testkit.Message("connect failed"))
 	if e, _ := line["error"].(string); !strings.Contains(e, ReasonNoSSL) || line["backend"] != "0" {
 		t.Errorf("connect failed line = %v; want backend 0 and %s", line, ReasonNoSSL)
 	}
@@ -348,11 +348,11 @@ func testRouteBackendNoSSL(t *testing.T, version int) {
 // client that sends nothing reaches the default once the timeout passes;
 // each refusal is counted on the listener by reason.
 func TestRouteRefusals(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
-		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("db1")).Addr}, preread: 300 * time.Millisecond},
-		{name: "default", sni: []string{"*"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("default")).Addr}, preread: 300 * time.Millisecond},
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.NewServer(t, testkit.Greeter("db1")).Addr}, preread: 300 * time.Millisecond},
+		{name: "default", sni: []string{"*"}, backends: []string{testkit.NewServer(t, testkit.Greeter("default")).Addr}, preread: 300 * time.Millisecond},
 	})
 	closedAfter := func(first []byte) (time.Duration, []byte) {
 		c := dialTCP(t, p.addr)
@@ -385,10 +385,10 @@ func TestRouteRefusals(t *testing.T) {
 // header is read before the ClientHello, and the client it names is the
 // one the service sees.
 func TestRouteProxyHeader(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	got := make(chan []byte, 1)
-	be := listenertest.NewServer(t, func(c *net.TCPConn) {
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		b := make([]byte, len(hello))
 		io.ReadFull(c, b)
 		got <- b
@@ -399,7 +399,7 @@ func TestRouteProxyHeader(t *testing.T) {
 	}
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{be.Addr}, tune: trust},
-		{name: "default", sni: []string{"*"}, backends: []string{listenertest.DeadAddr(t)}, tune: trust},
+		{name: "default", sni: []string{"*"}, backends: []string{testkit.DeadAddr(t)}, tune: trust},
 	})
 	h, _ := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 4242}, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}).Format()
 	c := dialTCP(t, p.addr)
@@ -440,7 +440,7 @@ func TestRouteLoops(t *testing.T) {
 // TestPrepareSharedAddress: services sharing an address by name list it
 // each; it is bound once.
 func TestPrepareSharedAddress(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var ptr atomic.Pointer[sched.Table]
 	srv := New(&ptr, zerolog.Nop())
 	a := netip.MustParseAddrPort("127.0.0.1:0")
@@ -460,11 +460,11 @@ func TestPrepareSharedAddress(t *testing.T) {
 // TestRoutePerService: the access lists applied are the matched service's,
 // and its counters count the refusal.
 func TestRoutePerService(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
-		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("db1")).Addr},
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.NewServer(t, testkit.Greeter("db1")).Addr},
 			tune: func(s *sched.Service) { s.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
-		{name: "default", sni: []string{"*"}, backends: []string{listenertest.NewServer(t, listenertest.Greeter("default")).Addr}},
+		{name: "default", sni: []string{"*"}, backends: []string{testkit.NewServer(t, testkit.Greeter("default")).Addr}},
 	})
 	greeting := func(name string) string {
 		c := dialTCP(t, p.addr)
@@ -492,11 +492,11 @@ func TestRoutePerService(t *testing.T) {
 // service's hold_timeout) is served by its own service in the next table,
 // not by whichever service the address names first.
 func TestRouteHold(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	first := listenertest.NewServer(t, listenertest.Greeter("first"))
+	testkit.CheckLeaks(t)
+	first := testkit.NewServer(t, testkit.Greeter("first"))
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "first", sni: []string{"a.example.com"}, backends: []string{first.Addr}},
-		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{listenertest.DeadAddr(t)},
+		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.DeadAddr(t)},
 			tune: func(s *sched.Service) { s.HoldTimeout = 20 * time.Second; s.Retries = 0 }},
 	})
 	c := dialTCP(t, p.addr)
@@ -511,7 +511,7 @@ func TestRouteHold(t *testing.T) {
 	}
 
 	// The next table: db1 has a live backend now (as after a reload).
-	live := listenertest.NewServer(t, listenertest.Greeter("db1"))
+	live := testkit.NewServer(t, testkit.Greeter("db1"))
 	next := *db1
 	next.Targets = []sched.Target{{B: db1.Targets[0].B, Addr: netip.MustParseAddrPort(live.Addr), Weight: 1, Base: 1}}
 	picker, err := sched.New("rr", next.Targets, nil, sched.Options{})

@@ -17,7 +17,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/dbtest"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // The PostgreSQL failover drill: a primary (a) and its streaming replica
@@ -242,8 +242,8 @@ func TestDrillFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
 	}
-	listenertest.DeadAddr(t) // the runtime's network poller opens two descriptors on first use: before CheckLeaks counts
-	listenertest.CheckLeaks(t)
+	testkit.DeadAddr(t) // the runtime's network poller opens two descriptors on first use: before CheckLeaks counts
+	testkit.CheckLeaks(t)
 	d := startDrill(t, "refuse")
 	idle, err := connect(t.Context(), d.rw) // a session that stays open on a
 	if err != nil {
@@ -365,8 +365,8 @@ func TestDrillSplitBrain(t *testing.T) {
 	}
 	for _, mode := range []string{"refuse", "first"} {
 		t.Run(mode, func(t *testing.T) {
-			listenertest.DeadAddr(t) // the runtime's network poller opens two descriptors on first use: before CheckLeaks counts
-			listenertest.CheckLeaks(t)
+			testkit.DeadAddr(t) // the runtime's network poller opens two descriptors on first use: before CheckLeaks counts
+			testkit.CheckLeaks(t)
 			d := startDrill(t, mode)
 			stop := d.clients(4, 0)
 			defer stop()

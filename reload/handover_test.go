@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // TestHandOverStopsStateFile: after HandOver (a binary upgrade's new
@@ -15,7 +15,7 @@ import (
 func TestHandOverStopsStateFile(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state.json")
-	live := listenertest.NewServer(t, listenertest.Echo)
+	live := testkit.NewServer(t, testkit.Echo)
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{{name: "a", addr: live.Addr, weight: 1}}})
 	r := startRun(t, dir, text, func(m *Manager) { m.StateFile = state })
 	override := func() string {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // backendLine matches the health transition of one backend in the log.
@@ -43,10 +43,10 @@ func TestHealthPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
 	}
-	listenertest.CheckLeaks(t)
-	pgA, pgB := listenertest.StartPostgres(t), listenertest.StartPostgres(t)
+	testkit.CheckLeaks(t)
+	pgA, pgB := testkit.StartPostgres(t), testkit.StartPostgres(t)
 	pgbench := pgA.Bin("pgbench")
-	for _, pg := range []*listenertest.Postgres{pgA, pgB} {
+	for _, pg := range []*testkit.Postgres{pgA, pgB} {
 		if out, err := exec.Command(pgbench, "-i", "-s", "1", "-q", "-h", "127.0.0.1", "-p", strconv.Itoa(pg.Port), "-U", "postgres", "postgres").CombinedOutput(); err != nil {
 			t.Fatalf("pgbench -i: %v\n%s", err, out)
 		}
@@ -163,8 +163,8 @@ func TestHealthPostgres(t *testing.T) {
 // TestHealthRedis: two real Redis servers behind check = "redis", the
 // same kill and restart cycle under redis-benchmark through fulcrum.
 func TestHealthRedis(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	ra, rb := listenertest.StartRedis(t), listenertest.StartRedis(t)
+	testkit.CheckLeaks(t)
+	ra, rb := testkit.StartRedis(t), testkit.StartRedis(t)
 	bench, err := exec.LookPath("redis-benchmark")
 	if err != nil {
 		t.Skip("redis-benchmark is not installed")
@@ -212,12 +212,12 @@ func TestHealthRedis(t *testing.T) {
 // TestHealthSendExpect: a backend that accepts but never answers is found
 // out by send-expect and gets no more connections.
 func TestHealthSendExpect(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	mute := listenertest.NewServer(t, func(c *net.TCPConn) {
+	testkit.CheckLeaks(t)
+	mute := testkit.NewServer(t, func(c *net.TCPConn) {
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		io.Copy(io.Discard, c) // reads, never answers
 	})
-	live := listenertest.NewServer(t, func(c *net.TCPConn) {
+	live := testkit.NewServer(t, func(c *net.TCPConn) {
 		br := bufio.NewReader(c)
 		for {
 			line, err := br.ReadString('\n')
@@ -257,10 +257,10 @@ func TestHealthSendExpect(t *testing.T) {
 // TestBackup: the backup serves only while every primary is down, and
 // hands back as soon as one returns.
 func TestBackup(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
-	b := listenertest.NewServer(t, listenertest.Greeter("b"))
-	c := listenertest.NewServer(t, listenertest.Greeter("c"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
+	b := testkit.NewServer(t, testkit.Greeter("b"))
+	c := testkit.NewServer(t, testkit.Greeter("c"))
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"150ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 2\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", extra: health,
 		backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}, {"c", c.Addr, 1, "backup = true"}}}))
@@ -290,7 +290,7 @@ func TestBackup(t *testing.T) {
 	if s := spread(); s["c"] != 6 {
 		t.Fatalf("with every primary down: %v; want the backup", s)
 	}
-	listenertest.NewServerAt(t, a.Addr, listenertest.Greeter("a")) // a returns on its port
+	testkit.NewServerAt(t, a.Addr, testkit.Greeter("a")) // a returns on its port
 	r.logs.Wait(t, 5*time.Second, "a up", backendLine("backend up", "a"))
 	if s := spread(); s["a"] != 6 {
 		t.Fatalf("a primary is back: %v; want it, and the backup handed back", s)
@@ -321,11 +321,11 @@ func (h *holder) handle(c *net.TCPConn) {
 // than 5; without a queue the other 15 are refused at once, with one they
 // are served as slots free.
 func TestMaxConns(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	for _, queue := range []time.Duration{0, 20 * time.Second} {
 		t.Run(fmt.Sprintf("queue_timeout=%v", queue), func(t *testing.T) {
 			h := &holder{}
-			be1 := listenertest.NewServer(t, h.handle)
+			be1 := testkit.NewServer(t, h.handle)
 			r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: fmt.Sprintf("queue_timeout = %q", queue),
 				backends: []be{{"a", be1.Addr, 1, "max_conns = 5"}}}))
 			addr := r.addr("127.0.0.1:0")
@@ -380,9 +380,9 @@ func TestMaxConns(t *testing.T) {
 // TestPassive: with checks off, max_fails connect failures within
 // fail_timeout mark a backend down for fail_timeout; then it is tried again.
 func TestPassive(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	live := listenertest.NewServer(t, listenertest.Greeter("live"))
-	dead := listenertest.DeadAddr(t)
+	testkit.CheckLeaks(t)
+	live := testkit.NewServer(t, testkit.Greeter("live"))
+	dead := testkit.DeadAddr(t)
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr",
 		extra: "max_fails = 2\nfail_timeout = \"1s\"", backends: []be{{"dead", dead, 1, ""}, {"live", live.Addr, 1, ""}}}))
 	addr := r.addr("127.0.0.1:0")
@@ -416,11 +416,11 @@ func TestPassive(t *testing.T) {
 // a removed backend's check target sees no more probes, and 100 reloads
 // leave no goroutine behind (the leak check).
 func TestChecksFollowConfig(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var probes [2]atomic.Int64
 	targets := make([]string, 2)
 	for i := range targets {
-		targets[i] = listenertest.NewServer(t, func(*net.TCPConn) { probes[i].Add(1) }).Addr
+		targets[i] = testkit.NewServer(t, func(*net.TCPConn) { probes[i].Add(1) }).Addr
 	}
 	text := func(k int, withB bool) string {
 		health := fmt.Sprintf("[services.s.health]\ncheck = \"tcp\"\ninterval = \"%dms\"\ntimeout = \"50ms\"\n", 100+k%3)

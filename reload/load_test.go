@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/conf"
+	"fulcrum/internal/testkit"
 	"fulcrum/listener"
-	"fulcrum/listener/listenertest"
 	"fulcrum/sched"
 )
 
@@ -79,9 +79,9 @@ func (s *session) roundTrip(rng *rand.Rand) error {
 // connection, its open ones keep working until they end, and those still
 // open at drain_timeout are closed then and counted.
 func TestRunDrain(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, greetEcho("a"))
-	b := listenertest.NewServer(t, greetEcho("b"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, greetEcho("a"))
+	b := testkit.NewServer(t, greetEcho("b"))
 	const drain = 2 * time.Second
 	extra := fmt.Sprintf("drain_timeout = %q", drain)
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: extra,
@@ -103,7 +103,7 @@ func TestRunDrain(t *testing.T) {
 		backends: []be{{"a", a.Addr, 1, ""}}}))
 	r.expectGen(2, 20*time.Second)
 	applied := time.Now()
-	if line := r.logs.Wait(t, time.Second, "reload report", listenertest.Message("reload applied")); fmt.Sprint(line["removed"]) != "[s/b (50 open)]" {
+	if line := r.logs.Wait(t, time.Second, "reload report", testkit.Message("reload applied")); fmt.Sprint(line["removed"]) != "[s/b (50 open)]" {
 		t.Errorf("reload report removed = %v; want [s/b (50 open)]", line["removed"])
 	}
 
@@ -143,7 +143,7 @@ func TestRunDrain(t *testing.T) {
 			t.Errorf("a session still open at the drain deadline was closed after %v; want %v ± 1s", d, drain)
 		}
 	}
-	line := r.logs.Wait(t, 5*time.Second, "drain report", listenertest.Message("backend drained"))
+	line := r.logs.Wait(t, 5*time.Second, "drain report", testkit.Message("backend drained"))
 	if line["closed_at_deadline"] != float64(25) || line["backend"] != "b" {
 		t.Errorf("drain report = %v; want 25 closed at the deadline", line)
 	}
@@ -292,11 +292,11 @@ func TestRunUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
 	}
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	names := []string{"a", "b", "c"}
 	addrs := make([]string, len(names))
 	for i, n := range names {
-		addrs[i] = listenertest.NewServer(t, greetEcho(n)).Addr
+		addrs[i] = testkit.NewServer(t, greetEcho(n)).Addr
 	}
 	weights := func(k int) []int { // one backend at 0 in turn, the others 1..3
 		w := []int{1 + k%3, 1 + (k/3)%3, 1 + (k/9)%3}
@@ -358,12 +358,12 @@ func TestRunUnderLoad(t *testing.T) {
 // TestRunSchedulerAndListener: under load, a reload that changes the
 // scheduler and adds a listener causes no error, and both take effect.
 func TestRunSchedulerAndListener(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var bs []be
 	for _, n := range []string{"a", "b", "c"} {
-		bs = append(bs, be{n, listenertest.NewServer(t, greetEcho(n)).Addr, 1, ""})
+		bs = append(bs, be{n, testkit.NewServer(t, greetEcho(n)).Addr, 1, ""})
 	}
-	second := listenertest.FreeAddr(t)
+	second := testkit.FreeAddr(t)
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: bs}))
 	addr := r.addr("127.0.0.1:0")
 	l := startLoad(t, addr, 20, 20*time.Millisecond)
@@ -376,7 +376,7 @@ func TestRunSchedulerAndListener(t *testing.T) {
 	if name, err := greeting(second); err != nil || name == "" {
 		t.Errorf("the new listener: %q, %v", name, err)
 	}
-	line := r.logs.Wait(t, time.Second, "reload report", listenertest.Message("reload applied"))
+	line := r.logs.Wait(t, time.Second, "reload report", testkit.Message("reload applied"))
 	if fmt.Sprint(line["schedulers"]) != "[s wrr→lc]" || fmt.Sprint(line["listeners_opened"]) != "["+second+"]" {
 		t.Errorf("reload report = %v", line)
 	}
@@ -386,8 +386,8 @@ func TestRunSchedulerAndListener(t *testing.T) {
 // TestRunManyReloads: 1,000 reloads (SIGHUP and file edits, with a listener
 // coming and going) leave no goroutine, timer, watcher or descriptor behind.
 func TestRunManyReloads(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
 	const extra = "127.0.0.2:0" // a fresh port at each bind: no other test can hold it
 	text := func(k int) string {
 		listen := []string{"127.0.0.1:0"}

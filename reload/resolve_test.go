@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // dnsStub is a resolver the test controls: names it knows answer at once,
@@ -55,8 +55,8 @@ func (d *dnsStub) set(host string, a netip.Addr) {
 // backend down, with the reason, while the rest of the file applies; once
 // the name resolves (here on SIGHUP) the backend takes connections.
 func TestUnresolvableBackend(t *testing.T) {
-	a := listenertest.NewServer(t, greetEcho("a"))
-	b := listenertest.NewServer(t, greetEcho("b"))
+	a := testkit.NewServer(t, greetEcho("a"))
+	b := testkit.NewServer(t, greetEcho("b"))
 	dns := &dnsStub{}
 	bPort := b.Addr[strings.LastIndex(b.Addr, ":"):]
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{
@@ -92,7 +92,7 @@ func TestUnresolvableBackend(t *testing.T) {
 // answers, Run's loop still pings the watchdog, rebuilds the table on a
 // health change and returns promptly when its context ends.
 func TestLoopNeverBlocks(t *testing.T) {
-	a := listenertest.NewServer(t, greetEcho("a"))
+	a := testkit.NewServer(t, greetEcho("a"))
 	dns := &dnsStub{}
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}})
 	r := startRun(t, t.TempDir(), text, func(m *Manager) {
@@ -165,7 +165,7 @@ func TestLoopNeverBlocks(t *testing.T) {
 // session opened on the old one runs on.
 func TestAddressChange(t *testing.T) {
 	// Two backends on one port, on two loopback addresses.
-	var a *listenertest.Server
+	var a *testkit.Server
 	for range 100 {
 		port := 20000 + rand.IntN(12000)
 		la, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
@@ -177,8 +177,8 @@ func TestAddressChange(t *testing.T) {
 			la.Close()
 			continue
 		}
-		a = listenertest.Serve(t, la.(*net.TCPListener), greetEcho("a"))
-		listenertest.Serve(t, lb.(*net.TCPListener), greetEcho("b"))
+		a = testkit.Serve(t, la.(*net.TCPListener), greetEcho("a"))
+		testkit.Serve(t, lb.(*net.TCPListener), greetEcho("b"))
 		break
 	}
 	if a == nil {
@@ -203,7 +203,7 @@ func TestAddressChange(t *testing.T) {
 
 	dns.set("db.test", netip.MustParseAddr("127.0.0.2"))
 	r.expectGen(2, 10*time.Second) // at the next resolve_interval
-	if line := r.logs.Wait(t, 5*time.Second, "the reload", listenertest.Message("reload applied")); line["trigger"] != "dns" {
+	if line := r.logs.Wait(t, 5*time.Second, "the reload", testkit.Message("reload applied")); line["trigger"] != "dns" {
 		t.Errorf("trigger = %v; want dns", line["trigger"])
 	}
 	if got, err := greeting(addr); err != nil || got != "b" {
@@ -219,7 +219,7 @@ func TestAddressChange(t *testing.T) {
 // loop sends no WATCHDOG=1, so systemd restarts the unit; pings resume
 // when they answer again.
 func TestWatchdogWithheld(t *testing.T) {
-	a := listenertest.NewServer(t, greetEcho("a"))
+	a := testkit.NewServer(t, greetEcho("a"))
 	var frozen atomic.Bool
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}}),
 		func(m *Manager) {
@@ -246,7 +246,7 @@ func TestWatchdogWithheld(t *testing.T) {
 		t.Fatalf("%d pings in 10 s while alive; want 3", n)
 	}
 	frozen.Store(true)
-	r.logs.Wait(t, 10*time.Second, "the withheld ping", listenertest.Message("an accept loop did not answer; withholding the watchdog ping"))
+	r.logs.Wait(t, 10*time.Second, "the withheld ping", testkit.Message("an accept loop did not answer; withholding the watchdog ping"))
 	for len(r.events) > 0 { // pings sent before the freeze was seen
 		<-r.events
 	}

@@ -12,7 +12,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/dbtest"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -42,7 +42,7 @@ func port(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
 // within fall × interval + 1s; the session open on the old primary is
 // cut, and new connections reach the new primary.
 func TestRolesRedis(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	auth := []string{"--requirepass", "redis-pw", "--masterauth", "redis-pw"}
 	a := dbtest.StartRedis(t, auth...)
 	b := dbtest.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
@@ -135,10 +135,10 @@ func TestRolesRedis(t *testing.T) {
 // backup ends when the primary comes back, and the next connection goes
 // to the primary.
 func TestOnUpCloseBackups(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	h := &holder{}
-	bk := listenertest.NewServer(t, h.handle)
-	primary := listenertest.DeadAddr(t)
+	bk := testkit.NewServer(t, h.handle)
+	primary := testkit.DeadAddr(t)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra:    "on_up = \"close-backups\"\n" + health,
@@ -154,7 +154,7 @@ func TestOnUpCloseBackups(t *testing.T) {
 	if got, err := bufio.NewReader(c).ReadString('\n'); got != "in\n" {
 		t.Fatalf("via the backup: %q, %v", got, err)
 	}
-	listenertest.NewServerAt(t, primary, listenertest.Greeter("p"))
+	testkit.NewServerAt(t, primary, testkit.Greeter("p"))
 	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
 		return m["message"] == "sessions cut (on_up = close-backups)" && m["backend"] == "bk"
 	})
@@ -217,8 +217,8 @@ func TestSplitBrain(t *testing.T) {
 // eligible wait, and are served in arrival order once one comes up; without
 // a backend coming up, they are closed when hold_timeout runs out.
 func TestHold(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	addr := listenertest.DeadAddr(t)
+	testkit.CheckLeaks(t)
+	addr := testkit.DeadAddr(t)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra:    "hold_timeout = \"10s\"\nmax_conns = 8\n" + health,
@@ -252,7 +252,7 @@ func TestHold(t *testing.T) {
 		}()
 	}
 	up := time.Now()
-	listenertest.NewServerAt(t, addr, listenertest.Greeter("a"))
+	testkit.NewServerAt(t, addr, testkit.Greeter("a"))
 	for range n {
 		res := <-results
 		if res.err != nil || res.name != "a" {
@@ -266,7 +266,7 @@ func TestHold(t *testing.T) {
 
 	// Nothing comes up: closed when hold_timeout runs out.
 	r2 := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
-		extra: "hold_timeout = \"300ms\"\n" + health, backends: []be{{"a", listenertest.DeadAddr(t), 1, ""}}}))
+		extra: "hold_timeout = \"300ms\"\n" + health, backends: []be{{"a", testkit.DeadAddr(t), 1, ""}}}))
 	r2.logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
 	start := time.Now()
 	if name, err := greeting(r2.addr("127.0.0.1:0")); err == nil {
@@ -283,9 +283,9 @@ func TestHold(t *testing.T) {
 // TestFallback: a service whose own backends are all down picks from its
 // fallback's, and returns to its own as soon as one is up.
 func TestFallback(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	w := listenertest.NewServer(t, listenertest.Greeter("writer"))
-	replica := listenertest.DeadAddr(t)
+	testkit.CheckLeaks(t)
+	w := testkit.NewServer(t, testkit.Greeter("writer"))
+	replica := testkit.DeadAddr(t)
 	health := func(s string) string {
 		return "[services." + s + ".health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	}
@@ -297,7 +297,7 @@ func TestFallback(t *testing.T) {
 	if name, err := greeting(ro); name != "writer" {
 		t.Errorf("ro with its replica down: %q, %v; want the writer", name, err)
 	}
-	listenertest.NewServerAt(t, replica, listenertest.Greeter("replica"))
+	testkit.NewServerAt(t, replica, testkit.Greeter("replica"))
 	r.logs.Wait(t, 5*time.Second, "r up", backendLine("backend up", "r"))
 	if name, err := greeting(ro); name != "replica" {
 		t.Errorf("ro with its replica back: %q, %v; want the replica", name, err)
@@ -307,7 +307,7 @@ func TestFallback(t *testing.T) {
 // TestSplitBrainRefuses: while two Redis masters claim primary, a new
 // connection is closed before any backend is dialled, and counted.
 func TestSplitBrainRefuses(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
 	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
@@ -340,7 +340,7 @@ func TestSplitBrainRefuses(t *testing.T) {
 // TestOnDownPassive: on_down = "close" cuts a backend's sessions when
 // passive failures (a refused dial) mark it down, not only a failed check.
 func TestOnDownPassive(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -356,7 +356,7 @@ func TestOnDownPassive(t *testing.T) {
 			held <- c
 		}
 	}()
-	b := listenertest.NewServer(t, listenertest.Greeter("b"))
+	b := testkit.NewServer(t, testkit.Greeter("b"))
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra:    "on_down = \"close\"\nmax_fails = 1\nretries = 1\n",
 		backends: []be{{"a", ln.Addr().String(), 1, ""}, {"b", b.Addr, 1, ""}}}))
@@ -389,7 +389,7 @@ func TestOnDownPassive(t *testing.T) {
 // role = "primary" service within fall × interval + 1s (its session cut
 // with on_down = "close"), and back in when cleared.
 func TestRolesMariaDB(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	m := dbtest.StartMariaDB(t)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(dbtest.MD5Password+"\n"), 0o600); err != nil {

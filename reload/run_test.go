@@ -17,8 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/conf"
+	"fulcrum/internal/testkit"
 	"fulcrum/listener"
-	"fulcrum/listener/listenertest"
 	"fulcrum/sched"
 )
 
@@ -30,7 +30,7 @@ type run struct {
 	ptr    atomic.Pointer[sched.Table]
 	srv    *listener.Server
 	m      *Manager
-	logs   *listenertest.LogSink
+	logs   *testkit.LogSink
 	events chan string // what the Manager notified, READY=1 after each attempt
 	hup    chan struct{}
 	cancel context.CancelFunc
@@ -81,7 +81,7 @@ func render(services ...svc) string {
 // applying opts to it.
 func startRun(t *testing.T, dir, text string, opts ...func(*Manager)) *run {
 	t.Helper()
-	r := &run{t: t, dir: dir, path: filepath.Join(dir, "fulcrum.toml"), logs: listenertest.NewLogSink(),
+	r := &run{t: t, dir: dir, path: filepath.Join(dir, "fulcrum.toml"), logs: testkit.NewLogSink(),
 		events: make(chan string, 4096), hup: make(chan struct{}, 1), done: make(chan error, 1)}
 	if _, err := os.Lstat(r.path); os.IsNotExist(err) {
 		writeInPlace(t, r.path, text)
@@ -252,7 +252,7 @@ func greetEcho(name string) func(*net.TCPConn) {
 		if _, err := c.Write([]byte(name + "\n")); err != nil {
 			return
 		}
-		listenertest.Echo(c)
+		testkit.Echo(c)
 	}
 }
 
@@ -269,9 +269,9 @@ func greeting(addr string) (string, error) {
 }
 
 func TestRunEditorStyles(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
-	b := listenertest.NewServer(t, listenertest.Greeter("b"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
+	b := testkit.NewServer(t, testkit.Greeter("b"))
 	text := func(wa, wb int) string {
 		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, wa, ""}, {"b", b.Addr, wb, ""}}})
 	}
@@ -295,7 +295,7 @@ func TestRunEditorStyles(t *testing.T) {
 
 	// Deleted: the running configuration stays; recreated: applied.
 	os.Remove(r.path)
-	r.logs.Wait(t, within, "about the missing file", listenertest.Message("configuration file is gone; the running configuration stays"))
+	r.logs.Wait(t, within, "about the missing file", testkit.Message("configuration file is gone; the running configuration stays"))
 	if g := r.gen(); g != 4 {
 		t.Fatalf("generation = %d after the file was deleted; want 4", g)
 	}
@@ -346,8 +346,8 @@ func TestRunEditorStyles(t *testing.T) {
 }
 
 func TestRunConfigMap(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
 	text := func(w int) string {
 		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}})
 	}
@@ -366,9 +366,9 @@ func TestRunConfigMap(t *testing.T) {
 // listener are each refused with a located log line while the old
 // configuration serves every new connection; then a valid file applies.
 func TestRunBadFiles(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
-	b := listenertest.NewServer(t, listenertest.Greeter("b"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
+	b := testkit.NewServer(t, testkit.Greeter("b"))
 	good := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}})
 	r := startRun(t, t.TempDir(), good)
 	addr := r.addr("127.0.0.1:0")
@@ -435,12 +435,12 @@ func TestRunBadFiles(t *testing.T) {
 // is not read until its writer closes it: no half is applied, or even
 // tried, and no listener of the second service is closed meanwhile.
 func TestRunHalfWritten(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var bs []be
 	for _, n := range []string{"a", "b", "c", "d"} {
-		bs = append(bs, be{n, listenertest.NewServer(t, listenertest.Greeter(n)).Addr, 1, ""})
+		bs = append(bs, be{n, testkit.NewServer(t, testkit.Greeter(n)).Addr, 1, ""})
 	}
-	listen2 := listenertest.FreeAddr(t)
+	listen2 := testkit.FreeAddr(t)
 	text := func(w int) string {
 		x := append([]be(nil), bs...)
 		x[0].weight = w

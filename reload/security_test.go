@@ -14,7 +14,7 @@ import (
 	proxyproto "github.com/pires/go-proxyproto"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // free6 returns an IPv6 loopback address that was free a moment ago.
@@ -55,13 +55,13 @@ func proxyReader(c *net.TCPConn) {
 // client address and port, and the address it connected to, for IPv4 and
 // IPv6 clients.
 func TestProxyProtocolSend(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	v1 := listenertest.NewServer(t, proxyReader)
-	v2 := listenertest.NewServer(t, proxyReader)
+	testkit.CheckLeaks(t)
+	v1 := testkit.NewServer(t, proxyReader)
+	v2 := testkit.NewServer(t, proxyReader)
 	r := startRun(t, t.TempDir(), render(
 		svc{name: "one", listen: []string{"127.0.0.1:0", "[::1]:0"}, scheduler: "rr", extra: `proxy_protocol = "v1"`,
 			backends: []be{{"a", v1.Addr, 1, ""}}},
-		svc{name: "two", listen: []string{listenertest.FreeAddr(t), free6(t)}, scheduler: "rr", extra: `proxy_protocol = "none"`,
+		svc{name: "two", listen: []string{testkit.FreeAddr(t), free6(t)}, scheduler: "rr", extra: `proxy_protocol = "none"`,
 			backends: []be{{"b", v2.Addr, 1, `proxy_protocol = "v2"`}}}, // a backend overrides its service
 	))
 	two := r.ptr.Load().Services[1].Listen[0].String()
@@ -93,12 +93,12 @@ func TestProxyProtocolSend(t *testing.T) {
 // that accepts it from 127.0.0.1 only and schedules with sh by the original
 // client address; a spoofed header from anywhere else is refused.
 func TestFulcrumBehindFulcrum(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var bs []be
 	for _, n := range []string{"a", "b", "c", "d"} {
-		bs = append(bs, be{n, listenertest.NewServer(t, listenertest.Greeter(n)).Addr, 1, ""})
+		bs = append(bs, be{n, testkit.NewServer(t, testkit.Greeter(n)).Addr, 1, ""})
 	}
-	inner := listenertest.FreeAddr(t)
+	inner := testkit.FreeAddr(t)
 	r := startRun(t, t.TempDir(), render(
 		svc{name: "outer", listen: []string{"127.0.0.1:0"}, scheduler: "rr", extra: `proxy_protocol = "v2"`,
 			backends: []be{{"inner", inner, 1, ""}}},
@@ -171,10 +171,10 @@ func TestFulcrumBehindFulcrum(t *testing.T) {
 // v1, v2 and LOCAL headers are read and the payload after them arrives
 // intact.
 func TestProxyProtocolReceive(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var seen sync.Map // payload → true
-	echo := listenertest.NewServer(t, func(c *net.TCPConn) {
-		b, _ := io.ReadAll(listenertest.User(c))
+	echo := testkit.NewServer(t, func(c *net.TCPConn) {
+		b, _ := io.ReadAll(testkit.User(c))
 		seen.Store(string(b), true)
 		c.Write(b)
 	})
@@ -249,9 +249,9 @@ func TestProxyProtocolReceive(t *testing.T) {
 // TestAccessControl: a denied source is closed within 10 ms and the backend
 // sees no connection; deny wins over allow.
 func TestAccessControl(t *testing.T) {
-	listenertest.CheckLeaks(t)
+	testkit.CheckLeaks(t)
 	var conns atomic.Int64
-	be1 := listenertest.NewServer(t, func(c *net.TCPConn) { conns.Add(1); listenertest.Greeter("a")(c) })
+	be1 := testkit.NewServer(t, func(c *net.TCPConn) { conns.Add(1); testkit.Greeter("a")(c) })
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"},
 		extra:    "allow = [\"127.0.0.0/24\", \"::1\"]\ndeny = [\"127.0.0.66\"]",
 		backends: []be{{"a", be1.Addr, 1, ""}}}))
@@ -285,7 +285,7 @@ func TestAccessControl(t *testing.T) {
 	if n := r.ptr.Load().Services[0].Group.Rejected()[backend.RejectDenied]; n != 2 {
 		t.Errorf("denied count = %d; want 2", n)
 	}
-	r.logs.Wait(t, time.Second, "rejection log", listenertest.Message("connection rejected"))
+	r.logs.Wait(t, time.Second, "rejection log", testkit.Message("connection rejected"))
 }
 
 // busy scales a tight timing bound on this shared 2-core machine under the
@@ -300,8 +300,8 @@ func busy() time.Duration {
 // TestSourceLimit: with max_conns_per_source = 10, exactly 10 of 20
 // connections from one source are served.
 func TestSourceLimit(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be1 := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be1 := testkit.NewServer(t, testkit.Greeter("a"))
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: "max_conns_per_source = 10",
 		backends: []be{{"a", be1.Addr, 1, ""}}}))
 	addr := r.addr("127.0.0.1:0")
@@ -334,8 +334,8 @@ func TestSourceLimit(t *testing.T) {
 // TestAcceptRate: accept_rate = 5 with a burst of 5 lets 5 of 20 connections
 // made at once through, and refuses the rest at once.
 func TestAcceptRate(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	be1 := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	be1 := testkit.NewServer(t, testkit.Greeter("a"))
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: "accept_rate = 5\naccept_burst = 5",
 		backends: []be{{"a", be1.Addr, 1, ""}}}))
 	addr := r.addr("127.0.0.1:0")

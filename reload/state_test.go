@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 	"fulcrum/status"
 )
 
@@ -45,8 +45,8 @@ func findBackend(st status.Status, service, name string) *status.Backend {
 // STATUS= line) as draining, with its connection and deadline, until the
 // session ends; a weight-0 backend is draining and not up.
 func TestRemovedDrainingInView(t *testing.T) {
-	holdSrv := listenertest.NewServer(t, listenertest.Echo)
-	other := listenertest.NewServer(t, listenertest.Echo)
+	holdSrv := testkit.NewServer(t, testkit.Echo)
+	other := testkit.NewServer(t, testkit.Echo)
 	text := func(withA bool) string {
 		bs := []be{{name: "b", addr: other.Addr, weight: 1}, {name: "z", addr: other.Addr, weight: 0}}
 		if withA {
@@ -94,10 +94,10 @@ func TestRemovedDrainingInView(t *testing.T) {
 func TestStateFile(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state.json")
-	live := listenertest.NewServer(t, listenertest.Echo)
+	live := testkit.NewServer(t, testkit.Echo)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 3\nfall = 1\n"
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", extra: health, backends: []be{
-		{name: "a", addr: live.Addr, weight: 1}, {name: "dead", addr: listenertest.DeadAddr(t), weight: 1}, {name: "m", addr: live.Addr, weight: 1}}})
+		{name: "a", addr: live.Addr, weight: 1}, {name: "dead", addr: testkit.DeadAddr(t), weight: 1}, {name: "m", addr: live.Addr, weight: 1}}})
 	withState := func(m *Manager) { m.StateFile = state }
 	r := startRun(t, dir, text, withState)
 	if _, err := r.m.SetOverride("s", "m", backend.Maint, "test"); err != nil {
@@ -146,7 +146,7 @@ func TestStateFile(t *testing.T) {
 	if d == nil {
 		t.Fatal("dead is not in the state file")
 	}
-	lateLive := listenertest.NewServer(t, listenertest.Echo)
+	lateLive := testkit.NewServer(t, testkit.Echo)
 	text2 := strings.Replace(text, findAddr(t, text, "dead"), lateLive.Addr, 1)
 	dir2 := t.TempDir()
 	r2 := startRun(t, dir2, text2, func(m *Manager) { m.StateFile = state; m.Restore(saved) })

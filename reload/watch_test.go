@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/listener/listenertest"
+	"fulcrum/internal/testkit"
 )
 
 // noRecheck turns off the periodic re-read, so that only file events can
@@ -22,8 +22,8 @@ func noRecheck(text string) string {
 // with a warning while it is gone, and later edits apply promptly even with
 // recheck off.
 func TestRunDirRecreated(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
 	text := func(w int) string {
 		return noRecheck(render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}}))
 	}
@@ -39,13 +39,13 @@ func TestRunDirRecreated(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	r.logs.Wait(t, within, "a warning about the directory", listenertest.Message("configuration directory is gone; watching its parent until it is back"))
+	r.logs.Wait(t, within, "a warning about the directory", testkit.Message("configuration directory is gone; watching its parent until it is back"))
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	renameOver(t, r.path, text(3))
 	r.expectGen(3, within)
-	r.logs.Wait(t, within, "the directory back", listenertest.Message("configuration directory is back; watching it again"))
+	r.logs.Wait(t, within, "the directory back", testkit.Message("configuration directory is back; watching it again"))
 
 	writeInPlace(t, r.path, text(4)) // in place, in the new directory
 	r.expectGen(4, within)
@@ -57,8 +57,8 @@ func TestRunDirRecreated(t *testing.T) {
 // TestRunSiblingWrites: a file beside the configuration written every 50 ms
 // (a log, a state file) neither triggers a reload nor delays one.
 func TestRunSiblingWrites(t *testing.T) {
-	listenertest.CheckLeaks(t)
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
+	testkit.CheckLeaks(t)
+	a := testkit.NewServer(t, testkit.Greeter("a"))
 	text := func(w int) string {
 		return noRecheck(render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}}))
 	}
@@ -119,7 +119,7 @@ func TestRunInotifyOverflow(t *testing.T) {
 		defer os.WriteFile(sysctl, old, 0o644) // at once: other inotify users keep their queues
 		return newWatcher()
 	}
-	a := listenertest.NewServer(t, listenertest.Greeter("a"))
+	a := testkit.NewServer(t, testkit.Greeter("a"))
 	text := func(w int) string {
 		return strings.Replace(render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}}),
 			"[reload]\n", "[reload]\nrecheck = \"2s\"\n", 1)

@@ -1,4 +1,4 @@
-package listenertest
+package testkit
 
 import (
 	"crypto/ecdsa"

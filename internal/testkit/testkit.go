@@ -1,4 +1,4 @@
-// Package listenertest provides what fulcrum's tests use around a proxy:
+// Package testkit provides what fulcrum's tests use around a proxy:
 // real loopback backend servers, a log sink a test can wait on, and a check
 // that no goroutine or descriptor outlives a test. It is for tests only, in
 // the manner of net/http/httptest.
@@ -6,14 +6,14 @@
 // Typical use:
 //
 //	func TestX(t *testing.T) {
-//		listenertest.CheckLeaks(t) // first, so its cleanup runs last
-//		be := listenertest.NewServer(t, listenertest.Greeter("a"))
+//		testkit.CheckLeaks(t) // first, so its cleanup runs last
+//		be := testkit.NewServer(t, testkit.Greeter("a"))
 //		... point a proxy at be.Addr ...
 //	}
 //
 // Every server, connection and goroutine started here is closed and waited
 // for by the test's cleanup.
-package listenertest
+package testkit
 
 import (
 	"bytes"
