@@ -14,7 +14,7 @@ package listener
 //
 // Typical use, in admission (routes.go):
 //
-//	h, err := preread(fd, rs.PrereadTimeout()) // SSLRequest answered, hello peeked
+//	h, err := preread(fd, rs.PrereadTimeout(), s) // SSLRequest answered, hello peeked
 //	if err != nil { /* close: err is a *PrereadError with a Reason */ }
 //	svc := rs.Match(h.SNI, h.ALPN) // nil: no route
 //	... dial bc ...
@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -126,84 +127,149 @@ var helloBufs = sync.Pool{New: func() any { return new([MaxHello]byte) }}
 // 8 bytes consumed) and its ClientHello is read the same way, within the
 // same timeout. A client that starts with anything else, or sends nothing
 // within timeout (a server-first protocol), gets ProtoNone and nothing
-// consumed. The error is a *PrereadError.
-func preread(fd int, timeout time.Duration) (Hello, error) {
+// consumed. A wait for the first bytes is done in an event loop of loops
+// (in Go's poller when loops is nil). The error is a *PrereadError.
+func preread(fd int, timeout time.Duration, loops loopSource) (Hello, error) {
 	if timeout <= 0 {
 		timeout = DefaultPrereadTimeout
 	}
 	buf := helloBufs.Get().(*[MaxHello]byte)
 	defer helloBufs.Put(buf)
-	p := fdPeeker{fd: fd, deadline: time.Now().Add(timeout)}
+	p := fdPeeker{fd: fd, loops: loops, deadline: time.Now().Add(timeout)}
 	defer p.close()
 
-	var proto Proto
-	var total int  // the length of a TLS client's hello, once whole
-	var lerr error // why a TLS client's first bytes are no hello
-	n, err := p.peek(buf[:], func(b []byte) bool {
-		proto = ProtoNone
-		switch {
-		case b[0] == recordHandshake:
-			proto = ProtoTLS // and the hello has mostly come whole with its first byte
-			total, lerr = helloLen(b)
-			return lerr != nil || total > 0
-		case b[0] == 0: // a PostgreSQL message length: an SSLRequest?
-			k := min(len(b), len(sslRequest))
-			if !bytes.Equal(b[:k], sslRequest[:k]) {
-				return true // GSSENCRequest, StartupMessage, CancelRequest: not TLS
-			}
-			if k == len(sslRequest) {
-				proto = ProtoPostgres
-				return true
-			}
-			return false
+	n, err := p.peek(buf[:], 0)
+	proto := ProtoNone
+	for err == nil {
+		var done bool
+		if proto, done = started(buf[:n]); done || n == len(buf) {
+			break
 		}
-		return true // another protocol
-	})
+		n, err = p.peek(buf[:], n) // an SSLRequest's first bytes
+	}
 	switch {
 	case n == 0 && deadlineHit(err):
 		return Hello{}, nil // nothing sent: a server-first protocol
+	case proto == ProtoPostgres && err == nil:
+		if err = answerSSL(fd); err != nil {
+			return Hello{}, readFailed(err)
+		}
+		n, err = p.peek(buf[:], 0)
 	case proto == ProtoTLS:
-		return hello(buf[:], n, total, lerr, err)
 	case err != nil: // closed, or stopped inside an SSLRequest
 		return Hello{}, readFailed(err)
-	case proto == ProtoNone:
+	default:
 		return Hello{}, nil
 	}
-	if err := answerSSL(fd); err != nil {
-		return Hello{}, readFailed(err)
+	// Parsed here rather than deeper down: the connection's goroutine then
+	// needs no more stack than it grows to anyway for the dial.
+	total, err := helloRecords(&p, buf[:], n, err)
+	if err != nil {
+		return Hello{}, err
 	}
-	n, err = p.peek(buf[:], func(b []byte) bool {
-		total, lerr = helloLen(b)
-		return lerr != nil || total > 0
-	})
-	h, err := hello(buf[:], n, total, lerr, err)
-	h.Proto = ProtoPostgres
+	h, err := parseHello(buf[:total])
+	h.Proto = proto // TLS, or Postgres
 	return h, err
 }
 
-// fdPeeker peeks at a non-blocking socket: at what has arrived, without
-// waiting, and only when that is not enough, through a duplicate of the
-// descriptor in Go's poller, until deadline. A client's first message has
-// mostly arrived by the time it is accepted, so most connections never
-// take the slow path.
-type fdPeeker struct {
-	fd       int
-	deadline time.Time
-	f        *os.File // the slow path's duplicate; nil until needed
+// started tells what a client's first bytes b (at least one) start: TLS
+// (told by the first byte; helloRecords reads on), an SSLRequest (done once
+// whole), or anything else (done at once).
+func started(b []byte) (Proto, bool) {
+	switch b[0] {
+	case recordHandshake:
+		return ProtoTLS, true
+	case 0: // a PostgreSQL message length: an SSLRequest?
+		k := min(len(b), len(sslRequest))
+		if !bytes.Equal(b[:k], sslRequest[:k]) {
+			return ProtoNone, true // GSSENCRequest, StartupMessage, CancelRequest: not TLS
+		}
+		if k == len(sslRequest) {
+			return ProtoPostgres, true
+		}
+		return ProtoNone, false
+	}
+	return ProtoNone, true // another protocol
 }
 
-// peek is the peek of proxyproto.go on p's socket.
-func (p *fdPeeker) peek(buf []byte, decide func(b []byte) (done bool)) (int, error) {
-	n, err := recvPeek(p.fd, buf)
-	switch {
-	case err == nil && n == 0:
-		return 0, io.EOF
-	case err == nil && (decide(buf[:n]) || n == len(buf)):
-		return n, nil
-	case err != nil && err != unix.EAGAIN && err != unix.EINTR:
-		return 0, err
+// helloRecords returns the length of the records carrying the ClientHello
+// at the start of p's pending bytes, of which buf holds the first n
+// (peeked, with error err), peeking again until they are all there. The
+// hello has mostly come whole with its first byte.
+func helloRecords(p *fdPeeker, buf []byte, n int, err error) (int, error) {
+	for err == nil {
+		total, lerr := helloLen(buf[:n])
+		switch {
+		case lerr != nil:
+			return 0, lerr
+		case total > 0:
+			return total, nil
+		case n == len(buf): // helloLen refuses that itself
+			return 0, &PrereadError{Reason: ReasonTooLarge, Err: fmt.Errorf("no whole ClientHello in %d bytes", n)}
+		}
+		n, err = p.peek(buf, n)
 	}
+	return 0, readFailed(err)
+}
+
+// fdPeeker peeks at a client's non-blocking socket: at what has arrived,
+// without waiting, and only when that is not enough, waits until deadline.
+// A client's first message has mostly arrived by the time it is accepted,
+// so most connections never wait. A wait for the first bytes is done in a
+// loop's epoll, where the session will register the socket anyway; a wait
+// for more of a message that has begun (rare: a hello split across
+// segments) in Go's poller through a duplicate of the descriptor, whose
+// edge-triggered registration sees new bytes behind those already peeked.
+type fdPeeker struct {
+	fd       int
+	loops    loopSource // where to wait for first bytes; nil: Go's poller
+	deadline time.Time
+	lp       *loop    // the loop of loops that fd is registered in, once it is
+	inLoop   bool     // fd is registered in lp
+	f        *os.File // the duplicate in Go's poller; nil until needed
+}
+
+// loopSource lends event loops; a *Server is one.
+type loopSource interface {
+	loop() (*loop, error)
+}
+
+// peek fills buf with what fd holds, once that is more than seen bytes,
+// waiting for it until the deadline: io.EOF if the client closes first.
+func (p *fdPeeker) peek(buf []byte, seen int) (int, error) {
+	for {
+		n, err := recvPeek(p.fd, buf)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == nil && n == 0:
+			return 0, io.EOF
+		case err == nil && (n > seen || n == len(buf)):
+			return n, nil
+		case err != nil && err != unix.EAGAIN:
+			return 0, err
+		case err == nil || p.loops == nil: // seen bytes and no more yet, or no loop
+			return p.peekPoller(buf, seen)
+		}
+		if p.lp == nil {
+			if p.lp, err = p.loops.loop(); err != nil {
+				p.loops = nil // wait the other way
+				continue
+			}
+		}
+		switch err := p.lp.await(p.fd, unix.EPOLLIN|unix.EPOLLRDHUP, p.deadline, &p.inLoop); {
+		case deadlineHit(err):
+			return 0, err
+		case err != nil: // the epoll refused it (out of memory or watches): wait the other way
+			p.loops = nil
+		}
+	}
+}
+
+// peekPoller is peek waiting in Go's poller, on a duplicate of the socket.
+func (p *fdPeeker) peekPoller(buf []byte, seen int) (int, error) {
 	if p.f == nil {
+		var err error
 		if p.f, err = pollable(p.fd); err != nil {
 			return 0, err
 		}
@@ -213,10 +279,10 @@ func (p *fdPeeker) peek(buf []byte, decide func(b []byte) (done bool)) (int, err
 	if err != nil {
 		return 0, err
 	}
-	return peekRaw(rc, buf, decide)
+	return peekRaw(rc, buf, func(b []byte) bool { return len(b) > seen })
 }
 
-// close closes the slow path's duplicate, if any; the socket stays open.
+// close closes the duplicate, if any; the socket stays open.
 func (p *fdPeeker) close() {
 	if p.f != nil {
 		p.f.Close()
@@ -243,23 +309,6 @@ func recvPeek(fd int, buf []byte) (int, error) {
 		return 0, e
 	}
 	return int(n), nil
-}
-
-// hello turns what a peek for a ClientHello saw into its result: n bytes
-// peeked into buf, of which helloLen found total (or lerr), and the peek's
-// own error.
-func hello(buf []byte, n, total int, lerr, err error) (Hello, error) {
-	switch {
-	case lerr != nil:
-		return Hello{}, lerr
-	case total == 0 && err == nil: // buf is full without a whole hello; helloLen refuses that itself
-		return Hello{}, &PrereadError{Reason: ReasonTooLarge, Err: fmt.Errorf("no whole ClientHello in %d bytes", n)}
-	case total == 0:
-		return Hello{}, readFailed(err)
-	}
-	h, err := parseHello(buf[:total])
-	h.Proto = ProtoTLS
-	return h, err
 }
 
 func deadlineHit(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
@@ -431,17 +480,21 @@ func serverName(data cryptobyte.String) (string, error) {
 		if len(n) > 253 {
 			return "", malformed("host name of %d bytes", len(n))
 		}
-		var low [253]byte
-		for i, c := range n {
+		upper := false
+		for _, c := range n {
 			switch {
 			case c >= 'A' && c <= 'Z':
-				c += 'a' - 'A'
+				upper = true
 			case c <= ' ' || c >= 0x7f: // IDNA names come as A-labels (xn--), ASCII
 				return "", malformed("host name byte %#02x", c)
 			}
-			low[i] = c
 		}
-		name = string(low[:len(n)])
+		// No buffer on the stack to lowercase into: the connection's
+		// goroutine would need more stack than it has (preread).
+		name = string(n)
+		if upper {
+			name = strings.ToLower(name)
+		}
 	}
 	return name, nil
 }

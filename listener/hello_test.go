@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -61,9 +62,43 @@ type prereadResult struct {
 	dur time.Duration
 }
 
+// testLoop is one event loop as preread's loopSource.
+type testLoop struct{ lp *loop }
+
+func (l testLoop) loop() (*loop, error) { return l.lp, nil }
+
+// waiting reports whether a goroutine awaits a socket in the loop.
+func (l testLoop) waiting() bool {
+	for i := range l.lp.wait {
+		if l.lp.wait[i].Load() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// newTestLoop starts an event loop that the test's cleanup stops.
+func newTestLoop(t *testing.T) testLoop {
+	t.Helper()
+	lp, err := newLoop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lp.close)
+	return testLoop{lp}
+}
+
 // prereadOne listens on 127.0.0.1, runs preread on the first connection it
-// accepts and sends the result; the test's cleanup closes both.
+// accepts, waiting in an event loop as a Server's does, and sends the
+// result; the test's cleanup closes both.
 func prereadOne(t *testing.T, timeout time.Duration) (string, <-chan prereadResult) {
+	t.Helper()
+	return prereadOneIn(t, timeout, newTestLoop(t))
+}
+
+// prereadOneIn is prereadOne waiting in loops' event loops, or in Go's
+// poller if loops is nil.
+func prereadOneIn(t *testing.T, timeout time.Duration, loops loopSource) (string, <-chan prereadResult) {
 	t.Helper()
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -80,7 +115,7 @@ func prereadOne(t *testing.T, timeout time.Duration) (string, <-chan prereadResu
 		}
 		start := time.Now()
 		fd := dupFD(c) // fulcrum reads its clients as raw descriptors
-		h, err := preread(fd, timeout)
+		h, err := preread(fd, timeout, loops)
 		closeFD(fd)
 		ch <- prereadResult{h: h, err: err, c: c, dur: time.Since(start)}
 	}()
@@ -267,20 +302,86 @@ func TestPrereadNotTLS(t *testing.T) {
 		{"sslv2", []byte{0x80, 0x2e, 0x01, 0x03, 0x01}},
 		{"silent", nil},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr, ch := prereadOne(t, 200*time.Millisecond)
-			c := dialTCP(t, addr)
-			c.Write(tc.first)
-			r := wait(t, ch)
-			if r.err != nil || r.h.Proto != ProtoNone || r.h.SNI != "" {
-				t.Fatalf("preread = %+v, %v; want not TLS", r.h, r.err)
+		for _, inLoop := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/loop=%v", tc.name, inLoop), func(t *testing.T) {
+				var loops loopSource
+				if inLoop {
+					loops = newTestLoop(t)
+				}
+				addr, ch := prereadOneIn(t, 200*time.Millisecond, loops)
+				c := dialTCP(t, addr)
+				c.Write(tc.first)
+				r := wait(t, ch)
+				if r.err != nil || r.h.Proto != ProtoNone || r.h.SNI != "" {
+					t.Fatalf("preread = %+v, %v; want not TLS", r.h, r.err)
+				}
+				got := make([]byte, len(tc.first))
+				if _, err := io.ReadFull(r.c, got); err != nil || !bytes.Equal(got, tc.first) {
+					t.Fatalf("after the preread the socket holds %q, %v; want %q", got, err, tc.first)
+				}
+			})
+		}
+	}
+}
+
+// TestPrereadWaitsInLoop: a client that sends its hello, or its
+// SSLRequest and then its hello, only once preread waits for it wakes
+// preread through the event loop, which holds no waiter afterwards; a
+// client that closes while preread waits is refused as closed.
+func TestPrereadWaitsInLoop(t *testing.T) {
+	testkit.CheckLeaks(t)
+	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"postgresql"}})
+	untilWaiting := func(l testLoop) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !l.waiting(); time.Sleep(time.Millisecond) { // nothing to await: poll
+			if time.Now().After(deadline) {
+				t.Fatal("preread is not waiting in the loop after 10s")
 			}
-			got := make([]byte, len(tc.first))
-			if _, err := io.ReadFull(r.c, got); err != nil || !bytes.Equal(got, tc.first) {
-				t.Fatalf("after the preread the socket holds %q, %v; want %q", got, err, tc.first)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		ssl  bool
+	}{{"tls", false}, {"postgres", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newTestLoop(t)
+			addr, ch := prereadOneIn(t, 20*time.Second, l)
+			c := dialTCP(t, addr)
+			if tc.ssl {
+				untilWaiting(l)
+				c.Write(sslRequest[:])
+				var ans [1]byte
+				if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
+					t.Fatalf("answer to SSLRequest: %q, %v; want S", ans, err)
+				}
+			}
+			untilWaiting(l)
+			c.Write(hello)
+			r := wait(t, ch)
+			want := ProtoTLS
+			if tc.ssl {
+				want = ProtoPostgres
+			}
+			if r.err != nil || r.h.Proto != want || r.h.SNI != "db1.example.com" || r.h.Len != len(hello) {
+				t.Fatalf("preread = %+v, %v; want %v for db1.example.com, %d bytes", r.h, r.err, want, len(hello))
+			}
+			if l.waiting() {
+				t.Error("a waiter is left in the loop")
 			}
 		})
 	}
+	t.Run("close", func(t *testing.T) {
+		l := newTestLoop(t)
+		addr, ch := prereadOneIn(t, 20*time.Second, l)
+		c := dialTCP(t, addr)
+		untilWaiting(l)
+		c.Close()
+		r := wait(t, ch)
+		var pe *PrereadError
+		if !errors.As(r.err, &pe) || pe.Reason != ReasonClosed || r.dur > 10*time.Second {
+			t.Fatalf("preread = %+v, %v after %v; want %s at once", r.h, r.err, r.dur, ReasonClosed)
+		}
+	})
 }
 
 // TestPrereadRefused: oversized and malformed hellos are refused with

@@ -68,12 +68,12 @@ type loop struct {
 	epfd int
 	f    *os.File                  // epfd, non-blocking, so that Go's poller watches it; closed by close
 	tab  []atomic.Pointer[session] // by descriptor: the session a socket belongs to
-	dial []atomic.Pointer[dialing] // by descriptor: a connect in progress waiting for its outcome
+	wait []atomic.Pointer[waiter]  // by descriptor: a goroutine waiting for a socket not yet in a session (await)
 	done chan struct{}             // closed when run returns
 }
 
-// dialing is a connect waiting in a loop for its socket to become writable.
-type dialing struct{ ready chan struct{} }
+// waiter is a goroutine waiting in await for one event on a socket.
+type waiter struct{ ready chan struct{} }
 
 func newLoop() (*loop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
@@ -93,13 +93,13 @@ func newLoop() (*loop, error) {
 	}
 	n := min(max(lim.Max, lim.Cur), 1<<20)
 	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
-		tab: make([]atomic.Pointer[session], n), dial: make([]atomic.Pointer[dialing], n)}
+		tab: make([]atomic.Pointer[session], n), wait: make([]atomic.Pointer[waiter], n)}
 	go lp.run() // exits when close closes f
 	return lp, nil
 }
 
 // close stops the loop, waits for its goroutine and closes its epoll. No
-// session or dial may be registered any more.
+// session or waiter may be registered any more.
 func (lp *loop) close() {
 	lp.f.Close()
 	<-lp.done
@@ -147,8 +147,8 @@ func epollWaitRaw(epfd int, events []unix.EpollEvent) (int, error) {
 
 // dispatch wakes the directions an event concerns: the one reading the
 // socket on input, hang-up or error; the one writing it on output if it
-// wants output, or on hang-up or error. An event for a connect in progress
-// wakes its dialer.
+// wants output, or on hang-up or error. An event for a socket not in a
+// session wakes the goroutine awaiting it, if any.
 func (lp *loop) dispatch(ev unix.EpollEvent) {
 	fd := int(ev.Fd)
 	if fd < 0 || fd >= len(lp.tab) {
@@ -156,8 +156,8 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 	}
 	ss := lp.tab[fd].Load()
 	if ss == nil {
-		if d := lp.dial[fd].Swap(nil); d != nil {
-			close(d.ready)
+		if w := lp.wait[fd].Swap(nil); w != nil {
+			close(w.ready)
 		}
 		return // else an event for a socket closed meanwhile
 	}
@@ -199,7 +199,7 @@ func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
 }
 
 // register adds fd to the epoll for input, or changes its registration to
-// that if a dial left it registered here.
+// that if await left it registered here.
 func (lp *loop) register(fd int) error {
 	ev := unix.EpollEvent{Events: epollIn, Fd: int32(fd)}
 	err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)

@@ -185,38 +185,60 @@ func writable(fd int) int {
 }
 
 // awaitConnect waits until fd, a connect in progress, is writable (the
-// connection is up or failed) or timeout passes. It registers fd one-shot in
-// a loop, which wakes it; the session later registers fd again for its own
-// events, in whichever loop it runs.
+// connection is up or failed) or timeout passes, in one of s's loops. The
+// session later registers fd again for its own events, in whichever loop it
+// runs.
 func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 	lp, err := s.loop()
 	if err != nil {
 		return err
 	}
-	if fd >= len(lp.dial) {
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	registered := false
+	return lp.await(fd, unix.EPOLLOUT, deadline, &registered)
+}
+
+// await waits until fd, a socket in no session, has one of events (or a
+// hang-up or error), or deadline passes (os.ErrDeadlineExceeded; a zero
+// deadline is none). It registers fd one-shot in lp, which wakes it: added,
+// or modified if *registered says an earlier await left it here; it sets
+// *registered once it is. The registration outlives the wait, disarmed, so
+// that a later await or the session's register in lp modifies it (register
+// handles both). An event may come for an earlier use of fd's number, so
+// the caller looks again and may await again.
+func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *bool) error {
+	if fd >= len(lp.wait) {
 		return unix.EMFILE
 	}
-	d := &dialing{ready: make(chan struct{})}
-	lp.dial[fd].Store(d)
-	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}
-	if err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		lp.dial[fd].CompareAndSwap(d, nil)
-		return err
+	w := &waiter{ready: make(chan struct{})}
+	lp.wait[fd].Store(w) // before the registration, which may report readiness at once
+	ev := unix.EpollEvent{Events: events | unix.EPOLLONESHOT, Fd: int32(fd)}
+	op := unix.EPOLL_CTL_ADD
+	if *registered {
+		op = unix.EPOLL_CTL_MOD
 	}
-	if timeout <= 0 {
-		<-d.ready
+	if err := epollCtl(lp.epfd, op, fd, &ev); err != nil {
+		lp.wait[fd].CompareAndSwap(w, nil)
+		return os.NewSyscallError("epoll_ctl", err)
+	}
+	*registered = true
+	if deadline.IsZero() {
+		<-w.ready
 		return nil
 	}
-	t := time.NewTimer(timeout)
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-d.ready:
+	case <-w.ready:
 		return nil
 	case <-t.C:
-		if lp.dial[fd].CompareAndSwap(d, nil) {
+		if lp.wait[fd].CompareAndSwap(w, nil) {
 			return os.ErrDeadlineExceeded // "i/o timeout", as net.Dialer says
 		}
-		<-d.ready // the loop took it at the same moment: it is closing ready
+		<-w.ready // the loop took it at the same moment: it is closing ready
 		return nil
 	}
 }

@@ -93,8 +93,8 @@ func TestDialWaitsInLoop(t *testing.T) {
 			return false
 		}
 		for _, lp := range *lps {
-			for i := range lp.dial {
-				if lp.dial[i].Load() != nil {
+			for i := range lp.wait {
+				if lp.wait[i].Load() != nil {
 					return true
 				}
 			}

@@ -136,12 +136,12 @@ func BenchmarkChoose(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if svc, _, err := choose(fd, rs); err != nil || svc != tenants { // waits for the hello to arrive
+	if svc, _, err := choose(fd, rs, nil); err != nil || svc != tenants { // waits for the hello to arrive
 		b.Fatalf("choose = %v, %v; want tenants", svc, err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if svc, _, err := choose(fd, rs); err != nil || svc != tenants {
+		if svc, _, err := choose(fd, rs, nil); err != nil || svc != tenants {
 			b.Fatalf("choose = %v, %v; want tenants", svc, err)
 		}
 	}

@@ -24,11 +24,12 @@ const ReasonNoRoute = "no-route"
 var errNoRoute = errors.New("no route for the client's server name and protocols, and no default")
 
 // choose reads the first message of the client on fd, within the address's
-// preread_timeout, and returns the service that takes it with what was
-// read. The error is a *PrereadError: the client's message could not be
-// read, or (ReasonNoRoute) no route takes it.
-func choose(fd int, rs *sched.Routes) (*sched.Service, Hello, error) {
-	h, err := preread(fd, rs.PrereadTimeout())
+// preread_timeout (waiting in one of loops, if it must wait), and returns
+// the service that takes it with what was read. The error is a
+// *PrereadError: the client's message could not be read, or
+// (ReasonNoRoute) no route takes it.
+func choose(fd int, rs *sched.Routes, loops loopSource) (*sched.Service, Hello, error) {
+	h, err := preread(fd, rs.PrereadTimeout(), loops)
 	if err != nil {
 		return nil, h, err
 	}
@@ -80,10 +81,18 @@ func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
 // c's first message cannot be read, it closes c, counts the refusal on
 // the listener by reason, and returns a nil service.
 func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *Hello) {
-	svc, h, err := choose(c, rs)
+	svc, h, err := choose(c, rs, s)
 	if err == nil {
 		return svc, &h
 	}
+	s.refuse(c, key, client, h.SNI, err)
+	return nil, nil
+}
+
+// refuse counts a routing refusal on the listener by reason, logs it (at
+// most once a second) and closes client socket c. Apart from route, which
+// the connection's goroutine runs with little stack to spare.
+func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error) {
 	reason := ReasonMalformed
 	var pe *PrereadError
 	if errors.As(err, &pe) {
@@ -94,12 +103,11 @@ func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip
 	s.mu.Unlock()
 	if so != nil { // nil once a reload has retired the listener
 		if total, log := so.refused.add(reason); log {
-			s.log.Warn().Stringer("listen", key).Stringer("client", client).Str("sni", h.SNI).Str("reason", reason).
+			s.log.Warn().Stringer("listen", key).Stringer("client", client).Str("sni", sni).Str("reason", reason).
 				Err(err).Uint64("refused_so_far", total).Msg("connection refused")
 		}
 	}
 	closeFD(c)
-	return nil, nil
 }
 
 // routed gives client socket c the keepalive and user timeout of svc, the
