@@ -135,7 +135,7 @@ func preread(fd int, timeout time.Duration, loops loopSource) (Hello, error) {
 	}
 	buf := helloBufs.Get().(*[MaxHello]byte)
 	defer helloBufs.Put(buf)
-	p := fdPeeker{fd: fd, loops: loops, deadline: time.Now().Add(timeout)}
+	p := fdPeeker{fd: fd, loops: loops, timeout: timeout}
 	defer p.close()
 
 	n, err := p.peek(buf[:], 0)
@@ -213,9 +213,10 @@ func helloRecords(p *fdPeeker, buf []byte, n int, err error) (int, error) {
 }
 
 // fdPeeker peeks at a client's non-blocking socket: at what has arrived,
-// without waiting, and only when that is not enough, waits until deadline.
-// A client's first message has mostly arrived by the time it is accepted,
-// so most connections never wait. A wait for the first bytes is done in a
+// without waiting, and only when that is not enough, waits, until timeout
+// after its first wait. A client's first message has mostly arrived by the
+// time it is accepted, so most connections never wait, nor read the clock
+// for a deadline (0.1 µs here, a third of the parse). A wait for the first bytes is done in a
 // loop's epoll, where the session will register the socket anyway; a wait
 // for more of a message that has begun (rare: a hello split across
 // segments) in Go's poller through a duplicate of the descriptor, whose
@@ -223,10 +224,11 @@ func helloRecords(p *fdPeeker, buf []byte, n int, err error) (int, error) {
 type fdPeeker struct {
 	fd       int
 	loops    loopSource // where to wait for first bytes; nil: Go's poller
-	deadline time.Time
-	lp       *loop    // the loop of loops that fd is registered in, once it is
-	inLoop   bool     // fd is registered in lp
-	f        *os.File // the duplicate in Go's poller; nil until needed
+	timeout  time.Duration
+	deadline time.Time // zero until the first wait
+	lp       *loop     // the loop of loops that fd is registered in, once it is
+	inLoop   bool      // fd is registered in lp
+	f        *os.File  // the duplicate in Go's poller; nil until needed
 }
 
 // loopSource lends event loops; a *Server is one.
@@ -257,7 +259,7 @@ func (p *fdPeeker) peek(buf []byte, seen int) (int, error) {
 				continue
 			}
 		}
-		switch err := p.lp.await(p.fd, unix.EPOLLIN|unix.EPOLLRDHUP, p.deadline, &p.inLoop); {
+		switch err := p.lp.await(p.fd, unix.EPOLLIN|unix.EPOLLRDHUP, p.until(), &p.inLoop); {
 		case deadlineHit(err):
 			return 0, err
 		case err != nil: // the epoll refused it (out of memory or watches): wait the other way
@@ -273,13 +275,21 @@ func (p *fdPeeker) peekPoller(buf []byte, seen int) (int, error) {
 		if p.f, err = pollable(p.fd); err != nil {
 			return 0, err
 		}
-		p.f.SetReadDeadline(p.deadline)
+		p.f.SetReadDeadline(p.until())
 	}
 	rc, err := p.f.SyscallConn()
 	if err != nil {
 		return 0, err
 	}
 	return peekRaw(rc, buf, func(b []byte) bool { return len(b) > seen })
+}
+
+// until returns the deadline of every wait, set by the first.
+func (p *fdPeeker) until() time.Time {
+	if p.deadline.IsZero() {
+		p.deadline = time.Now().Add(p.timeout)
+	}
+	return p.deadline
 }
 
 // close closes the duplicate, if any; the socket stays open.
