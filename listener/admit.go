@@ -26,7 +26,7 @@ import (
 // dial's) until the last of them finishes the session. What the connection
 // holds (its place under the connection limit, source, service and backend
 // slots) is one lease: whoever ends the connection releases it, once.
-func (s *Server) handle(c int, peer, key netip.AddrPort) {
+func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited) {
 	start := time.Now()
 	l := lease{srv: s}
 	snap := s.tbl.Load()
@@ -39,7 +39,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		return
 	}
 	pol := snap.Policy(svc)
-	if err := setKeepAliveFD(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
+	if err := inh.setKeepAlive(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		closeFD(c)
 		l.release()

@@ -3,17 +3,44 @@ package listener
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
+	"os"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// TCP keepalive, per service and per socket. Each socket's idle time is
-// spread ±20% at random: connections opened in a burst (a pool at start-up
-// or after a failover) would otherwise probe in step, and on a busy host the
+// TCP keepalive, per service and per socket. The idle time is spread ±20%
+// at random: connections opened in a burst (a pool at start-up or after a
+// failover) would otherwise probe in step, and on a busy host the
 // synchronised probes and their retries overflow the backlog until the
 // kernel resets healthy connections. The setter takes a raw descriptor, so
 // that any accept or dial path can call it.
+//
+// A backend socket gets its options one by one before its connect (four
+// setsockopts with keepalive on). A client socket inherits them: Linux
+// copies a listening socket's SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL and
+// TCP_KEEPCNT to each socket it accepts, as they are when the connection
+// is queued (TestKeepAliveInherited; the MPTCP listening socket Go makes
+// passes them to the TCP socket of a client without MPTCP as well,
+// TestKeepAlivePerSocket). So the accept loop gives the listening socket
+// its service's keepalive (inheritance), and a client socket that carries
+// it takes no setsockopt, where it took four of the 26 syscalls of a
+// proxied connection. TCP_USER_TIMEOUT is inherited by a TCP listening
+// socket's but an MPTCP one refuses it: it stays per socket (off by
+// default, so no syscall).
+//
+// The spread of the client sockets' idle times is drawn on the listening
+// socket, again every spreadEvery connections accepted, rather than per
+// socket. What the spread is for is a burst of thousands of connections,
+// and their idle times come in whole seconds: at the default one minute,
+// 25 values from 48 to 72 s. A burst of 8,000 connections (the size that
+// lost a third of its connections to synchronised probes) draws 500 times
+// over those 25 values, so it probes as evenly spread as with a draw per
+// socket; a burst of fewer than spreadEvery connections probes in step,
+// which at that size no backlog notices. The backend sockets keep a draw
+// each, since their option is set anyway.
 
 // keepAlive is one service's keepalive; a zero Idle turns it off.
 type keepAlive struct {
@@ -56,4 +83,92 @@ func setKeepAliveFD(fd int, ka keepAlive) error {
 		}
 	}
 	return nil
+}
+
+// spreadEvery is how many connections a listening socket accepts between
+// two draws of its keepalive idle time.
+const spreadEvery = 16
+
+// inheritance is what an accept loop knows of the keepalive its listening
+// socket passes on; only the accept loop uses it.
+type inheritance struct {
+	set   keepAlive // what the listening socket has, if known
+	known bool
+	// fresh: the accept queue has been seen empty since set was last
+	// changed, so every socket accepted from now on was queued after it and
+	// carries it. A socket queued before a change carries the old options.
+	fresh   bool
+	accepts int // since the idle time was last drawn
+}
+
+// prepare gives the listening socket (c) keepalive want, if it has
+// another, and draws its idle time again every spreadEvery accepts. It is
+// called before each accept. On failure what the socket has is unknown,
+// and the sockets accepted get their keepalive one by one.
+func (in *inheritance) prepare(c syscall.RawConn, want keepAlive) {
+	same := in.known && in.set == want
+	if same && (want.Idle <= 0 || in.accepts < spreadEvery) {
+		return
+	}
+	var err error
+	cerr := c.Control(func(fd uintptr) {
+		if same { // the spread is due, nothing else
+			err = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(want.Idle))
+			return
+		}
+		err = setKeepAliveFD(int(fd), want)
+	})
+	if err != nil || cerr != nil {
+		in.known = false
+		return
+	}
+	if !same {
+		in.set, in.known, in.fresh = want, true, false
+	}
+	in.accepts = 0
+}
+
+// accepted counts a socket accepted after prepare and returns what it
+// inherited. emptied says whether the accept saw the queue empty first.
+func (in *inheritance) accepted(emptied bool) inherited {
+	in.accepts++
+	if emptied && in.known {
+		in.fresh = true
+	}
+	return inherited{ka: in.set, ok: in.known && in.fresh}
+}
+
+// inherited is the keepalive a socket accepted carries from its listening
+// socket, as far as its accept loop knows.
+type inherited struct {
+	ka keepAlive
+	ok bool // the socket carries ka; if false, what it carries is unknown
+}
+
+// setKeepAlive gives the accepted socket fd keepalive ka unless it
+// inherited it.
+func (in inherited) setKeepAlive(fd int, ka keepAlive) error {
+	if in.ok && in.ka == ka {
+		return nil
+	}
+	return setKeepAliveFD(fd, ka)
+}
+
+// setAcceptedUserTimeout sets TCP_USER_TIMEOUT on an accepted socket fd to
+// d, 0 (the kernel's default) included, which setUserTimeoutFD leaves
+// alone: routing by name sets it again when the route's differs.
+func setAcceptedUserTimeout(fd int, d time.Duration) error {
+	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, max(0, int(d/time.Millisecond))); err != nil {
+		return os.NewSyscallError("setsockopt", err)
+	}
+	return nil
+}
+
+// inherit has the accept loop of listen address key give its listening
+// socket (rc) the options of the service that takes the address now.
+func (s *Server) inherit(in *inheritance, rc syscall.RawConn, key netip.AddrPort) {
+	snap := s.tbl.Load()
+	if svc := snap.Route(key); svc != nil { // nil while a reload closes the address
+		in.prepare(rc, keepAliveFor(snap.Policy(svc)))
+	}
 }

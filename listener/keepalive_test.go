@@ -72,7 +72,7 @@ func TestKeepAlivePerSocket(t *testing.T) {
 			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 				s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = c.idle, 7*time.Second, 3
 			})
-			const n = 40
+			const n = 64
 			var conns []*net.TCPConn
 			defer func() {
 				for _, cn := range conns {
@@ -105,11 +105,175 @@ func TestKeepAlivePerSocket(t *testing.T) {
 				}
 				idles[k.idle] = true
 			}
-			if c.idle > 0 && len(idles) < 10 { // 80 draws over 41 values
-				t.Errorf("idle times of %d sockets take %d values; want them spread", 2*n, len(idles))
+			if c.idle == 0 {
+				return
+			}
+			// The dialled sockets draw one idle time each; the accepted ones
+			// inherit the listening socket's, drawn every spreadEvery.
+			count := func(ks []sockKeepAlive) int {
+				m := map[int]bool{}
+				for _, k := range ks {
+					m[k.idle] = true
+				}
+				return len(m)
+			}
+			if v := count(dialled); v < 10 { // 64 draws over 41 values
+				t.Errorf("idle times of %d dialled sockets take %d values; want them spread", n, v)
+			}
+			// 4 draws for 64 sockets, plus one per socket accepted before
+			// the loop saw its queue empty (the first, at most).
+			if v := count(accepted); v < 2 || v > n/spreadEvery+1 {
+				t.Errorf("idle times of %d accepted sockets take %d values; want 2..%d, drawn on the listening socket", n, v, n/spreadEvery+1)
 			}
 		})
 	}
+}
+
+// TestKeepAliveInherited: Linux copies a listening socket's keepalive and
+// user timeout to the sockets it accepts, as they are when the connection
+// is queued. The accept loop relies on it for keepalive (keepalive.go).
+func TestKeepAliveInherited(t *testing.T) {
+	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(lfd)
+	opts := []struct {
+		level, opt int
+		name       string
+		v          int
+	}{
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, "SO_KEEPALIVE", 1},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, "TCP_KEEPIDLE", 77},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, "TCP_KEEPINTVL", 7},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, "TCP_KEEPCNT", 3},
+		{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, "TCP_USER_TIMEOUT", 1234},
+	}
+	for _, o := range opts {
+		if err := unix.SetsockoptInt(lfd, o.level, o.opt, o.v); err != nil {
+			t.Fatalf("set %s: %v", o.name, err)
+		}
+	}
+	if err := unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(lfd, 8); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(lfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func() {
+		c, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(c) })
+		if err := unix.Connect(c, sa); err != nil { // blocking: returns once the connection is queued
+			t.Fatal(err)
+		}
+	}
+	accept := func() int {
+		a, _, err := unix.Accept4(lfd, unix.SOCK_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(a) })
+		return a
+	}
+	connect()
+	a := accept()
+	for _, o := range opts {
+		if v, err := unix.GetsockoptInt(a, o.level, o.opt); err != nil || v != o.v {
+			t.Errorf("accepted socket: %s = %d, %v; want %d from the listening socket", o.name, v, err, o.v)
+		}
+	}
+	connect() // queued before the change: keeps what the listening socket had
+	if err := unix.SetsockoptInt(lfd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 99); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := unix.GetsockoptInt(accept(), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); v != 77 {
+		t.Errorf("socket queued before the change: TCP_KEEPIDLE = %d; want 77", v)
+	}
+	connect()
+	if v, _ := unix.GetsockoptInt(accept(), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); v != 99 {
+		t.Errorf("socket queued after the change: TCP_KEEPIDLE = %d; want 99", v)
+	}
+}
+
+// TestKeepAliveAfterChange: a connection queued before a reload changed
+// the service's keepalive gets the new one, although its socket inherited
+// the old from the listening socket; one queued after inherits the new.
+func TestKeepAliveAfterChange(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
+	freeze := make(chan struct{}, 1)
+	frozen := make(chan struct{})
+	thaw := make(chan struct{})
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
+		s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = 100*time.Second, 7*time.Second, 3
+	}, func(s *Server) {
+		s.acceptHook = func() {
+			select {
+			case <-freeze:
+				frozen <- struct{}{}
+				<-thaw
+			default:
+			}
+		}
+	})
+	greeted := func(c *net.TCPConn) {
+		t.Helper()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "a\n" {
+			t.Fatalf("greeting %q, %v", line, err)
+		}
+	}
+	greeted(p.dial(t)) // the loop runs
+	freeze <- struct{}{}
+	greeted(p.dial(t)) // the loop comes round after it, and stops
+	<-frozen
+	before := p.dial(t) // queued while the loop is stopped, with the listening socket's options
+	off := *p.pol
+	off.KeepAliveIdle = 0
+	p.ptr.Store(NewSnapshot(p.ptr.Load().Table, map[string]*Policy{p.svc.Name: &off}))
+	close(thaw)
+	greeted(before)
+	after := p.dial(t)
+	greeted(after)
+	for name, c := range map[string]*net.TCPConn{"queued before": before, "queued after": after} {
+		if k := acceptedKeepAlive(t, netip.MustParseAddrPort(c.LocalAddr().String())); k.on != 0 {
+			t.Errorf("%s the change: keepalive on (idle %ds); want off", name, k.idle)
+		}
+	}
+}
+
+// acceptedKeepAlive returns the keepalive of this process's socket whose
+// peer is client: the proxy's accepted leg.
+func acceptedKeepAlive(t *testing.T, client netip.AddrPort) sockKeepAlive {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ps, err := unix.Getpeername(fd)
+		a, ok := ps.(*unix.SockaddrInet4)
+		if err != nil || !ok || netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)) != client {
+			continue
+		}
+		var k sockKeepAlive
+		k.on, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+		k.idle, _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+		return k
+	}
+	t.Fatalf("no socket of this process has peer %s", client)
+	return sockKeepAlive{}
 }
 
 // TestJitteredIdle: the spread stays within ±20%, in whole seconds.

@@ -50,10 +50,11 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 
 // acceptRaw accepts one connection from ln with accept4, non-blocking and
 // close-on-exec, waiting in Go's poller (which watches the listening socket,
-// with its deadline) while there is none. The client's address comes from
-// accept4's own result, read here: unix.Accept4 would ask the socket its
-// protocol (one getsockopt per connection) to tell L2TP from TCP.
-func acceptRaw(rc syscall.RawConn) (int, netip.AddrPort, error) {
+// with its deadline) while there is none; it sets *emptied if it found the
+// queue empty first. The client's address comes from accept4's own result,
+// read here: unix.Accept4 would ask the socket its protocol (one getsockopt
+// per connection) to tell L2TP from TCP.
+func acceptRaw(rc syscall.RawConn, emptied *bool) (int, netip.AddrPort, error) {
 	fd := -1
 	var rsa unix.RawSockaddrAny
 	var aerr syscall.Errno
@@ -63,6 +64,9 @@ func acceptRaw(rc syscall.RawConn) (int, netip.AddrPort, error) {
 			r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, lfd, uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
 				unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 			fd, aerr = int(r), e
+			if e == unix.EAGAIN {
+				*emptied = true
+			}
 			if e != unix.EINTR {
 				return e != unix.EAGAIN
 			}
@@ -243,15 +247,19 @@ func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *boo
 	}
 }
 
-// setDialOpts gives a socket to be connected what a Go net.Conn has
+// setDialOpts gives a new socket to be connected what a Go net.Conn has
 // (TCP_NODELAY), pol's keepalive, and its user timeout, set before the
-// connect so that it bounds the handshake's retransmissions too.
+// connect so that it bounds the handshake's retransmissions too. What a
+// new socket has already (keepalive off, the kernel's user timeout) is not
+// set again.
 func setDialOpts(fd int, pol *Policy) error {
 	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
-	if err := setKeepAliveFD(fd, keepAliveFor(pol)); err != nil {
-		return err
+	if ka := keepAliveFor(pol); ka.Idle > 0 { // a new socket has it off
+		if err := setKeepAliveFD(fd, ka); err != nil {
+			return err
+		}
 	}
 	return setUserTimeoutFD(fd, pol.UserTimeout)
 }

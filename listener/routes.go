@@ -121,7 +121,7 @@ func routed(c int, first, pol *Policy) {
 		_ = setKeepAliveFD(c, k) // best effort: the socket took first's a moment ago
 	}
 	if pol.UserTimeout != first.UserTimeout {
-		_ = setUserTimeoutFD(c, pol.UserTimeout) // likewise
+		_ = setAcceptedUserTimeout(c, pol.UserTimeout) // likewise (0 too)
 	}
 }
 

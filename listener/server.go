@@ -410,6 +410,7 @@ func (s *Server) accept(so *socket) {
 	var t *time.Timer
 	acc, rc := so.acc, so.rc
 	defer acc.Close()
+	var in inheritance // the keepalive accepted sockets inherit (keepalive.go)
 	for {
 		if s.acceptHook != nil {
 			s.acceptHook()
@@ -425,7 +426,9 @@ func (s *Server) accept(so *socket) {
 		if !s.takeSlot(so) {
 			return
 		}
-		fd, peer, err := acceptRaw(rc)
+		s.inherit(&in, rc, so.key)
+		emptied := false
+		fd, peer, err := acceptRaw(rc, &emptied)
 		so.beat.Store(time.Now().UnixNano())
 		if err != nil {
 			<-s.slots // not taken after all
@@ -434,7 +437,7 @@ func (s *Server) accept(so *socket) {
 			delay = 0
 			so.accepts.Add(1)
 			s.wg.Add(1)
-			go s.handle(fd, peer, so.key) // exits when the connection ends; its slot is freed by connDone
+			go s.handle(fd, peer, so.key, in.accepted(emptied)) // exits when the connection ends; its slot is freed by connDone
 			continue
 		}
 		select {
