@@ -42,9 +42,7 @@ func TestTooLarge(t *testing.T) {
 // TestSelfLoop: a backend that is one of fulcrum's own listen addresses
 // (directly, or covered by a wildcard listen) is a located error.
 func TestSelfLoop(t *testing.T) {
-	old := localAddrs
-	defer func() { localAddrs = old }()
-	localAddrs = func() map[netip.Addr]bool { return map[netip.Addr]bool{netip.MustParseAddr("192.0.2.7"): true} }
+	local := func() map[netip.Addr]bool { return map[netip.Addr]bool{netip.MustParseAddr("192.0.2.7"): true} }
 	tests := []struct {
 		name, src, want string // want "" means valid
 	}{
@@ -65,7 +63,7 @@ func TestSelfLoop(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse("f.toml", []byte(tt.src))
+			_, err := parse("f.toml", []byte(tt.src), local)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("Parse = %v; want valid", err)
