@@ -347,9 +347,15 @@ func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config,
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
-// hostName is a DNS name or an IP literal as a Host header carries it,
-// without the port.
-var hostName = regexp.MustCompile(`^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$`)
+// hostHeaderName reports whether h is a DNS name or an IP literal as a Host
+// header carries it, without the port ([::1] for IPv6).
+func hostHeaderName(h string) bool {
+	if a, ok := strings.CutPrefix(h, "["); ok {
+		ip, err := netip.ParseAddr(strings.TrimSuffix(a, "]"))
+		return err == nil && ip.Is6() && strings.HasSuffix(a, "]")
+	}
+	return validHostname(h)
+}
 
 func (w *walker) config(root *table) *Config {
 	cfg := &Config{}
@@ -392,7 +398,7 @@ func (w *walker) config(root *table) *Config {
 	hosts, _ := at.strs("hosts")
 	for i, h := range hosts {
 		h = strings.ToLower(strings.TrimSuffix(h, "."))
-		if !hostName.MatchString(h) {
+		if !hostHeaderName(h) {
 			w.errorf(fmt.Sprintf("%s[%d]", at.key("hosts"), i), "%q is not a host name (no port, no scheme), such as \"lb1.example.net\"", hosts[i])
 			continue
 		}
