@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -194,7 +194,7 @@ func renderConsul(t *testing.T, catalog map[string][]healthService, env map[stri
 		},
 		"env": func(k string) string { return env[k] },
 	}
-	tmpl, err := template.New("fulcrum.toml.ctmpl").Funcs(funcs).ParseFiles("docs/consul-template/fulcrum.toml.ctmpl")
+	tmpl, err := template.New("fulcrum.toml.ctmpl").Funcs(funcs).ParseFiles("../../docs/consul-template/fulcrum.toml.ctmpl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,15 +203,6 @@ func renderConsul(t *testing.T, catalog map[string][]healthService, env map[stri
 		t.Fatal(err)
 	}
 	return b.Bytes()
-}
-
-// awaitPrefix returns the first log line whose message starts with prefix.
-func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
-	t.Helper()
-	return d.awaitMatch(t, fmt.Sprintf("%q…", prefix), func(m map[string]any) bool {
-		msg, _ := m["message"].(string)
-		return strings.HasPrefix(msg, prefix)
-	})
 }
 
 // TestConsulTemplate renders the repository's consul-template template for
@@ -282,7 +273,7 @@ func TestConsulTemplate(t *testing.T) {
 // of docs/kubernetes/fulcrum.yaml is a valid configuration (conf does not
 // resolve host names, so the cluster's names are parsed as they are).
 func TestKubernetesManifest(t *testing.T) {
-	data, err := os.ReadFile("docs/kubernetes/fulcrum.yaml")
+	data, err := os.ReadFile("../../docs/kubernetes/fulcrum.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -119,7 +119,7 @@ backends = [{ address = %q }]
 
 	path := writeFile(t, "fulcrum.toml", conf2)
 	var out, errOut bytes.Buffer
-	if code := run([]string{"-check", "-config", path}, &out, &errOut); code != 0 {
+	if code := cli([]string{"-check", "-config", path}, &out, &errOut); code != 0 {
 		t.Fatalf("-check = %d: %s", code, errOut.String())
 	}
 	summary := strings.Join(strings.Fields(out.String()), " ")
