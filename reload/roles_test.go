@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/internal/dbtest"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
@@ -44,8 +43,8 @@ func port(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
 func TestRolesRedis(t *testing.T) {
 	testkit.CheckLeaks(t)
 	auth := []string{"--requirepass", "redis-pw", "--masterauth", "redis-pw"}
-	a := dbtest.StartRedis(t, auth...)
-	b := dbtest.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
+	a := testkit.StartRedis(t, auth...)
+	b := testkit.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "redis.pw"), []byte("redis-pw\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -173,7 +172,7 @@ func TestOnUpCloseBackups(t *testing.T) {
 func TestSplitBrain(t *testing.T) {
 	for _, mode := range []string{"refuse", "first"} {
 		t.Run(mode, func(t *testing.T) {
-			a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+			a, b := testkit.StartRedis(t), testkit.StartRedis(t)
 			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 			r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 				extra:    fmt.Sprintf("split_brain = %q\n", mode) + health,
@@ -308,7 +307,7 @@ func TestFallback(t *testing.T) {
 // connection is closed before any backend is dialled, and counted.
 func TestSplitBrainRefuses(t *testing.T) {
 	testkit.CheckLeaks(t)
-	a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+	a, b := testkit.StartRedis(t), testkit.StartRedis(t)
 	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra: "hold_timeout = \"5s\"\n" + health, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
@@ -390,9 +389,9 @@ func TestOnDownPassive(t *testing.T) {
 // with on_down = "close"), and back in when cleared.
 func TestRolesMariaDB(t *testing.T) {
 	testkit.CheckLeaks(t)
-	m := dbtest.StartMariaDB(t)
+	m := testkit.StartMariaDB(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(dbtest.MD5Password+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(testkit.MD5Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const interval, fall = 300 * time.Millisecond, 2
