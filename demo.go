@@ -20,7 +20,6 @@ import (
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/reload"
-	"fulcrum/sched"
 )
 
 //go:embed demo.toml
@@ -55,7 +54,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 
 	log := newLogger(cfg.Log, stderr)
-	var ptr atomic.Pointer[sched.Table]
+	var ptr atomic.Pointer[listener.Snapshot]
 	srv := listener.New(&ptr, log)
 	m := reload.New("", &ptr, srv, log)
 	if err := m.Apply(cfg); err != nil {

@@ -40,7 +40,6 @@ import (
 	"fulcrum/conf"
 	"fulcrum/listener"
 	"fulcrum/reload"
-	"fulcrum/sched"
 	"fulcrum/systemd"
 )
 
@@ -137,14 +136,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	mlog.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
 	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
 	defer stop()
-	var ptr atomic.Pointer[sched.Table]
-	inst := cluster.New(ptr.Load, log)
+	var ptr atomic.Pointer[listener.Snapshot] // written by reload only
+	srv := listener.New(&ptr, log)
+	m := reload.New(*path, &ptr, srv, log)
+	inst := cluster.New(m.Table, log)
 	ictx, stopInst := context.WithCancel(ctx)
 	instDone := make(chan struct{})
 	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when run returns
 	defer func() { stopInst(); <-instDone }()
-	srv := listener.New(&ptr, log)
-	m := reload.New(*path, &ptr, srv, log)
 	m.OnLog = setLevel
 	hup, stopHup := hupChannel()
 	defer stopHup()
@@ -202,7 +201,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
+		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel

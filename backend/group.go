@@ -265,18 +265,29 @@ func (g *Group) Stats() GroupStats {
 		Queued: g.queued.Load(), Refused: g.refused.Load(), Splits: g.splits.Load()}
 }
 
-// Why connections were turned away before any backend was dialled.
+// Reject is why a connection was turned away before any backend was
+// dialled.
+type Reject uint8
+
+// The reasons, named in logs and metrics by String.
 const (
-	RejectDenied     = iota // allow/deny lists
-	RejectRate              // accept_rate
-	RejectPerSource         // max_conns_per_source
-	RejectProxy             // a missing, malformed or untrusted PROXY header
-	RejectSplitBrain        // more than one backend claims the primary role, and split_brain = "refuse"
+	RejectDenied     Reject = iota // allow/deny lists
+	RejectRate                     // accept_rate
+	RejectPerSource                // max_conns_per_source
+	RejectProxy                    // a missing, malformed or untrusted PROXY header
+	RejectSplitBrain               // more than one backend claims the primary role, and split_brain = "refuse"
 	rejectKinds
 )
 
-// RejectNames names the Reject kinds, for logs and metrics.
-var RejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy", "split_brain"}
+var rejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy", "split_brain"}
+
+// String is the reason's name in logs and in metrics' reason label.
+func (r Reject) String() string {
+	if r < rejectKinds {
+		return rejectNames[r]
+	}
+	return "unknown"
+}
 
 // limits are the per-service admission controls that survive reloads.
 type limits struct {
@@ -351,18 +362,19 @@ func (g *Group) ReleaseSource(a netip.Addr, max int) {
 	}
 }
 
-// Reject counts a connection turned away for reason kind, and runs log at
-// most once a second per service (so a flood does not flood the log).
-func (g *Group) Reject(kind int, log func(total uint64)) {
-	n := g.limits.rejected[kind].Add(1)
+// Reject counts a connection turned away for why, and runs log at most
+// once a second per service (so a flood does not flood the log).
+func (g *Group) Reject(why Reject, log func(total uint64)) {
+	n := g.limits.rejected[why].Add(1)
 	g.limits.logEvery.Do(func() { log(n) })
 }
 
-// Rejected returns the counts of connections turned away, by kind.
-func (g *Group) Rejected() [rejectKinds]uint64 {
-	var out [rejectKinds]uint64
-	for i := range out {
-		out[i] = g.limits.rejected[i].Load()
+// Rejected returns the counts of connections turned away, by reason: every
+// reason, zero or not.
+func (g *Group) Rejected() map[Reject]uint64 {
+	out := make(map[Reject]uint64, rejectKinds)
+	for i := range g.limits.rejected {
+		out[Reject(i)] = g.limits.rejected[i].Load()
 	}
 	return out
 }

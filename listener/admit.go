@@ -23,26 +23,29 @@ import (
 // count of s.wg, which a successful dial hands on to the session: the
 // goroutine that accepted and dialled then exits, and the session's two
 // directions run in fresh goroutines (whose stacks have not grown with the
-// dial's) until the last of them finishes the session.
+// dial's) until the last of them finishes the session. What the connection
+// holds (its place under the connection limit, source, service and backend
+// slots) is one lease: whoever ends the connection releases it, once.
 func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	start := time.Now()
-	tbl := s.tbl.Load()
+	l := lease{srv: s}
+	snap := s.tbl.Load()
 	// On an address routed by name, any of its services until the route is
 	// chosen: they agree on what comes before (keepalive aside, set again).
-	svc := tbl.Route(key)
+	svc := snap.Route(key)
 	if svc == nil { // the listener is being closed by a reload
 		closeFD(c)
-		s.connDone()
+		l.release()
 		return
 	}
-	ka := keepAliveFor(svc)
-	if err := setKeepAliveFD(c, ka); err != nil { // a socket that takes no option is not worth serving
+	pol := snap.Policy(svc)
+	if err := setKeepAliveFD(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		closeFD(c)
-		s.connDone()
+		l.release()
 		return
 	}
-	if err := setUserTimeoutFD(c, svc.UserTimeout); err != nil {
+	if err := setUserTimeoutFD(c, pol.UserTimeout); err != nil {
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("cannot set user_timeout on the client socket")
 	}
 	var r sched.Request
@@ -50,60 +53,57 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	orig := localAddr(c, key) // the address the client asked for
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
-	reject := func(kind int, err error) {
-		svc.Group.Reject(kind, func(total uint64) {
+	reject := func(why backend.Reject, err error) {
+		svc.Group.Reject(why, func(total uint64) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
-				Str("reason", backend.RejectNames[kind]).Uint64("rejected_so_far", total).Msg("connection rejected")
+				Stringer("reason", why).Uint64("rejected_so_far", total).Msg("connection rejected")
 		})
 		closeFD(c)
-		s.connDone()
+		l.release()
 	}
-	if kind, err := s.proxyHeader(svc, c, &r.Client, &orig); err != nil {
-		reject(kind, err)
+	if why, err := s.proxyHeader(pol, c, &r.Client, &orig); err != nil {
+		reject(why, err)
 		return
 	}
 	var h *Hello // what the client sent first, on an address routed by name (routes.go)
-	if rs := tbl.Routes(key); rs != nil {
-		first := svc
+	if rs := snap.Routes(key); rs != nil {
+		first := pol
 		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
-			s.connDone() // refused, counted and closed
+			l.release() // refused, counted and closed
 			return
 		}
-		s.routed(c, first, svc)
+		pol = snap.Policy(svc)
+		routed(c, first, pol)
 	}
-	if kind, err := s.screen(svc, r.Client); err != nil {
-		reject(kind, err)
+	if why, err := screen(svc, pol, r.Client); err != nil {
+		reject(why, err)
 		return
 	}
-	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
+	if refusesSplitBrain(svc, pol) { // counted here, logged once per split (by reload), not per connection
 		svc.Group.Reject(backend.RejectSplitBrain, func(uint64) {})
 		closeFD(c)
-		s.connDone()
+		l.release()
 		return
 	}
-	if !svc.Group.AcquireSource(r.Client.Addr(), svc.MaxConnsPerSource) {
-		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", svc.MaxConnsPerSource, r.Client.Addr()))
+	if !l.holdSource(svc.Group, r.Client.Addr(), pol.MaxConnsPerSource) {
+		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
-	// From here a source slot is held, and from admit on a service slot:
-	// an early end gives them back here, a session gives them back in finish.
-	var tm0 timing
+	var tm timing
 	fail := func(t *sched.Target, end string, err error) {
-		svc.Group.ReleaseSource(r.Client.Addr(), svc.MaxConnsPerSource)
 		closeFD(c)
-		s.access(svc, r.Client, h.sni(), t, start, tm0, 0, 0, end, err)
-		s.connDone()
+		s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err)
+		l.release()
 	}
-	if !admit(svc, start) {
+	if !l.holdService(pol, start) {
 		svc.Group.Refused()
 		fail(nil, endFull, errFull)
 		return
 	}
-	var tm timing
-	ready := h.toBackend(svc, r.Client, orig)
-	bc, t, tries, err := s.connect(svc, &r, ready, start, &tm)
-	if err != nil && svc.HoldTimeout > 0 && !errors.Is(err, errFull) {
-		bc, t, tries, err, svc = s.connectHeld(key, svc, &r, ready, start, &tm)
+	ready := h.toBackend(pol, r.Client, orig)
+	bc, t, tries, err := s.connect(svc, pol, &r, ready, start, &tm)
+	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) {
+		bc, t, tries, err, svc, pol = s.connectHeld(key, svc, pol, &r, ready, start, &tm)
 	}
 	tm.retries = tries
 	if err != nil {
@@ -115,21 +115,18 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
 			end = endNoBackend
 		}
-		svc.Group.Release()
-		tm0 = tm
 		fail(nil, end, err)
 		return
 	}
+	l.b = t.B                                 // connect took its slot
 	if t.ProxyProtocol > 0 && !h.postgres() { // such a backend had its header before its SSLRequest
 		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
 			closeFD(bc)
-			t.B.Release()
-			svc.Group.Release()
 			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
 			return
 		}
 	}
-	ss := newSession(s, svc, t, c, bc, r.Client, start)
+	ss := newSession(s, svc, pol, t, c, bc, r.Client, start, l)
 	ss.tm = tm
 	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
@@ -140,25 +137,80 @@ func (s *Server) handle(c int, peer, key netip.AddrPort) {
 	ss.run()
 }
 
+// lease is what one connection holds while it lives: its place under the
+// Server's connection limit (always), then a source slot and a service
+// slot of its service's group, and its backend's slot. release gives back
+// all that it holds, once, whoever ends the connection.
+type lease struct {
+	srv     *Server
+	g       *backend.Group   // the group the source and service slots are in
+	src     netip.Addr       // the source slot's address
+	perSrc  int              // and its limit; 0: no source slot is held
+	service bool             // a service slot is held in g
+	b       *backend.Backend // whose slot is held; nil: none
+}
+
+// holdSource takes a slot for client address a in g, under a limit of max
+// connections at once (0: unlimited, nothing to hold); false when a is at it.
+func (l *lease) holdSource(g *backend.Group, a netip.Addr, max int) bool {
+	if !g.AcquireSource(a, max) {
+		return false
+	}
+	l.g, l.src, l.perSrc = g, a, max
+	return true
+}
+
+// holdService takes a slot of the service (pol.MaxConns) in the group the
+// source slot is in, waiting up to pol.QueueTimeout from start for one. It
+// reports false when the connection must be refused.
+func (l *lease) holdService(pol *Policy, start time.Time) bool {
+	ok := false
+	if pol.QueueTimeout <= 0 {
+		ok = l.g.Acquire(pol.MaxConns)
+	} else {
+		ok = l.g.Admit(pol.MaxConns, start.Add(pol.QueueTimeout))
+	}
+	l.service = ok
+	return ok
+}
+
+// release gives back everything l holds and ends the connection's count
+// under the Server's limit and in its WaitGroup.
+func (l *lease) release() {
+	if l.b != nil {
+		l.b.Release()
+		l.b = nil
+	}
+	if l.service {
+		l.g.Release()
+		l.service = false
+	}
+	if l.perSrc != 0 {
+		l.g.ReleaseSource(l.src, l.perSrc)
+		l.perSrc = 0
+	}
+	l.srv.connDone()
+}
+
 // proxyHeader reads the PROXY header of a trusted balancer, which may
-// change client and orig, and refuses one from anyone else. It returns the
-// backend.Reject kind and why when the connection must go.
-func (s *Server) proxyHeader(svc *sched.Service, fd int, client, orig *netip.AddrPort) (int, error) {
-	if len(svc.AcceptProxy) > 0 {
+// change client and orig, and refuses one from anyone else. It returns why
+// when the connection must go.
+func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) (backend.Reject, error) {
+	if len(pol.AcceptProxy) > 0 {
 		c, err := goConn(fd)
 		if err != nil {
 			return backend.RejectProxy, err
 		}
 		defer c.Close()
-		if svc.TrustsProxy(client.Addr()) {
-			h, err := readHeader(c, svc.ProxyTimeout)
+		if pol.TrustsProxy(client.Addr()) {
+			h, err := readHeader(c, pol.ProxyTimeout)
 			if err != nil {
 				return backend.RejectProxy, err
 			}
 			if src, dst, ok := addrs(h); ok {
 				*client, *orig = src, dst
 			}
-		} else if bad, err := spoofed(c, svc.ProxyTimeout); bad || err != nil {
+		} else if bad, err := spoofed(c, pol.ProxyTimeout); bad || err != nil {
 			if err == nil {
 				err = errSpoofed
 			}
@@ -169,10 +221,10 @@ func (s *Server) proxyHeader(svc *sched.Service, fd int, client, orig *netip.Add
 }
 
 // screen applies what else is decided before any backend is dialled: the
-// access lists and the accept rate. It returns the backend.Reject kind and
-// why when the connection must go.
-func (s *Server) screen(svc *sched.Service, client netip.AddrPort) (int, error) {
-	if !svc.Allowed(client.Addr()) {
+// access lists and the accept rate. It returns why when the connection
+// must go.
+func screen(svc *sched.Service, pol *Policy, client netip.AddrPort) (backend.Reject, error) {
+	if !pol.Allowed(client.Addr()) {
 		return backend.RejectDenied, errors.New("denied by allow/deny")
 	}
 	if !svc.Group.AllowAccept() {
@@ -182,13 +234,13 @@ func (s *Server) screen(svc *sched.Service, client netip.AddrPort) (int, error) 
 }
 
 // connect picks and dials backends until one answers, trying at most
-// svc.Retries more after the first failure and never one backend twice. It
+// pol.Retries more after the first failure and never one backend twice. It
 // picks from the primaries, or from the backups while no primary is up. When
-// every eligible backend is full it waits up to svc.QueueTimeout for a slot
+// every eligible backend is full it waits up to pol.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed. ready, if not nil, prepares each connected backend before
 // it is taken (routes.go): one it fails counts as a failed dial.
-func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
+func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -199,7 +251,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 			w.Leave()
 		}
 	}()
-	for tries <= svc.Retries {
+	for tries <= pol.Retries {
 		i, err := picker.Pick(r)
 		if err != nil {
 			if tries > 0 || !up(targets, r) {
@@ -209,14 +261,14 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 				spins++ // a slot freed between the pick and now: pick again
 				continue
 			}
-			if svc.QueueTimeout <= 0 {
+			if pol.QueueTimeout <= 0 {
 				return -1, nil, tries, errFull
 			}
 			if w == nil {
 				w = svc.Group.Enqueue()
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(start.Add(svc.QueueTimeout)) {
+			if !w.Wait(start.Add(pol.QueueTimeout)) {
 				return -1, nil, tries, errFull
 			}
 			continue
@@ -241,7 +293,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
-		c, err := s.dial(svc, t.Addr)
+		c, err := s.dial(pol, t.Addr)
 		if err == nil && ready != nil {
 			if err = ready(c, t); err != nil {
 				closeFD(c)
@@ -266,7 +318,7 @@ func (s *Server) connect(svc *sched.Service, r *sched.Request, ready func(int, *
 		tries++
 		last = err
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
-			Bool("retry", tries <= svc.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
+			Bool("retry", tries <= pol.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
 	return -1, nil, tries, last
 }
@@ -312,19 +364,10 @@ func full(ts []sched.Target, r *sched.Request) bool {
 	return false
 }
 
-// admit takes a service slot (svc.MaxConns), waiting up to svc.QueueTimeout
-// for one. It reports false when the connection must be refused.
-func admit(svc *sched.Service, start time.Time) bool {
-	if svc.QueueTimeout <= 0 {
-		return svc.Group.Acquire(svc.MaxConns)
-	}
-	return svc.Group.Admit(svc.MaxConns, start.Add(svc.QueueTimeout))
-}
-
-// logsAccess reports whether access would write a line for svc now.
-func (s *Server) logsAccess(svc *sched.Service) bool {
+// logsAccess reports whether access would write a line for a service of policy pol now.
+func (s *Server) logsAccess(pol *Policy) bool {
 	level := zerolog.DebugLevel
-	if svc.AccessLog {
+	if pol.AccessLog {
 		level = zerolog.InfoLevel
 	}
 	return level >= s.log.GetLevel() && level >= zerolog.GlobalLevel()
@@ -339,9 +382,9 @@ type timing struct {
 	dialled int8          // 1 once a dial began: queue is set
 }
 
-func (s *Server) access(svc *sched.Service, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
+func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event
-	if svc.AccessLog {
+	if pol.AccessLog {
 		e = s.log.Info()
 	} else {
 		e = s.log.Debug()

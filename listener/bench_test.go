@@ -10,12 +10,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // quiet is the production logging of bench/run.sh's fulcrum.toml:
 // access = false at level info, so no log line is built per connection.
-func quiet(s *sched.Service) { s.AccessLog = false }
+func quiet(s tuned) { s.AccessLog = false }
 
 // BenchmarkProxyConnection is the per-connection hot path end to end:
 // connect through a Server on loopback to a loopback echo backend, one 64 B

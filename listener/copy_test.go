@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // pattern is the payload of the copy tests: random bytes that repeat with a
@@ -121,13 +120,16 @@ func waitNoPipeLent(t *testing.T, p *testProxy) {
 // with a half-close, and compares them byte for byte. It also checks that
 // the mode took the path it names: the buffer path lends no pipe, the
 // splice path does.
-func TestPayloads(t *testing.T) {
+func TestPayloads(t *testing.T) { testPayloads(t) }
+
+// testPayloads is TestPayloads with opts applied to every Server it starts (TestLoops).
+func testPayloads(t *testing.T, opts ...func(*Server)) {
 	sizes := []int{1, 100, 64 << 10, 3_000_000, 50_000_000}
 	for _, mode := range []copyMode{copyBuffer, copySplice, copyAuto} {
 		t.Run(mode.String(), func(t *testing.T) {
 			testkit.CheckLeaks(t)
 			be := testkit.NewServer(t, testkit.Echo)
-			p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(mode))
+			p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(mode))...)
 			for _, n := range sizes {
 				t.Run(fmt.Sprint(n), func(t *testing.T) {
 					lent := p.srv.pipes.lent.Load()
@@ -166,10 +168,13 @@ func TestPayloads(t *testing.T) {
 
 // TestPipeNotHeldWhileIdle: a connection that has spliced megabytes and then
 // goes quiet holds no pipe, and its counters are live before it ends.
-func TestPipeNotHeldWhileIdle(t *testing.T) {
+func TestPipeNotHeldWhileIdle(t *testing.T) { testPipeNotHeldWhileIdle(t) }
+
+// testPipeNotHeldWhileIdle is TestPipeNotHeldWhileIdle with opts applied to every Server it starts (TestLoops).
+func testPipeNotHeldWhileIdle(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Echo)
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, opts...)
 	c := p.dial(t)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	const n = 3_000_000
@@ -202,7 +207,10 @@ func TestPipeNotHeldWhileIdle(t *testing.T) {
 
 // TestResetMidSplice: a peer that resets while the proxy is splicing its
 // bytes ends the session as a reset, with no pipe or descriptor left.
-func TestResetMidSplice(t *testing.T) {
+func TestResetMidSplice(t *testing.T) { testResetMidSplice(t) }
+
+// testResetMidSplice is TestResetMidSplice with opts applied to every Server it starts (TestLoops).
+func testResetMidSplice(t *testing.T, opts ...func(*Server)) {
 	const chunk = 256 << 10
 	t.Run("backend", func(t *testing.T) {
 		testkit.CheckLeaks(t)
@@ -221,7 +229,7 @@ func TestResetMidSplice(t *testing.T) {
 				}
 			}
 		})
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice))
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(copySplice))...)
 		c := p.dial(t)
 		c.SetDeadline(time.Now().Add(30 * time.Second))
 		buf := make([]byte, 2<<20)
@@ -245,7 +253,7 @@ func TestResetMidSplice(t *testing.T) {
 			for writePattern(c, chunk, nil) == nil { // until the proxy shuts it down
 			}
 		})
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice))
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(copySplice))...)
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			return rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 4096) })
 		}}
@@ -276,7 +284,7 @@ func TestResetMidSplice(t *testing.T) {
 			close(read)
 			io.Copy(io.Discard, testkit.User(c))
 		})
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice))
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(copySplice))...)
 		c := p.dial(t)
 		werr := make(chan error, 1)
 		go func() { // exits when the connection is reset under it
@@ -300,12 +308,15 @@ func TestResetMidSplice(t *testing.T) {
 
 // TestPipeFallbacks: splicing still works when a pipe cannot be resized to
 // 1 MiB, and copying still works when no pipe can be had at all.
-func TestPipeFallbacks(t *testing.T) {
+func TestPipeFallbacks(t *testing.T) { testPipeFallbacks(t) }
+
+// testPipeFallbacks is TestPipeFallbacks with opts applied to every Server it starts (TestLoops).
+func testPipeFallbacks(t *testing.T, opts ...func(*Server)) {
 	t.Run("size", func(t *testing.T) {
 		testkit.CheckLeaks(t)
 		be := testkit.NewServer(t, testkit.Echo)
 		// F_SETPIPE_SZ refuses anything above 2 GiB with EINVAL, root or not.
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice), func(s *Server) { s.pipes.size = 1<<31 + 1 })
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(copySplice), func(s *Server) { s.pipes.size = 1<<31 + 1 })...)
 		echoThrough(t, p, 3_000_000, nil, nil)
 		if p.srv.pipes.lent.Load() == 0 {
 			t.Error("no pipe was lent")
@@ -314,8 +325,8 @@ func TestPipeFallbacks(t *testing.T) {
 	t.Run("none", func(t *testing.T) {
 		testkit.CheckLeaks(t)
 		be := testkit.NewServer(t, testkit.Echo)
-		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, withMode(copySplice),
-			func(s *Server) { s.pipes.failedAt.Store(mono() + int64(time.Hour)) }) // as if pipe2 had just failed
+		p := startProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, zerolog.DebugLevel, with(opts, withMode(copySplice),
+			func(s *Server) { s.pipes.failedAt.Store(mono() + int64(time.Hour)) })...) // as if pipe2 had just failed
 		echoThrough(t, p, 3_000_000, nil, nil)
 		if n := p.srv.pipes.lent.Load(); n != 0 {
 			t.Errorf("%d pipes lent; want none", n)
@@ -398,13 +409,16 @@ func FuzzCopy(f *testing.F) {
 // TestDrainClosesSession: Close on a tracked session (what a drain deadline
 // does) ends both directions promptly, even one blocked writing to a client
 // that does not read, and the session ends as drained.
-func TestDrainClosesSession(t *testing.T) {
+func TestDrainClosesSession(t *testing.T) { testDrainClosesSession(t) }
+
+// testDrainClosesSession is TestDrainClosesSession with opts applied to every Server it starts (TestLoops).
+func testDrainClosesSession(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		for writePattern(c, 1<<20, nil) == nil { // until the proxy goes away
 		}
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) { s.IdleTimeout = time.Hour })
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.IdleTimeout = time.Hour }, opts...)
 	c := p.dial(t)
 	var b [1]byte
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -477,24 +491,20 @@ func TestLoops(t *testing.T) {
 func testLoopsSuite(t *testing.T, loops int) {
 	for _, tt := range []struct {
 		name string
-		f    func(*testing.T)
+		f    func(*testing.T, ...func(*Server))
 	}{
-		{"BulkBothWays", TestBulkBothWays},
-		{"HalfClose", TestHalfClose},
-		{"BackendClosesFirst", TestBackendClosesFirst},
-		{"ResetMidStream", TestResetMidStream},
-		{"Concurrent", TestConcurrent},
-		{"IdleTimeout", TestIdleTimeout},
-		{"Payloads", TestPayloads},
-		{"PipeNotHeldWhileIdle", TestPipeNotHeldWhileIdle},
-		{"ResetMidSplice", TestResetMidSplice},
-		{"PipeFallbacks", TestPipeFallbacks},
-		{"DrainClosesSession", TestDrainClosesSession},
+		{"BulkBothWays", testBulkBothWays},
+		{"HalfClose", testHalfClose},
+		{"BackendClosesFirst", testBackendClosesFirst},
+		{"ResetMidStream", testResetMidStream},
+		{"Concurrent", testConcurrent},
+		{"IdleTimeout", testIdleTimeout},
+		{"Payloads", testPayloads},
+		{"PipeNotHeldWhileIdle", testPipeNotHeldWhileIdle},
+		{"ResetMidSplice", testResetMidSplice},
+		{"PipeFallbacks", testPipeFallbacks},
+		{"DrainClosesSession", testDrainClosesSession},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			testLoops = loops
-			defer func() { testLoops = 0 }()
-			tt.f(t)
-		})
+		t.Run(tt.name, func(t *testing.T) { tt.f(t, withLoops(loops)) })
 	}
 }

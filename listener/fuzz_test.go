@@ -11,7 +11,6 @@ import (
 	proxyproto "github.com/pires/go-proxyproto"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // FuzzProxyHeader sends each input, as a client trusted to send a PROXY
@@ -40,7 +39,7 @@ func FuzzProxyHeader(f *testing.F) {
 		got = append(got, b)
 		mu.Unlock()
 	})
-	p := startProxy(f, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+	p := startProxy(f, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 		s.AcceptProxy = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 		s.ProxyTimeout = time.Second
 	}, 0)

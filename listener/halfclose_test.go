@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // TestHalfCloseTimeout: a client that sends its request and closes its
@@ -36,7 +35,7 @@ func TestHalfCloseTimeout(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { close(release) }) // before the server's cleanup waits for its handlers
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) { s.HalfCloseTimeout = limit })
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.HalfCloseTimeout = limit })
 
 	stuck := p.dial(t)
 	stuck.Write([]byte{'s'})

@@ -107,7 +107,7 @@ func TestHandoff(t *testing.T) {
 	}
 	c.Close()
 
-	p.ptr.Store(sched.NewTable(3, nil, nil))
+	p.store(sched.NewTable(3, nil, nil))
 	ch, err = next.Prepare(nil, false) // a reload removes the address: the adopted socket is ours to close
 	if err != nil {
 		t.Fatal(err)

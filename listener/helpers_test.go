@@ -3,6 +3,7 @@ package listener
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,10 +20,23 @@ func isAccess(m map[string]any) bool { return m["message"] == "connection" }
 // testProxy is a listener.Server on 127.0.0.1:0 serving one service.
 type testProxy struct {
 	srv  *Server
-	ptr  atomic.Pointer[sched.Table]
+	ptr  atomic.Pointer[Snapshot]
 	addr string
 	logs *testkit.LogSink
 	svc  *sched.Service
+	pol  *Policy
+}
+
+// tuned is a test service with its policy, for a tune function to change
+// either.
+type tuned struct {
+	*sched.Service
+	*Policy
+}
+
+// store publishes table t with the test service's policy.
+func (p *testProxy) store(t *sched.Table) {
+	p.ptr.Store(NewSnapshot(t, map[string]*Policy{p.svc.Name: p.pol}))
 }
 
 type testBackend struct {
@@ -34,9 +48,9 @@ type testBackend struct {
 // newProxy starts a proxy for one service over the given backends and stops
 // it, closing every session, when the test ends. It logs at debug level, so
 // tests see every access line.
-func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(*sched.Service)) *testProxy {
+func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(tuned), opts ...func(*Server)) *testProxy {
 	t.Helper()
-	return startProxy(t, scheduler, backends, tune, zerolog.DebugLevel)
+	return startProxy(t, scheduler, backends, tune, zerolog.DebugLevel, opts...)
 }
 
 // startProxy is newProxy with the log level given: a benchmark runs at info
@@ -44,7 +58,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 // that no log line is built per connection.
 //
 // Each opt is applied to the Server before it accepts.
-func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(*sched.Service), level zerolog.Level, opts ...func(*Server)) *testProxy {
+func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(tuned), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: testkit.NewLogSink()}
 	var pool backend.Pool
@@ -56,15 +70,14 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.svc = &sched.Service{Name: "svc", Scheduler: scheduler, Targets: targets, Picker: picker,
-		ConnectTimeout: 2 * time.Second, Retries: 2, AccessLog: true, Group: pool.Group("svc")}
+	p.svc = &sched.Service{Name: "svc", Scheduler: scheduler, Targets: targets, Picker: picker, Group: pool.Group("svc")}
+	p.pol = &Policy{ConnectTimeout: 2 * time.Second, Retries: 2, AccessLog: true}
 	if tune != nil {
-		tune(p.svc)
+		tune(tuned{p.svc, p.pol})
 	}
 	key := netip.MustParseAddrPort("127.0.0.1:0")
-	p.ptr.Store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
+	p.store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
-	p.srv.nlp = testLoops
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -86,12 +99,13 @@ func startProxy(t testing.TB, scheduler string, backends []testBackend, tune fun
 	return p
 }
 
-// testLoops, if not 0, is the number of event loops startProxy's Servers
-// get; TestLoops sets it (tests here do not run in parallel).
-var testLoops int
-
 // withLoops gives the Server n event loops.
 func withLoops(n int) func(*Server) { return func(s *Server) { s.nlp = n } }
+
+// with is opts and more, in one new slice.
+func with(opts []func(*Server), more ...func(*Server)) []func(*Server) {
+	return append(slices.Clip(opts), more...)
+}
 
 // withMode makes every session of the Server copy in mode m.
 func withMode(m copyMode) func(*Server) { return func(s *Server) { s.mode = m } }

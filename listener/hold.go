@@ -19,9 +19,10 @@ import (
 // the primary role (split_brain = "refuse").
 var errSplitBrain = fmt.Errorf("split brain: more than one backend claims the primary role (%w)", sched.ErrNoBackend)
 
-// refusesSplitBrain reports whether svc turns new connections away now.
-func refusesSplitBrain(svc *sched.Service) bool {
-	return svc.RefuseSplitBrain && len(svc.SplitBrain) > 0
+// refusesSplitBrain reports whether svc, of policy pol, turns new
+// connections away now.
+func refusesSplitBrain(svc *sched.Service, pol *Policy) bool {
+	return pol.RefuseSplitBrain && len(svc.SplitBrain) > 0
 }
 
 // maxFallbacks bounds a chain of fallbacks (conf refuses cycles).
@@ -62,41 +63,43 @@ func eligibleNow(svc *sched.Service) bool {
 // backend yet, so it waits in the service's hold queue for a table in which
 // a backend is eligible (a check passed, a passive mark, a reload added
 // one), up to hold_timeout from start, then connects through that table's
-// service, which it returns. The connection keeps the service slot it
+// service, which it returns with its policy. The connection keeps the service slot it
 // holds, so max_conns bounds the waiting too. A listener removed meanwhile
 // ends the wait.
-func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service) {
+func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
 	g := svc.Group
 	g.HoldBegan()
-	deadline := start.Add(svc.HoldTimeout)
+	deadline := start.Add(pol.HoldTimeout)
 	tried := svc // the table (its service) the last connect failed in
 	for {
 		h := g.Hold()
-		cur := serviceAt(s.tbl.Load(), key, svc.Name) // after Hold: a table swapped in from here on kicks us
+		snap := s.tbl.Load() // after Hold: a table swapped in from here on kicks us
+		cur := serviceAt(snap.Table, key, svc.Name)
 		if cur == nil {
 			h.Leave()
-			return -1, nil, 0, sched.ErrNoBackend, svc
+			return -1, nil, 0, sched.ErrNoBackend, svc, pol
 		}
+		curPol := snap.Policy(cur)
 		// Wait while nothing is eligible, or while the table is the one
 		// whose backends just failed. A split brain ends the wait at once.
-		if (cur == tried || !eligibleNow(cur)) && !refusesSplitBrain(cur) {
+		if (cur == tried || !eligibleNow(cur)) && !refusesSplitBrain(cur, curPol) {
 			ok := h.Wait(deadline)
 			h.Leave()
 			if !ok {
 				g.HoldExpired()
-				return -1, nil, 0, errHoldExpired, svc
+				return -1, nil, 0, errHoldExpired, svc, pol
 			}
 			continue
 		}
 		h.Leave()
-		svc = cur
-		if refusesSplitBrain(svc) {
-			return -1, nil, 0, errSplitBrain, svc
+		svc, pol = cur, curPol
+		if refusesSplitBrain(svc, pol) {
+			return -1, nil, 0, errSplitBrain, svc, pol
 		}
 		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
-		bc, t, tries, err := s.connect(svc, r, ready, start, tm)
+		bc, t, tries, err := s.connect(svc, pol, r, ready, start, tm)
 		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
-			return bc, t, tries, err, svc
+			return bc, t, tries, err, svc, pol
 		}
 		tried = svc
 	}

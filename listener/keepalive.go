@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"fulcrum/sched"
 )
 
 // TCP keepalive, per service and per socket. Each socket's idle time is
@@ -24,9 +22,9 @@ type keepAlive struct {
 	Count    int           // unanswered probes before the connection is reset
 }
 
-// keepAliveFor returns svc's keepalive settings.
-func keepAliveFor(svc *sched.Service) keepAlive {
-	return keepAlive{Idle: svc.KeepAliveIdle, Interval: svc.KeepAliveInterval, Count: svc.KeepAliveCount}
+// keepAliveFor returns pol's keepalive settings.
+func keepAliveFor(pol *Policy) keepAlive {
+	return keepAlive{Idle: pol.KeepAliveIdle, Interval: pol.KeepAliveInterval, Count: pol.KeepAliveCount}
 }
 
 // jitteredIdle returns idle spread uniformly over ±20%, in whole seconds

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // sockKeepAlive is what getsockopt says of one socket.
@@ -70,7 +69,7 @@ func TestKeepAlivePerSocket(t *testing.T) {
 		idle time.Duration
 	}{{"on", 100 * time.Second}, {"off", 0}} {
 		t.Run(c.name, func(t *testing.T) {
-			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 				s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = c.idle, 7*time.Second, 3
 			})
 			const n = 40

@@ -56,7 +56,10 @@ func streamSum(seed uint64, n int) [32]byte {
 }
 
 // TestBulkBothWays moves 16 MiB each way at once and compares checksums.
-func TestBulkBothWays(t *testing.T) {
+func TestBulkBothWays(t *testing.T) { testBulkBothWays(t) }
+
+// testBulkBothWays is TestBulkBothWays with opts applied to every Server it starts (TestLoops).
+func testBulkBothWays(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	const size = 16 << 20
 	got := make(chan [32]byte, 1)
@@ -70,7 +73,7 @@ func TestBulkBothWays(t *testing.T) {
 			c.CloseWrite()
 		}
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, opts...)
 	c := p.dial(t)
 	werr := make(chan error, 1)
 	go func() { // exits when the upload is written
@@ -104,7 +107,10 @@ func TestBulkBothWays(t *testing.T) {
 
 // TestHalfClose: the client sends and shuts its write side; the backend
 // answers only after EOF, and the client still gets the whole answer.
-func TestHalfClose(t *testing.T) {
+func TestHalfClose(t *testing.T) { testHalfClose(t) }
+
+// testHalfClose is TestHalfClose with opts applied to every Server it starts (TestLoops).
+func testHalfClose(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	const answer = 1 << 20
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
@@ -116,7 +122,7 @@ func TestHalfClose(t *testing.T) {
 		stream(testkit.User(c), 7, answer)
 		c.CloseWrite()
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, opts...)
 	c := p.dial(t)
 	if _, err := c.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
@@ -145,7 +151,10 @@ func TestHalfClose(t *testing.T) {
 
 // TestBackendClosesFirst: the backend's FIN reaches the client, and the
 // client's later data still reaches the backend.
-func TestBackendClosesFirst(t *testing.T) {
+func TestBackendClosesFirst(t *testing.T) { testBackendClosesFirst(t) }
+
+// testBackendClosesFirst is TestBackendClosesFirst with opts applied to every Server it starts (TestLoops).
+func testBackendClosesFirst(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	got := make(chan string, 1)
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
@@ -154,7 +163,7 @@ func TestBackendClosesFirst(t *testing.T) {
 		b, _ := io.ReadAll(testkit.User(c))
 		got <- string(b)
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, opts...)
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	b, err := io.ReadAll(testkit.User(c))
@@ -172,7 +181,10 @@ func TestBackendClosesFirst(t *testing.T) {
 }
 
 // TestResetMidStream: a backend reset ends the client's connection promptly.
-func TestResetMidStream(t *testing.T) {
+func TestResetMidStream(t *testing.T) { testResetMidStream(t) }
+
+// testResetMidStream is TestResetMidStream with opts applied to every Server it starts (TestLoops).
+func testResetMidStream(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		c.Write([]byte("partial"))
@@ -181,7 +193,7 @@ func TestResetMidStream(t *testing.T) {
 		c.SetLinger(0)
 		c.Close() // RST
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, opts...)
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var b [7]byte
@@ -209,7 +221,7 @@ func TestRetrySkipsDeadBackend(t *testing.T) {
 	testkit.CheckLeaks(t)
 	live := testkit.NewServer(t, testkit.Greeter("live"))
 	dead := testkit.DeadAddr(t)
-	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.Addr, 1}}, func(s *sched.Service) { s.Retries = 1 })
+	p := newProxy(t, "rr", []testBackend{{"dead", dead, 1}, {"live", live.Addr, 1}}, func(s tuned) { s.Retries = 1 })
 	for i := range 4 {
 		c := p.dial(t)
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -231,7 +243,7 @@ func TestRetrySkipsDeadBackend(t *testing.T) {
 func TestAllDeadRefused(t *testing.T) {
 	testkit.CheckLeaks(t)
 	bs := []testBackend{{"a", testkit.DeadAddr(t), 1}, {"b", testkit.DeadAddr(t), 1}, {"c", testkit.DeadAddr(t), 1}}
-	p := newProxy(t, "lc", bs, func(s *sched.Service) { s.Retries = 5 })
+	p := newProxy(t, "lc", bs, func(s tuned) { s.Retries = 5 })
 	c := p.dial(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadAll(testkit.User(c)); isTimeout(err) {
@@ -284,7 +296,7 @@ func TestAllDeadTimeout(t *testing.T) {
 	testkit.CheckLeaks(t)
 	const timeout = 300 * time.Millisecond
 	bs := []testBackend{{"a", blackhole(t), 1}, {"b", blackhole(t), 1}, {"c", blackhole(t), 1}}
-	p := newProxy(t, "rr", bs, func(s *sched.Service) { s.ConnectTimeout, s.Retries = timeout, 2 })
+	p := newProxy(t, "rr", bs, func(s tuned) { s.ConnectTimeout, s.Retries = timeout, 2 })
 	c := p.dial(t)
 	start := time.Now()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -331,11 +343,14 @@ func TestWRROrder(t *testing.T) {
 
 // TestConcurrent holds 1,000 proxied connections open at once, each doing a
 // request/response, then closes them all.
-func TestConcurrent(t *testing.T) {
+func TestConcurrent(t *testing.T) { testConcurrent(t) }
+
+// testConcurrent is TestConcurrent with opts applied to every Server it starts (TestLoops).
+func testConcurrent(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	const n = 1000
 	bs := []testBackend{{"a", testkit.NewServer(t, testkit.Echo).Addr, 1}, {"b", testkit.NewServer(t, testkit.Echo).Addr, 1}}
-	p := newProxy(t, "lc", bs, nil)
+	p := newProxy(t, "lc", bs, nil, opts...)
 	conns := make([]*net.TCPConn, n)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
@@ -396,7 +411,10 @@ func TestConcurrent(t *testing.T) {
 // cuts it; the backend measures its own gaps, and a cut after a gap of a
 // whole idle_timeout (a machine that stalled it) is legitimate: skipped,
 // not failed.
-func TestIdleTimeout(t *testing.T) {
+func TestIdleTimeout(t *testing.T) { testIdleTimeout(t) }
+
+// testIdleTimeout is TestIdleTimeout with opts applied to every Server it starts (TestLoops).
+func testIdleTimeout(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	const idle = time.Second
 	release := make(chan struct{})
@@ -424,7 +442,7 @@ func TestIdleTimeout(t *testing.T) {
 		}
 		<-release
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) { s.IdleTimeout = idle })
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.IdleTimeout = idle }, opts...)
 
 	quiet := p.dial(t)
 	start := time.Now()
@@ -467,8 +485,7 @@ func TestInheritedSocket(t *testing.T) {
 	}
 	a := p.srv.Inherit(ln)
 	base := netip.MustParseAddrPort("127.0.0.1:0")
-	tbl := sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc})
-	p.ptr.Store(tbl)
+	p.store(sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc}))
 	apply := func(addrs ...netip.AddrPort) {
 		ch, err := p.srv.Prepare(addrs, false)
 		if err != nil {
@@ -522,7 +539,7 @@ func TestQueueOneSlot(t *testing.T) {
 		io.Copy(io.Discard, c)
 		open.Add(-1)
 	})
-	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 		s.Targets[0].MaxConns = 1
 		s.QueueTimeout = 20 * time.Second
 	})
@@ -576,7 +593,7 @@ func (p *racyPicker) Pick(r *sched.Request) (int, error) {
 func TestLostSlotRace(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Greeter("a"))
-	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s *sched.Service) {
+	p := newProxy(t, "wrr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 		s.Targets[0].MaxConns = 1
 		s.QueueTimeout = 10 * time.Second
 		s.Picker = &racyPicker{ts: s.Targets}

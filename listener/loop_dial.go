@@ -7,7 +7,6 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"fulcrum/sched"
 	"net"
 	"net/netip"
 	"os"
@@ -108,20 +107,21 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 	return rawAddrPort(&rsa)
 }
 
-// dial connects to a backend of svc: a non-blocking connect on a raw socket
-// with TCP_NODELAY, svc's keepalive and user timeout, then a wait of at most
-// svc.ConnectTimeout (0: none) for its outcome. A connect that is not done
+// dial connects to a backend of a service of policy pol: a non-blocking
+// connect on a raw socket with TCP_NODELAY, pol's keepalive and user
+// timeout, then a wait of at most pol.ConnectTimeout (0: none) for its
+// outcome. A connect that is not done
 // at once (always so but on loopback) waits in an event loop's epoll, never
 // in a thread of its own.
-func (s *Server) dial(svc *sched.Service, a netip.AddrPort) (int, error) {
-	fd, err := s.connectRaw(svc, a)
+func (s *Server) dial(pol *Policy, a netip.AddrPort) (int, error) {
+	fd, err := s.connectRaw(pol, a)
 	if err != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(a), Err: err}
 	}
 	return fd, nil
 }
 
-func (s *Server) connectRaw(svc *sched.Service, a netip.AddrPort) (int, error) {
+func (s *Server) connectRaw(pol *Policy, a netip.AddrPort) (int, error) {
 	family := unix.AF_INET
 	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
@@ -130,7 +130,7 @@ func (s *Server) connectRaw(svc *sched.Service, a netip.AddrPort) (int, error) {
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
-	if err := setDialOpts(fd, svc); err != nil {
+	if err := setDialOpts(fd, pol); err != nil {
 		closeFD(fd)
 		return -1, err
 	}
@@ -146,7 +146,7 @@ func (s *Server) connectRaw(svc *sched.Service, a netip.AddrPort) (int, error) {
 	case connUp:
 		return fd, nil
 	case connPending:
-		if err := s.awaitConnect(fd, svc.ConnectTimeout); err != nil {
+		if err := s.awaitConnect(fd, pol.ConnectTimeout); err != nil {
 			closeFD(fd)
 			return -1, err
 		}
@@ -222,16 +222,16 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 }
 
 // setDialOpts gives a socket to be connected what a Go net.Conn has
-// (TCP_NODELAY), svc's keepalive, and its user timeout, set before the
+// (TCP_NODELAY), pol's keepalive, and its user timeout, set before the
 // connect so that it bounds the handshake's retransmissions too.
-func setDialOpts(fd int, svc *sched.Service) error {
+func setDialOpts(fd int, pol *Policy) error {
 	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
-	if err := setKeepAliveFD(fd, keepAliveFor(svc)); err != nil {
+	if err := setKeepAliveFD(fd, keepAliveFor(pol)); err != nil {
 		return err
 	}
-	return setUserTimeoutFD(fd, svc.UserTimeout)
+	return setUserTimeoutFD(fd, pol.UserTimeout)
 }
 
 // setUserTimeoutFD sets TCP_USER_TIMEOUT on fd (usertimeout.go); d <= 0

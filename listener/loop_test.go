@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 )
 
 // fullQueue listens on 127.0.0.1 with a backlog of 0 and fills its accept
@@ -82,7 +81,7 @@ func acceptWithin(t *testing.T, fd int, d time.Duration) int {
 func TestDialWaitsInLoop(t *testing.T) {
 	testkit.CheckLeaks(t)
 	lfd, addr := fullQueue(t)
-	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, func(s *sched.Service) { s.ConnectTimeout = 20 * time.Second })
+	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, func(s tuned) { s.ConnectTimeout = 20 * time.Second })
 	c := p.dial(t)
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
@@ -133,7 +132,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 // has it too without a setsockopt of its own.
 func TestNoDelayInherited(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[sched.Table]
+	var ptr atomic.Pointer[Snapshot]
 	s := New(&ptr, zerolog.Nop())
 	ch, err := s.Prepare([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, false)
 	if err != nil {

@@ -44,7 +44,7 @@ func choose(fd int, rs *sched.Routes) (*sched.Service, Hello, error) {
 // target takes one, then an SSLRequest the backend must accept (else a
 // *PrereadError with ReasonNoSSL, which counts as a failed connect). nil
 // for every other client: its first bytes are still in its socket.
-func (h *Hello) toBackend(svc *sched.Service, client, orig netip.AddrPort) func(int, *sched.Target) error {
+func (h *Hello) toBackend(pol *Policy, client, orig netip.AddrPort) func(int, *sched.Target) error {
 	if !h.postgres() {
 		return nil
 	}
@@ -54,7 +54,7 @@ func (h *Hello) toBackend(svc *sched.Service, client, orig netip.AddrPort) func(
 				return fmt.Errorf("send PROXY header: %w", err)
 			}
 		}
-		return backendSSL(bc, svc.ConnectTimeout)
+		return backendSSL(bc, pol.ConnectTimeout)
 	}
 }
 
@@ -102,18 +102,18 @@ func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip
 	return nil, nil
 }
 
-// routed gives client socket c the keepalive and user timeout of svc, the
-// service its route chose, where they differ from those of first, which
-// the socket was given at the accept.
-func (s *Server) routed(c int, first, svc *sched.Service) {
-	if svc == first {
+// routed gives client socket c the keepalive and user timeout of pol, the
+// policy of the service its route chose, where they differ from those of
+// first, which the socket was given at the accept.
+func routed(c int, first, pol *Policy) {
+	if pol == first {
 		return
 	}
-	if k := keepAliveFor(svc); k != keepAliveFor(first) {
+	if k := keepAliveFor(pol); k != keepAliveFor(first) {
 		_ = setKeepAliveFD(c, k) // best effort: the socket took first's a moment ago
 	}
-	if svc.UserTimeout != first.UserTimeout {
-		_ = setUserTimeoutFD(c, svc.UserTimeout) // likewise
+	if pol.UserTimeout != first.UserTimeout {
+		_ = setUserTimeoutFD(c, pol.UserTimeout) // likewise
 	}
 }
 

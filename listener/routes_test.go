@@ -28,11 +28,12 @@ import (
 // several services, each with its own backends.
 type routedProxy struct {
 	srv  *Server
-	ptr  atomic.Pointer[sched.Table]
+	ptr  atomic.Pointer[Snapshot]
 	addr string
 	key  netip.AddrPort
 	logs *testkit.LogSink
 	svcs map[string]*sched.Service
+	pols map[string]*Policy // by service name
 }
 
 // routeSpec is one service of a routedProxy.
@@ -42,7 +43,7 @@ type routeSpec struct {
 	alpn     []string
 	backends []string      // addresses, picked round robin
 	preread  time.Duration // 0: 5s
-	tune     func(*sched.Service)
+	tune     func(tuned)
 }
 
 // startRouted starts a routedProxy at the given log level and stops it,
@@ -50,7 +51,7 @@ type routeSpec struct {
 // Server before it accepts.
 func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...func(*Server)) *routedProxy {
 	t.Helper()
-	p := &routedProxy{logs: testkit.NewLogSink(), svcs: map[string]*sched.Service{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
+	p := &routedProxy{logs: testkit.NewLogSink(), svcs: map[string]*sched.Service{}, pols: map[string]*Policy{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
 	var pool backend.Pool
 	var services []*sched.Service
 	var routes []sched.Route
@@ -63,12 +64,12 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc := &sched.Service{Name: sp.name, Scheduler: "rr", Targets: targets, Picker: picker, Listen: []netip.AddrPort{p.key},
-			ConnectTimeout: 5 * time.Second, Retries: 2, AccessLog: true, Group: pool.Group(sp.name)}
+		svc := &sched.Service{Name: sp.name, Scheduler: "rr", Targets: targets, Picker: picker, Listen: []netip.AddrPort{p.key}, Group: pool.Group(sp.name)}
+		pol := &Policy{ConnectTimeout: 5 * time.Second, Retries: 2, AccessLog: true}
 		if sp.tune != nil {
-			sp.tune(svc)
+			sp.tune(tuned{svc, pol})
 		}
-		p.svcs[sp.name] = svc
+		p.svcs[sp.name], p.pols[sp.name] = svc, pol
 		services = append(services, svc)
 		wait := sp.preread
 		if wait == 0 {
@@ -82,9 +83,8 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 	}
 	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.ptr.Store(tbl)
+	p.ptr.Store(NewSnapshot(tbl, p.pols))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
-	p.srv.nlp = testLoops
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -152,7 +152,10 @@ func runClient(t *testing.T, name string, args ...string) (string, error) {
 // the TLS server their server name and protocols choose; the certificate
 // each verifies proves the route. A client without SNI, or with an unknown
 // name, reaches the default; without a default it is closed and counted.
-func TestRouteRealClients(t *testing.T) {
+func TestRouteRealClients(t *testing.T) { testRouteRealClients(t) }
+
+// testRouteRealClients is TestRouteRealClients with opts applied to every Server it starts (TestLoops).
+func testRouteRealClients(t *testing.T, opts ...func(*Server)) {
 	needTool(t, "curl")
 	needTool(t, "openssl")
 	testkit.CheckLeaks(t)
@@ -168,8 +171,8 @@ func TestRouteRealClients(t *testing.T) {
 		{name: "web2", sni: []string{"app.example.com"}, alpn: []string{"h2"}, backends: []string{web2.Addr}},
 		{name: "web1", sni: []string{"app.example.com"}, alpn: []string{"http/1.1"}, backends: []string{web1.Addr}},
 	}
-	p := startRouted(t, zerolog.DebugLevel, append(routes, routeSpec{name: "default", sni: []string{"*"}, backends: []string{def.Addr}}))
-	q := startRouted(t, zerolog.DebugLevel, routes)
+	p := startRouted(t, zerolog.DebugLevel, append(routes, routeSpec{name: "default", sni: []string{"*"}, backends: []string{def.Addr}}), opts...)
+	q := startRouted(t, zerolog.DebugLevel, routes, opts...)
 	port := p.addr[strings.LastIndexByte(p.addr, ':')+1:]
 	qport := q.addr[strings.LastIndexByte(q.addr, ':')+1:]
 
@@ -278,13 +281,17 @@ func TestRoutePostgres(t *testing.T) {
 // fulcrum replays counts as a failed connect, and the next one serves the
 // client, receiving its ClientHello untouched. With proxy_protocol, each
 // backend gets its PROXY header before the SSLRequest.
-func TestRouteBackendNoSSL(t *testing.T) {
+func TestRouteBackendNoSSL(t *testing.T) { testRouteBackendNoSSL(t) }
+
+// testRouteBackendNoSSL is TestRouteBackendNoSSL with opts applied to every
+// Server it starts (TestRouteLoops).
+func testRouteBackendNoSSL(t *testing.T, opts ...func(*Server)) {
 	for _, version := range []int{0, 2} {
-		t.Run(fmt.Sprintf("proxy_protocol=%d", version), func(t *testing.T) { testRouteBackendNoSSL(t, version) })
+		t.Run(fmt.Sprintf("proxy_protocol=%d", version), func(t *testing.T) { routeBackendNoSSL(t, version, opts...) })
 	}
 }
 
-func testRouteBackendNoSSL(t *testing.T, version int) {
+func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	pgLike := func(answer byte) func(*net.TCPConn) {
@@ -312,11 +319,11 @@ func testRouteBackendNoSSL(t *testing.T, version int) {
 	no := testkit.NewServer(t, pgLike('N'))
 	yes := testkit.NewServer(t, pgLike('S'))
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{{name: "db1", sni: []string{"db1.example.com"}, backends: []string{no.Addr, yes.Addr},
-		tune: func(s *sched.Service) {
+		tune: func(s tuned) {
 			for i := range s.Targets {
 				s.Targets[i].ProxyProtocol = version
 			}
-		}}})
+		}}}, opts...)
 
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
@@ -384,7 +391,10 @@ func TestRouteRefusals(t *testing.T) {
 // TestRouteProxyHeader: on a routed address, a trusted balancer's PROXY
 // header is read before the ClientHello, and the client it names is the
 // one the service sees.
-func TestRouteProxyHeader(t *testing.T) {
+func TestRouteProxyHeader(t *testing.T) { testRouteProxyHeader(t) }
+
+// testRouteProxyHeader is TestRouteProxyHeader with opts applied to every Server it starts (TestLoops).
+func testRouteProxyHeader(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
 	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
 	got := make(chan []byte, 1)
@@ -393,14 +403,14 @@ func TestRouteProxyHeader(t *testing.T) {
 		io.ReadFull(c, b)
 		got <- b
 	})
-	trust := func(s *sched.Service) {
+	trust := func(s tuned) {
 		s.AcceptProxy = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 		s.ProxyTimeout = 5 * time.Second
 	}
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{be.Addr}, tune: trust},
 		{name: "default", sni: []string{"*"}, backends: []string{testkit.DeadAddr(t)}, tune: trust},
-	})
+	}, opts...)
 	h, _ := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 7), Port: 4242}, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 443}).Format()
 	c := dialTCP(t, p.addr)
 	c.Write(append(h, hello...))
@@ -423,17 +433,13 @@ func TestRouteProxyHeader(t *testing.T) {
 func TestRouteLoops(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		f    func(*testing.T)
+		f    func(*testing.T, ...func(*Server))
 	}{
-		{"RealClients", TestRouteRealClients},
-		{"BackendNoSSL", TestRouteBackendNoSSL},
-		{"ProxyHeader", TestRouteProxyHeader},
+		{"RealClients", testRouteRealClients},
+		{"BackendNoSSL", testRouteBackendNoSSL},
+		{"ProxyHeader", testRouteProxyHeader},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			testLoops = 3
-			defer func() { testLoops = 0 }()
-			tt.f(t)
-		})
+		t.Run(tt.name, func(t *testing.T) { tt.f(t, withLoops(3)) })
 	}
 }
 
@@ -441,7 +447,7 @@ func TestRouteLoops(t *testing.T) {
 // each; it is bound once.
 func TestPrepareSharedAddress(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[sched.Table]
+	var ptr atomic.Pointer[Snapshot]
 	srv := New(&ptr, zerolog.Nop())
 	a := netip.MustParseAddrPort("127.0.0.1:0")
 	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)
@@ -463,7 +469,7 @@ func TestRoutePerService(t *testing.T) {
 	testkit.CheckLeaks(t)
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.NewServer(t, testkit.Greeter("db1")).Addr},
-			tune: func(s *sched.Service) { s.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
+			tune: func(s tuned) { s.Deny = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")} }},
 		{name: "default", sni: []string{"*"}, backends: []string{testkit.NewServer(t, testkit.Greeter("default")).Addr}},
 	})
 	greeting := func(name string) string {
@@ -497,7 +503,7 @@ func TestRouteHold(t *testing.T) {
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "first", sni: []string{"a.example.com"}, backends: []string{first.Addr}},
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.DeadAddr(t)},
-			tune: func(s *sched.Service) { s.HoldTimeout = 20 * time.Second; s.Retries = 0 }},
+			tune: func(s tuned) { s.HoldTimeout = 20 * time.Second; s.Retries = 0 }},
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
@@ -529,7 +535,7 @@ func TestRouteHold(t *testing.T) {
 	}
 	tbl := sched.NewTable(old.Gen+1, []*sched.Service{p.svcs["first"], &next}, map[netip.AddrPort]*sched.Service{p.key: p.svcs["first"]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.ptr.Store(tbl)
+	p.ptr.Store(NewSnapshot(tbl, p.pols))
 	db1.Group.Kick()
 
 	if g, err := bufio.NewReader(c).ReadString('\n'); err != nil || g != "db1\n" {

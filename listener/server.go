@@ -4,10 +4,10 @@
 //
 // Typical use (the reload package does this):
 //
-//	srv := listener.New(&ptr, logger) // ptr is an atomic.Pointer[sched.Table]
+//	srv := listener.New(&ptr, logger) // ptr is an atomic.Pointer[listener.Snapshot]
 //	ch, err := srv.Prepare(addrs, false) // bind what is new; nothing accepts yet
 //	if err != nil { ... }             // Prepare closed what it had bound
-//	ptr.Store(next)
+//	ptr.Store(listener.NewSnapshot(next, policies))
 //	ch.Commit()                       // start new accept loops, close removed ones
 //	...
 //	srv.Close() // stop accepting everywhere
@@ -34,13 +34,11 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
-
-	"fulcrum/sched"
 )
 
-// Loader returns the current snapshot; *atomic.Pointer[sched.Table] is one.
+// Loader returns the current snapshot; *atomic.Pointer[Snapshot] is one.
 type Loader interface {
-	Load() *sched.Table
+	Load() *Snapshot
 }
 
 // Server accepts on a set of listen addresses and proxies each connection.

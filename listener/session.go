@@ -32,7 +32,9 @@ const (
 type session struct {
 	srv                 *Server
 	svc                 *sched.Service
+	pol                 *Policy
 	t                   *sched.Target
+	lease               lease          // given back by finish
 	clientFD, backendFD int            // the sockets; closed by finish only
 	addr                netip.AddrPort // the client's
 	sni                 string         // the server name the client sent, on an address routed by name
@@ -62,9 +64,9 @@ var (
 	errHalfClose = errors.New("half-close timeout: one direction closed, the other idle")
 )
 
-func newSession(s *Server, svc *sched.Service, t *sched.Target, client, backend int, addr netip.AddrPort, start time.Time) *session {
-	ss := &session{srv: s, svc: svc, t: t, clientFD: client, backendFD: backend, addr: addr, start: start,
-		idle: svc.IdleTimeout, halfClose: svc.HalfCloseTimeout}
+func newSession(s *Server, svc *sched.Service, pol *Policy, t *sched.Target, client, backend int, addr netip.AddrPort, start time.Time, l lease) *session {
+	ss := &session{srv: s, svc: svc, pol: pol, t: t, lease: l, clientFD: client, backendFD: backend, addr: addr, start: start,
+		idle: pol.IdleTimeout, halfClose: pol.HalfCloseTimeout}
 	ss.up = half{ss: ss, id: 1, x: newXfer(&s.pipes, s.mode)}
 	ss.down = half{ss: ss, id: 2, x: newXfer(&s.pipes, s.mode)}
 	return ss
@@ -152,7 +154,7 @@ func (ss *session) release() {
 	if ss.live.Add(-1) != 0 {
 		return
 	}
-	if ss.srv.logsAccess(ss.svc) {
+	if ss.srv.logsAccess(ss.pol) {
 		// Not in the loop: the access log may block on a slow sink and
 		// would stall every session of the loop.
 		go ss.finish() // exits when the session is logged and released
@@ -161,8 +163,9 @@ func (ss *session) release() {
 	ss.finish()
 }
 
-// finish closes both sockets, gives the backend its slot back, logs the
-// session and ends its count in the Server's WaitGroup.
+// finish closes both sockets, logs the session and releases its lease:
+// the backend's, service's and source's slots, and its count in the
+// Server's WaitGroup.
 func (ss *session) finish() {
 	if ss.lp != nil {
 		ss.lp.forget(ss)
@@ -172,13 +175,9 @@ func (ss *session) finish() {
 	}
 	closeFD(ss.clientFD)
 	closeFD(ss.backendFD)
-	b := ss.t.B
-	b.Untrack(ss)
-	b.Release()
-	ss.svc.Group.Release()
-	ss.svc.Group.ReleaseSource(ss.addr.Addr(), ss.svc.MaxConnsPerSource)
-	ss.srv.access(ss.svc, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
-	ss.srv.connDone()
+	ss.t.B.Untrack(ss)
+	ss.srv.access(ss.svc, ss.pol, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	ss.lease.release()
 }
 
 // firstErr is the error that ended the session, or nil.

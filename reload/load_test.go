@@ -20,7 +20,6 @@ import (
 	"fulcrum/conf"
 	"fulcrum/internal/testkit"
 	"fulcrum/listener"
-	"fulcrum/sched"
 )
 
 // session is a client connection through the proxy that greets and echoes.
@@ -433,7 +432,7 @@ func bigConfig(n, bump int) []byte {
 // weights all change: parse + validate, and apply (build, swap, settle).
 func BenchmarkReload10k(b *testing.B) {
 	files := [][]byte{bigConfig(10000, 0), bigConfig(10000, 1)}
-	var ptr atomic.Pointer[sched.Table]
+	var ptr atomic.Pointer[listener.Snapshot]
 	srv := listener.New(&ptr, zerolog.Nop())
 	m := New("", &ptr, srv, zerolog.Nop())
 	defer m.Shutdown(b.Context())

@@ -1,13 +1,14 @@
 // Package reload is the sole writer of fulcrum's snapshot. It watches the
-// configuration file, turns each new version into the next sched.Table,
-// opens the listeners that are new, swaps the table in atomically, closes
+// configuration file, turns each new version into the next snapshot (a
+// sched.Table and each service's listener.Policy), opens the listeners
+// that are new, swaps the snapshot in atomically, closes
 // the listeners that were removed, and drains the backends that were removed.
 // A reload never touches an established connection, and a bad file is
 // refused while the running configuration keeps serving.
 //
 // Typical use (main does this):
 //
-//	var ptr atomic.Pointer[sched.Table]
+//	var ptr atomic.Pointer[listener.Snapshot]
 //	srv := listener.New(&ptr, log)
 //	m := reload.New(path, &ptr, srv, log)
 //	m.Hup = hupSignals // optional: SIGHUP reloads at once
@@ -80,7 +81,7 @@ type Manager struct {
 	Sockets map[string][]netip.AddrPort
 
 	path  string
-	ptr   *atomic.Pointer[sched.Table]
+	ptr   *atomic.Pointer[listener.Snapshot]
 	srv   *listener.Server
 	log   zerolog.Logger
 	ovlog zerolog.Logger // overrides and restored state, under component "state"
@@ -113,13 +114,28 @@ type Manager struct {
 type Status = status.Reload
 
 // New returns a Manager for the file at path.
-func New(path string, ptr *atomic.Pointer[sched.Table], srv *listener.Server, log zerolog.Logger) *Manager {
+func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Server, log zerolog.Logger) *Manager {
 	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
 		ovlog: log.With().Str("component", "state").Logger(), dirty: make(chan struct{}, 1)}
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
-	m.health = health.New(log, ptr.Load, m.refresh)
+	m.health = health.New(log, m.Table, m.refresh)
 	m.pool.Changes = m.health.Changes()
 	return m
+}
+
+// Table returns the running table; nil before the first Apply.
+func (m *Manager) Table() *sched.Table {
+	if s := m.ptr.Load(); s != nil {
+		return s.Table
+	}
+	return nil
+}
+
+// publish swaps in p's table with its policies.
+func (m *Manager) publish(p *plan) *listener.Snapshot {
+	next := listener.NewSnapshot(p.table, p.policies)
+	m.ptr.Store(next)
+	return next
 }
 
 // current returns the running configuration.
@@ -135,7 +151,7 @@ func (m *Manager) current() *conf.Config {
 func (m *Manager) refresh() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	old := m.ptr.Load()
+	old := m.Table()
 	if m.stopped || m.cur == nil || old == nil {
 		return
 	}
@@ -145,8 +161,7 @@ func (m *Manager) refresh() {
 		return
 	}
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
-	m.ptr.Store(p.table)
-	m.swapped(old, p.table)
+	m.swapped(old, m.publish(p))
 	m.StateChanged() // health may have changed
 }
 
@@ -154,7 +169,7 @@ func (m *Manager) refresh() {
 // services, backends up of total, open connections, and the last reload
 // error if the last attempt failed.
 func (m *Manager) StatusLine() string {
-	return status.Of(status.Source{Table: m.ptr.Load, Reloads: m.Status, Draining: m.Draining}).Line()
+	return status.Of(status.Source{Table: m.Table, Reloads: m.Status, Draining: m.Draining}).Line()
 }
 
 // Draining returns the backends being drained now (removed from the
@@ -231,7 +246,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		return fmt.Errorf("shutting down")
 	}
 	start := time.Now()
-	old := m.ptr.Load()
+	old := m.Table()
 	var gen uint64 = 1
 	if old != nil {
 		gen = old.Gen + 1
@@ -262,8 +277,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	m.dns = dns
 	m.restoreOnce(p)          // before the swap: a backend down before a restart takes nothing
 	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
-	m.ptr.Store(p.table)
-	m.swapped(old, p.table)
+	m.swapped(old, m.publish(p))
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
 	m.health.SetChecks(p.jobs)
@@ -306,10 +320,11 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 // plan is everything one configuration needs, computed by build without
 // touching live state; Apply commits it once the listeners are bound.
 type plan struct {
-	table *sched.Table
-	jobs  []health.Job
-	draft *backend.Draft // the backends and groups the table names, new ones not yet in the pool
-	rates []rateSpec     // each service's accept_rate, set on its group at commit
+	table    *sched.Table
+	policies map[string]*listener.Policy // each service's connection policy, by name
+	jobs     []health.Job
+	draft    *backend.Draft // the backends and groups the table names, new ones not yet in the pool
+	rates    []rateSpec     // each service's accept_rate, set on its group at commit
 	// addrErrs holds, for every backend named by a host name, why it has no
 	// address (nil: it has one); set on the backend at commit.
 	addrErrs map[*backend.Backend]error
@@ -330,7 +345,7 @@ type rateSpec struct {
 // ramped during slow start. build reads live state (health) but changes
 // none.
 func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint64, now time.Time) (*plan, error) {
-	p := &plan{draft: m.pool.Draft(), addrErrs: map[*backend.Backend]error{}}
+	p := &plan{draft: m.pool.Draft(), addrErrs: map[*backend.Backend]error{}, policies: map[string]*listener.Policy{}}
 	services := make([]*sched.Service, 0, len(cfg.Services))
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
@@ -358,28 +373,13 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 		}
 		svc := &sched.Service{
-			Name:           cs.Name,
-			Scheduler:      cs.Scheduler,
-			Options:        sched.Options{Choices: cs.Choices, HashKey: cs.HashKey, TableSize: cs.TableSize},
-			ConnectTimeout: cs.ConnectTimeout,
-			IdleTimeout:    cs.IdleTimeout,
-			Retries:        cs.Retries,
-			DrainTimeout:   cs.DrainTimeout,
-			MaxConns:       cs.MaxConns,
-			QueueTimeout:   cs.QueueTimeout,
-			Group:          p.draft.Group(cs.Name),
-			AccessLog:      cfg.Log.Access,
-
-			AcceptProxy:       cs.AcceptProxy,
-			ProxyTimeout:      cs.ProxyTimeout,
-			Allow:             cs.Allow,
-			Deny:              cs.Deny,
-			MaxConnsPerSource: cs.MaxConnsPerSource,
-			KeepAliveIdle:     cs.KeepAliveIdle,
-			KeepAliveInterval: cs.KeepAliveInterval,
-			KeepAliveCount:    cs.KeepAliveCount,
-			HalfCloseTimeout:  cs.HalfCloseTimeout,
+			Name:         cs.Name,
+			Scheduler:    cs.Scheduler,
+			Options:      sched.Options{Choices: cs.Choices, HashKey: cs.HashKey, TableSize: cs.TableSize},
+			DrainTimeout: cs.DrainTimeout,
+			Group:        p.draft.Group(cs.Name),
 		}
+		p.policies[cs.Name] = policy(cfg, cs)
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		var prevP, prevB *sched.Service
 		if old != nil {
@@ -388,8 +388,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
-		svc.HoldTimeout, svc.UserTimeout = cs.HoldTimeout, cs.UserTimeout
-		svc.SplitBrain, svc.RefuseSplitBrain = singleWriter(cs, prim, back)
+		svc.SplitBrain = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
 			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
@@ -423,6 +422,30 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	}
 	p.table.Seq = m.seq.Add(1)
 	return p, nil
+}
+
+// policy is the connection policy of service cs in cfg.
+func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
+	return &listener.Policy{
+		AcceptProxy:       cs.AcceptProxy,
+		ProxyTimeout:      cs.ProxyTimeout,
+		Allow:             cs.Allow,
+		Deny:              cs.Deny,
+		MaxConns:          cs.MaxConns,
+		QueueTimeout:      cs.QueueTimeout,
+		MaxConnsPerSource: cs.MaxConnsPerSource,
+		ConnectTimeout:    cs.ConnectTimeout,
+		Retries:           cs.Retries,
+		HoldTimeout:       cs.HoldTimeout,
+		RefuseSplitBrain:  cs.SplitBrain == "refuse",
+		IdleTimeout:       cs.IdleTimeout,
+		HalfCloseTimeout:  cs.HalfCloseTimeout,
+		KeepAliveIdle:     cs.KeepAliveIdle,
+		KeepAliveInterval: cs.KeepAliveInterval,
+		KeepAliveCount:    cs.KeepAliveCount,
+		UserTimeout:       cs.UserTimeout,
+		AccessLog:         cfg.Log.Access,
+	}
 }
 
 // picker builds the scheduler over targets, or keeps prev's when its
@@ -548,7 +571,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		m.srv.Close()
 		var open int64
 		var longest time.Duration
-		if t := m.ptr.Load(); t != nil {
+		if t := m.Table(); t != nil {
 			for _, s := range t.Services {
 				longest = max(longest, s.DrainTimeout)
 				for _, tg := range s.All() {
@@ -558,7 +581,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		}
 		m.log.Info().Int64("open", open).Stringer("drain_timeout", longest).Msg("stopped accepting; draining connections")
 		m.health.Stop()
-		if t := m.ptr.Load(); t != nil {
+		if t := m.Table(); t != nil {
 			for _, s := range t.Services {
 				for i, tg := range s.All() {
 					m.drain(tg, i >= len(s.Targets), s.DrainTimeout)

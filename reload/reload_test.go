@@ -17,12 +17,11 @@ import (
 
 	"fulcrum/conf"
 	"fulcrum/listener"
-	"fulcrum/sched"
 )
 
 type harness struct {
 	t   *testing.T
-	ptr atomic.Pointer[sched.Table]
+	ptr atomic.Pointer[listener.Snapshot]
 	srv *listener.Server
 	m   *Manager
 }
@@ -174,7 +173,7 @@ func TestApplyBindFailure(t *testing.T) {
 // state is what a refused reload must leave exactly as it was: the table,
 // the pool, each service's admission state and the reload history.
 type state struct {
-	table  *sched.Table
+	table  *listener.Snapshot // the table with its policies
 	pool   int
 	rates  map[string][2]float64
 	status Status

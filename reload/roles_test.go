@@ -180,9 +180,10 @@ func TestSplitBrain(t *testing.T) {
 			r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
 				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one") && m["backends"] == "a, b"
 			})
-			s := r.ptr.Load().Service("rw")
-			if len(s.SplitBrain) != 2 || s.RefuseSplitBrain != (mode == "refuse") {
-				t.Fatalf("SplitBrain = %v, refuse %v", s.SplitBrain, s.RefuseSplitBrain)
+			snap := r.ptr.Load()
+			s := snap.Service("rw")
+			if refuse := snap.Policy(s).RefuseSplitBrain; len(s.SplitBrain) != 2 || refuse != (mode == "refuse") {
+				t.Fatalf("SplitBrain = %v, refuse %v", s.SplitBrain, refuse)
 			}
 			var req sched.Request
 			i, err := s.Picker.Pick(&req)

@@ -19,7 +19,6 @@ import (
 	"fulcrum/conf"
 	"fulcrum/internal/testkit"
 	"fulcrum/listener"
-	"fulcrum/sched"
 )
 
 // run is a Manager following a real file in a temporary directory.
@@ -27,7 +26,7 @@ type run struct {
 	t      *testing.T
 	dir    string
 	path   string
-	ptr    atomic.Pointer[sched.Table]
+	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
 	m      *Manager
 	logs   *testkit.LogSink

@@ -108,7 +108,7 @@ func (m *Manager) restoreOnce(p *plan) {
 // reloads and is cleared by Ready or by the backend's removal. It reports
 // whether the state changed.
 func (m *Manager) SetOverride(service, name string, o backend.Override, by string) (bool, error) {
-	t := m.ptr.Load()
+	t := m.Table()
 	if t == nil {
 		return false, errors.New("no configuration applied yet")
 	}
@@ -169,7 +169,7 @@ func (m *Manager) saveLoop(ctx context.Context) {
 
 // saveState writes the state file if its content changed since *last.
 func (m *Manager) saveState(last *[]byte) {
-	if m.StateFile == "" || m.ptr.Load() == nil || m.handed.Load() {
+	if m.StateFile == "" || m.Table() == nil || m.handed.Load() {
 		return // nothing applied (a failed start), or handed over: keep the file as it is
 	}
 	st := m.savedState()
@@ -202,7 +202,7 @@ func (m *Manager) savedState() SavedState {
 			st.Instance = &SavedDrain{By: by, Since: since}
 		}
 	}
-	t := m.ptr.Load()
+	t := m.Table()
 	if t == nil {
 		return st
 	}

@@ -6,6 +6,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/listener"
 	"fulcrum/sched"
 )
 
@@ -14,10 +15,10 @@ import (
 // primary, it must never spread writes across them. With "refuse" every
 // target gets weight 0 (nothing is eligible, and admission refuses with
 // reason split-brain); with "first" only the first claimant in file order
-// keeps its weight. It returns the claimants (nil when at most one) and
-// whether the service refuses. It changes only the targets' weights in the
-// slices it is given, which the caller builds the pickers from.
-func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []string, refuse bool) {
+// keeps its weight. It returns the claimants (nil when at most one). It
+// changes only the targets' weights in the slices it is given, which the
+// caller builds the pickers from.
+func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []string) {
 	wantsPrimary := map[string]bool{}
 	for _, b := range cs.Backends {
 		if b.Health.Role == backend.RolePrimary {
@@ -25,7 +26,7 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 		}
 	}
 	if len(wantsPrimary) < 2 {
-		return nil, false
+		return nil
 	}
 	// File order: conf lists backends, primaries and backups mixed.
 	order := map[string]int{}
@@ -42,7 +43,7 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 		}
 	}
 	if len(claim) < 2 {
-		return nil, false
+		return nil
 	}
 	slices.SortFunc(claim, func(a, b *sched.Target) int { return order[a.B.Name] - order[b.B.Name] })
 	for _, t := range claim {
@@ -52,21 +53,21 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 		for _, t := range claim[1:] {
 			t.Weight = 0
 		}
-		return claimants, false
+		return claimants
 	}
 	for _, ts := range [][]sched.Target{prim, back} {
 		for i := range ts {
 			ts[i].Weight = 0
 		}
 	}
-	return claimants, true
+	return claimants
 }
 
 // swapped runs after each swap of the table (reload or health rebuild):
 // it wakes the connections held for an eligible backend (hold_timeout) to
 // look at the new table, and logs each service's split brain once as it
 // starts and once as it ends, and counts it.
-func (m *Manager) swapped(old, next *sched.Table) {
+func (m *Manager) swapped(old *sched.Table, next *listener.Snapshot) {
 	for _, s := range next.Services {
 		s.Group.Kick()
 	}
@@ -81,7 +82,7 @@ func (m *Manager) swapped(old, next *sched.Table) {
 		case len(s.SplitBrain) > 0 && len(was) == 0:
 			s.Group.SplitBrainBegan()
 			action := "keeping only the first (split_brain = first)"
-			if s.RefuseSplitBrain {
+			if next.Policy(s).RefuseSplitBrain {
 				action = "refusing new connections (split_brain = refuse)"
 			}
 			m.log.Error().Str("service", s.Name).Str("backends", strings.Join(s.SplitBrain, ", ")).

@@ -282,7 +282,9 @@ func New(name string, targets []Target, prev Picker, o Options) (Picker, error) 
 // Names lists the schedulers New knows, in the README's order.
 var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
-// Service is one service in a snapshot: its backends, scheduler and settings.
+// Service is one service in a snapshot: its backends and how one is picked,
+// with the live state of its group. How each of its connections is
+// admitted and timed is not here: that is the listener's Policy.
 type Service struct {
 	Name         string
 	Listen       []netip.AddrPort // the addresses it accepts on, as configured
@@ -292,71 +294,16 @@ type Service struct {
 	Picker       Picker           // over Targets
 	Backups      []Target         // backup = true: used only while no primary is up
 	BackupPicker Picker           // over Backups; nil when there are none
-	MaxConns     int              // connections to the service at once; 0 = unlimited
-	QueueTimeout time.Duration    // how long a connection may wait for a slot; 0 = refuse at once
 	Group        *backend.Group   // live state shared across reloads: service slots, queue, counters, rate bucket
+	DrainTimeout time.Duration    // a removed backend's sessions are closed after this; 0 = never
 
-	AcceptProxy       []netip.Prefix // sources whose PROXY header is read (and required); others may not send one
-	ProxyTimeout      time.Duration  // for that header to arrive
-	Allow, Deny       []netip.Prefix // client access lists: deny wins; an empty allow list allows all
-	MaxConnsPerSource int            // connections at once from one client address; 0 = unlimited
-	ConnectTimeout    time.Duration  // per dial attempt
-	IdleTimeout       time.Duration  // 0 = none
-	Retries           int            // further backends tried after a failed connect
-	DrainTimeout      time.Duration  // a removed backend's sessions are closed after this; 0 = never
-	AccessLog         bool           // one log line per finished connection
-
-	// TCP keepalive on both legs of each connection (listener.keepAliveFor):
-	// the idle time before the first probe (spread ±20% per socket), 0 = off;
-	// the interval between probes; unanswered probes before a reset.
-	KeepAliveIdle     time.Duration
-	KeepAliveInterval time.Duration
-	KeepAliveCount    int
-	// HalfCloseTimeout ends a session one direction of which has closed
-	// (a FIN passed through) when the other moves no byte for this long
-	// (HAProxy's timeout client-fin / server-fin); 0 = never.
-	HalfCloseTimeout time.Duration
 	// SplitBrain names the backends that claim the primary role at once in
 	// a service whose checks want a primary; nil when at most one does.
-	// While it is set, with RefuseSplitBrain every target has weight 0 and
-	// new connections are refused with reason split-brain; without it only
-	// the first claimant in file order keeps its weight.
-	SplitBrain       []string
-	RefuseSplitBrain bool
-	HoldTimeout      time.Duration // how long a new connection waits for an eligible backend when none is; 0 = close at once
-	UserTimeout      time.Duration // TCP_USER_TIMEOUT on the client and backend sockets; 0 = the kernel's default
-	Fallback         *Service      // picks from here while none of this service's backends is eligible; nil = none. Same table
-}
-
-// Allowed applies the access lists to a client address: deny wins, then an
-// allow list (if any) must hold it.
-func (s *Service) Allowed(a netip.Addr) bool {
-	a = a.Unmap()
-	for _, p := range s.Deny {
-		if p.Contains(a) {
-			return false
-		}
-	}
-	if len(s.Allow) == 0 {
-		return true
-	}
-	for _, p := range s.Allow {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
-// TrustsProxy reports whether a's PROXY header is to be read.
-func (s *Service) TrustsProxy(a netip.Addr) bool {
-	a = a.Unmap()
-	for _, p := range s.AcceptProxy {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	// While it is set, a service with split_brain = "refuse" has every
+	// target at weight 0 and turns new connections away (listener.Policy);
+	// otherwise only the first claimant in file order keeps its weight.
+	SplitBrain []string
+	Fallback   *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // All returns the primary and backup targets in one new slice (not for the

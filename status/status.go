@@ -211,11 +211,11 @@ func Of(src Source) Status {
 				ss.SplitBrains = g.Splits
 				h := s.Group.HoldStats()
 				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
-				for kind, n := range s.Group.Rejected() {
+				for why, n := range s.Group.Rejected() {
 					if ss.Rejected == nil {
 						ss.Rejected = map[string]uint64{}
 					}
-					ss.Rejected[backend.RejectNames[kind]] = n
+					ss.Rejected[why.String()] = n
 				}
 			}
 			for _, a := range s.Listen {
