@@ -135,8 +135,8 @@ func TestRolesRedis(t *testing.T) {
 // to the primary.
 func TestOnUpCloseBackups(t *testing.T) {
 	testkit.CheckLeaks(t)
-	h := &holder{}
-	bk := testkit.NewServer(t, h.handle)
+	h := &testkit.Holder{}
+	bk := testkit.NewServer(t, h.Handle)
 	primary := testkit.DeadAddr(t)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",

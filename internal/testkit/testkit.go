@@ -27,6 +27,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,6 +244,28 @@ func Greeter(name string) func(*net.TCPConn) {
 			}
 		}
 	}
+}
+
+// Holder is a backend handler (its Handle method) that greets with "in",
+// then holds each connection until the client closes it, and records the
+// most it held at once.
+type Holder struct {
+	Open, Peak, Served atomic.Int64
+}
+
+// Handle serves one connection.
+func (h *Holder) Handle(c *net.TCPConn) {
+	n := h.Open.Add(1)
+	for {
+		p := h.Peak.Load()
+		if n <= p || h.Peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	h.Served.Add(1)
+	c.Write([]byte("in\n"))
+	io.Copy(io.Discard, c)
+	h.Open.Add(-1)
 }
 
 // Echo copies everything back in user space, then half-closes.
