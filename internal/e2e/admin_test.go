@@ -37,8 +37,8 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weight = 0 }]
 `, be, testkit.DeadAddr(t)))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
-	lb := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t) // logged first
+	lb := d.listenAddr(t)
 
 	const n = 7
 	var in, out int
@@ -163,7 +163,7 @@ timeout = "100ms"
 `, state, be, be, be)
 	path := writeFile(t, "fulcrum.toml", config)
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	d.await(t, "configuration applied")
 
 	var out, errOut strings.Builder
@@ -243,7 +243,7 @@ timeout = "100ms"
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.expectExit(t, 10*time.Second)
 	d = startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	adm = d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm = d.adminAddr(t)
 	d.await(t, "configuration applied")
 	out.Reset()
 	if code := cli([]string{"healthz", "-admin", adm}, &out, &errOut); code == 0 || !strings.Contains(out.String(), "draining since") {
@@ -275,7 +275,7 @@ scheduler = "first"
 retries = 1
 backends = [{ name = "dead", address = %q }, { name = "live", address = %q }]
 `, dead, live))
-	lb := d.await(t, "listening")["addr"].(string)
+	lb := d.listenAddr(t)
 	c, err := net.Dial("tcp", lb)
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,7 @@ copy = %q
 listen = ["127.0.0.1:0"]
 backends = [{ name = "echo", address = %q }]
 `, copy, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	pid := d.cmd.Process.Pid
 	sockets0, pipes0 := fdKinds(t, pid)
 
@@ -131,7 +131,7 @@ listen = ["127.0.0.1:0"]
 %s
 backends = [{ name = "sink", address = %q }]
 `, route, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	_, base := fdKinds(t, d.cmd.Process.Pid) // descriptors it may have inherited
 
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -200,7 +200,7 @@ format = "json"
 listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
 `, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	pid := d.cmd.Process.Pid
 	var lim unix.Rlimit
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &lim); err != nil {
@@ -249,8 +249,8 @@ backends = [{ address = %q }]
 `, be))
 	const nofile = 300 // a limit of (300 - 128) / 2 = 86 connections
 	d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec prlimit --nofile=%d %s -config %s", nofile, bin, path)}, nil, nil)
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
-	addr := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t) // logged first
+	addr := d.listenAddr(t)
 
 	const clients = 150 // 300 descriptors: more than the table holds
 	conns := make([]net.Conn, 0, clients)
@@ -341,7 +341,7 @@ format = "json"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "echo", address = %q }]
 `, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -47,8 +47,8 @@ listen = ["127.0.0.1:0"]
 drain_timeout = "1m"
 backends = [{ name = "a", address = %q }]
 `, be))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	lb := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	lb := d.listenAddr(t)
 	wantHealthz(t, adm, 200, "ok")
 
 	drain := func(want string, args ...string) {
@@ -158,7 +158,7 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "dead", address = %q, health = { check = "tcp", interval = "100ms", timeout = "100ms", fall = 1 } }]
 `, testkit.DeadAddr(t)))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	d.await(t, "backend down")
 	wantHealthz(t, adm, 503, "no service has a backend up: s 0/1")
 }

@@ -248,6 +248,19 @@ func (d *daemon) await(t *testing.T, msg string, never ...string) map[string]any
 	return d.awaitMatch(t, fmt.Sprintf("%q", msg), func(m map[string]any) bool { return m["message"] == msg }, never...)
 }
 
+// adminAddr waits for the admin listener and returns its address. The
+// daemon logs it before any listenAddr line: ask for it first.
+func (d *daemon) adminAddr(t *testing.T) string {
+	t.Helper()
+	return d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+}
+
+// listenAddr waits for the next listener to be bound and returns its address.
+func (d *daemon) listenAddr(t *testing.T) string {
+	t.Helper()
+	return d.await(t, "listening")["addr"].(string)
+}
+
 // awaitMatch returns the first log line for which match is true (what
 // describes it in a failure). A line whose message is one of never fails
 // the test.

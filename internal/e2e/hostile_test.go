@@ -28,8 +28,8 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
 `, be))
-	admin := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	admin := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	pid := d.cmd.Process.Pid
 	var lim unix.Rlimit
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &lim); err != nil {

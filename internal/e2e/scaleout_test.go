@@ -120,7 +120,7 @@ func TestMaglevAgreement(t *testing.T) {
 	}
 	same := config(names)
 	a, b := startDaemon(t, same), startDaemon(t, same)
-	lbA, lbB := a.await(t, "listening")["addr"].(string), b.await(t, "listening")["addr"].(string)
+	lbA, lbB := a.listenAddr(t), b.listenAddr(t)
 
 	clients := loopbackClients(10000)
 	start := time.Now()
@@ -150,7 +150,7 @@ func TestMaglevAgreement(t *testing.T) {
 	// An instance one change behind (pg-e not yet added) must disagree on
 	// pg-e's clients, and on few others: Maglev moves little beyond them.
 	c := startDaemon(t, config(names[:4]))
-	lbC := c.await(t, "listening")["addr"].(string)
+	lbC := c.listenAddr(t)
 	sample := clients[:2000]
 	stale := choices(t, sample, lbC)[0]
 	ofE, others := 0, 0
@@ -228,7 +228,7 @@ func TestConsulTemplate(t *testing.T) {
 		t.Fatalf("the rendered template is not a valid configuration: %v\n%s", err, first)
 	}
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	lb := d.await(t, "listening")["addr"].(string)
+	lb := d.listenAddr(t)
 	clients := loopbackClients(200)
 	for _, c := range clients[:10] {
 		if got, err := greetFrom(c, lb); err != nil || got != "node-a" {

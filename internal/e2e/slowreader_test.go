@@ -117,7 +117,7 @@ func TestSlowReaderMemory(t *testing.T) {
 			}).Addr
 			cfg := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = %q }]\n", be))
 			d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec %s -config %s", plain, cfg)}, nil, nil)
-			addr := d.await(t, "listening")["addr"].(string)
+			addr := d.listenAddr(t)
 			pid := d.cmd.Process.Pid
 
 			c, err := net.DialTimeout("tcp", addr, 5*time.Second)

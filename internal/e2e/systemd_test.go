@@ -197,7 +197,7 @@ func TestGracefulStop(t *testing.T) {
 	const n, drain = 100, 3 * time.Second
 	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startDaemon(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	conns := make([]net.Conn, n)
 	for i := range conns {
 		c, err := net.Dial("tcp", addr)
@@ -259,7 +259,7 @@ func TestGracefulStop(t *testing.T) {
 func TestSecondSignal(t *testing.T) {
 	be := testkit.NewServer(t, testkit.Echo).Addr
 	d := startDaemon(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1h\"\nbackends = [{ address = %q }]\n", be))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

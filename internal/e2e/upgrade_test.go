@@ -127,8 +127,8 @@ func TestUpgradeUnderLoad(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	pings := 0
 	if m := ns.next(t, &pings); !strings.HasPrefix(m, "READY=1") {
 		t.Fatalf("first sd_notify message %q; want READY=1", m)
@@ -285,8 +285,8 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -494,7 +494,7 @@ func TestRestartKeepsFDStore(t *testing.T) {
 	}
 	path := writeFile(t, "fulcrum.toml", config(`, "127.0.0.2:0"`))
 	d := startDaemonArgs(t, []string{"-config", path}, []string{"NOTIFY_SOCKET=" + st.path, "FDSTORE=8"}, nil)
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	st.awaitReady(t)
 	want := []string{"fulcrum.admin.127.0.0.1_0", "fulcrum.listen.127.0.0.1_0", "fulcrum.listen.127.0.0.2_0"}
 	if got := st.names(); !slices.Equal(got, want) {
@@ -549,7 +549,7 @@ func TestRestartKeepsFDStore(t *testing.T) {
 	st.mu.Unlock()
 	next := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin, "-config", path},
 		[]string{"LISTEN_FDS=" + strconv.Itoa(len(files)), "LISTEN_FDNAMES=" + strings.Join(names, ":")}, files)
-	if got := next.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string); got != adm {
+	if got := next.adminAddr(t); got != adm {
 		t.Errorf("the next process's admin listens on %s; want the stored %s", got, adm)
 	}
 	for i, c := range queued {
@@ -590,7 +590,7 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	greet := func(what string) {
 		t.Helper()
 		c, err := net.Dial("tcp", ln.Addr().String())
