@@ -20,6 +20,10 @@ import (
 	"fulcrum/conf"
 )
 
+// The tests here reach main's unexported functions and variables (run's
+// version output, newLogger, demo). Everything that runs the daemon or a
+// command as a process is in internal/e2e.
+
 func TestVersion(t *testing.T) {
 	for _, args := range [][]string{{"-version"}, {"version"}} {
 		var out bytes.Buffer
