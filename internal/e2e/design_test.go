@@ -43,7 +43,7 @@ func TestDesignImports(t *testing.T) {
 	if len(drawn) == 0 {
 		t.Fatal("docs/design.md has no package graph")
 	}
-	list := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...")
+	list := exec.Command(goTool(), "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...")
 	list.Dir = "../.." // the module root
 	out, err := list.Output()
 	if err != nil {

@@ -68,12 +68,21 @@ func build(out string, race bool) error {
 	if race {
 		args = append(args, "-race")
 	}
-	cmd := exec.Command("go", append(args, "fulcrum")...)
+	cmd := exec.Command(goTool(), append(args, "fulcrum")...)
 	cmd.Dir = "../.." // the module root: go build finds go.mod from here
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, b)
 	}
 	return nil
+}
+
+// goTool is the go command: the one on PATH, else the one of the
+// toolchain that built this test.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 // plainBinary is fulcrum without the race detector, for tests that
@@ -112,6 +121,8 @@ const (
 	logStopping  = "instance stopping: /healthz fails until exit"
 )
 
+// writeFile writes text to a file called name in a new temporary
+// directory and returns its path.
 func writeFile(t *testing.T, name, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), name)
