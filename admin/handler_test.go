@@ -91,13 +91,26 @@ func TestStatusEndpoint(t *testing.T) {
 	}
 }
 
-// TestHealthzEndpoint: 200 "ok" without an instance; with one, 503 and the
-// reason while it is starting, drained or stopping; never cached.
+// TestHealthzEndpoint: 200 "ok" without an instance, with a split brain
+// noted but not failing; with an instance, 503 and the reason while it is
+// starting, drained or stopping; never cached.
 func TestHealthzEndpoint(t *testing.T) {
 	srv := httptest.NewServer(Handler(emptySource()))
 	defer srv.Close()
 	if code, _, body := call(t, srv, "GET", "/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("without an instance: /healthz = %d %q; want 200 ok", code, body)
+	}
+
+	// A split brain is reported, but does not fail the check: every
+	// instance sees the same backends.
+	split := emptySource()
+	split.Table = func() *sched.Table {
+		return &sched.Table{Services: []*sched.Service{{Name: "rw", SplitBrain: []string{"a", "b"}}}}
+	}
+	srv1 := httptest.NewServer(Handler(split))
+	defer srv1.Close()
+	if code, _, body := call(t, srv1, "GET", "/healthz"); code != 200 || body != "ok; split brain in service rw: a, b claim primary\n" {
+		t.Errorf("with a split brain: /healthz = %d %q; want 200 and the split", code, body)
 	}
 
 	src, in := instanceSource()
