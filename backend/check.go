@@ -17,10 +17,32 @@ import (
 	"time"
 )
 
+// CheckKind names a kind of active check; the configuration's check key
+// takes these names.
+type CheckKind string
+
+// The check kinds.
+const (
+	CheckNone       CheckKind = "none"        // no active check: passive failures only
+	CheckTCP        CheckKind = "tcp"         // a connect
+	CheckSendExpect CheckKind = "send-expect" // send bytes, match the answer
+	CheckPgSQL      CheckKind = "pgsql"       // a startup message, or a login that asks the role
+	CheckRedis      CheckKind = "redis"       // PING, or ROLE
+	CheckMySQL      CheckKind = "mysql"       // a login that asks the role
+	CheckHTTP       CheckKind = "http"        // GET a path, expect a status
+)
+
+// CheckKinds lists the check kinds, in the documentation's order.
+var CheckKinds = []CheckKind{CheckNone, CheckTCP, CheckSendExpect, CheckPgSQL, CheckRedis, CheckMySQL, CheckHTTP}
+
+// TellsRoles reports whether a check of kind k tells a primary from a
+// replica (and so may require a role).
+func (k CheckKind) TellsRoles() bool { return k == CheckPgSQL || k == CheckMySQL || k == CheckRedis }
+
 // Probe is one active health check: how to ask a backend whether it is up.
-// The zero value is not usable; Kind is required.
+// The zero value is not usable; Kind is required (not CheckNone).
 type Probe struct {
-	Kind    string        // tcp | send-expect | pgsql | redis | mysql | http
+	Kind    CheckKind
 	Addr    string        // host:port to probe: the backend's, or the configured check address/port
 	Timeout time.Duration // for the whole probe: connect, send and answer
 
@@ -123,20 +145,22 @@ func (p *Probe) Check(ctx context.Context) (role string, err error) {
 
 // TimeoutError is a check that got no (full) answer within its timeout.
 type TimeoutError struct {
-	Kind  string
+	Kind  CheckKind
 	After time.Duration
 }
 
-func (e *TimeoutError) Error() string { return e.Kind + " check timed out after " + e.After.String() }
+func (e *TimeoutError) Error() string {
+	return string(e.Kind) + " check timed out after " + e.After.String()
+}
 
 // Timeout reports true, as net.Error's timeouts do.
 func (e *TimeoutError) Timeout() bool { return true }
 
 func (p *Probe) check(ctx context.Context) (role string, err error) {
 	switch {
-	case p.Kind == "pgsql" && (p.roleWanted() || p.PasswordFile != ""):
+	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != ""):
 		return p.pgsqlLogin(ctx)
-	case p.Kind == "mysql":
+	case p.Kind == CheckMySQL:
 		return p.mysqlLogin(ctx)
 	}
 	c, err := p.netDialer().DialContext(ctx, "tcp", p.Addr)
@@ -149,15 +173,15 @@ func (p *Probe) check(ctx context.Context) (role string, err error) {
 		c.SetDeadline(dl)
 	}
 	switch p.Kind {
-	case "tcp":
+	case CheckTCP:
 		return "", nil
-	case "send-expect":
+	case CheckSendExpect:
 		return "", sendExpect(c, p.Send, p.Expect)
-	case "pgsql":
+	case CheckPgSQL:
 		return "", pgsql(c.(*net.TCPConn), p.User, p.Database)
-	case "redis":
+	case CheckRedis:
 		return p.redis(c)
-	case "http":
+	case CheckHTTP:
 		return "", httpStatus(c, p.Addr, p.Path, p.Status)
 	}
 	return "", fmt.Errorf("unknown check %q", p.Kind)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/internal/dbtest"
+	"fulcrum/internal/testkit"
 )
 
 // secret writes a password file and returns its path.
@@ -66,10 +66,10 @@ func waitRole(t *testing.T, p *Probe, role string) {
 // from its streaming replica; promotion moves the role; bad credentials
 // are clear errors.
 func TestPostgresRoles(t *testing.T) {
-	pg := dbtest.StartPostgres(t)
+	pg := testkit.StartPostgres(t)
 	rep := pg.Replica(t)
-	scram := secret(t, dbtest.ScramPassword)
-	md5 := secret(t, dbtest.MD5Password)
+	scram := secret(t, testkit.ScramPassword)
+	md5 := secret(t, testkit.MD5Password)
 	login := func(addr, user, pwFile, role string) *Probe {
 		return &Probe{Kind: "pgsql", Addr: addr, Timeout: 5 * time.Second, User: user, PasswordFile: pwFile, Role: role}
 	}
@@ -133,11 +133,11 @@ func TestPostgresProbeHygiene(t *testing.T) {
 }
 
 func pgHygiene(t *testing.T, tls bool) {
-	pg := dbtest.StartPostgres(t)
+	pg := testkit.StartPostgres(t)
 	if tls {
-		pg.EnableTLS(t)
+		pg.RequireTLS(t)
 	}
-	scram := secret(t, dbtest.ScramPassword)
+	scram := secret(t, testkit.ScramPassword)
 	_, off := pg.LogSince(t, 0)
 	probes := []*Probe{
 		{Kind: "pgsql", Addr: pg.Addr, Timeout: 5 * time.Second, User: "scramuser", PasswordFile: scram, Role: "primary"},
@@ -165,8 +165,8 @@ func pgHygiene(t *testing.T, tls bool) {
 // error counter unchanged (max_connect_errors is 5, so a probe that
 // counted would soon be blocked).
 func TestMariaDBRoles(t *testing.T) {
-	m := dbtest.StartMariaDB(t)
-	pw := secret(t, dbtest.MD5Password)
+	m := testkit.StartMariaDB(t)
+	pw := secret(t, testkit.MD5Password)
 	role := &Probe{Kind: "mysql", Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: "primary"}
 	wantRole(t, "writable", role, RolePrimary, "")
 	m.Exec(t, "SET GLOBAL read_only = 1")
@@ -221,8 +221,8 @@ func TestMariaDBRoles(t *testing.T) {
 // NO ONE moves the primary role, and the old primary made a replica
 // answers as one.
 func TestRedisRoles(t *testing.T) {
-	pri := dbtest.StartRedis(t, "--requirepass", "redis-pw", "--masterauth", "redis-pw")
-	rep := dbtest.StartRedis(t, "--requirepass", "redis-pw", "--masterauth", "redis-pw", "--replicaof", "127.0.0.1", pri.Addr[strings.LastIndex(pri.Addr, ":")+1:])
+	pri := testkit.StartRedis(t, "--requirepass", "redis-pw", "--masterauth", "redis-pw")
+	rep := testkit.StartRedis(t, "--requirepass", "redis-pw", "--masterauth", "redis-pw", "--replicaof", "127.0.0.1", pri.Addr[strings.LastIndex(pri.Addr, ":")+1:])
 	pw := secret(t, "redis-pw")
 	probe := func(addr, role string) *Probe {
 		return &Probe{Kind: "redis", Addr: addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: role}
@@ -245,7 +245,7 @@ func TestRedisRoles(t *testing.T) {
 // log (at its default level, where a protocol error would show).
 func TestRedisProbeHygiene(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "redis.log")
-	r := dbtest.StartRedis(t, "--requirepass", "redis-pw", "--logfile", log)
+	r := testkit.StartRedis(t, "--requirepass", "redis-pw", "--logfile", log)
 	// Redis may still be writing its start-up lines after it accepts: the
 	// baseline is taken once it has said it is ready.
 	var before []byte

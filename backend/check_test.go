@@ -15,7 +15,7 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-func probe(kind, addr string) *Probe {
+func probe(kind CheckKind, addr string) *Probe {
 	return &Probe{Kind: kind, Addr: addr, Timeout: 2 * time.Second}
 }
 
@@ -61,10 +61,10 @@ func TestProbeTimeoutSays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close() // never accepted: the backlog holds the probe's connection
-	for _, kind := range []string{"redis", "send-expect"} {
+	for _, kind := range []CheckKind{CheckRedis, CheckSendExpect} {
 		p := &Probe{Kind: kind, Addr: ln.Addr().String(), Timeout: 200 * time.Millisecond, Send: []byte("HELLO\r\n"), Expect: regexp.MustCompile(`^OK`)}
 		err := p.Run(t.Context())
-		if want := kind + " check timed out after 200ms"; err == nil || err.Error() != want {
+		if want := string(kind) + " check timed out after 200ms"; err == nil || err.Error() != want {
 			t.Errorf("%s on a mute backend: %v; want %q", kind, err, want)
 		}
 	}

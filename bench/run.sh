@@ -10,14 +10,18 @@
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
 #   TARGETS="direct haproxy nginx naive fulcrum"
 #     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
-#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew"
+#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale"
 #     open50, open80: 64 B messages on 32 connections offered at a fixed rate (open loop, latency from
 #     each message's due time), 50% and 80% of the best of HAProxy's and nginx's pp32 rate in the same
 #     repetition (so they come after pp32)
 #     pg: pgbench -S, 16 persistent clients, against a PostgreSQL 15 it initdb's and starts itself;
 #     rget: redis-benchmark -t get -c 50; rpipe: the same with -P 32 -d 1024; rnew: with -k 0
 #     (a new connection per request), against a redis-server it starts itself
-#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+504; all below 32768)   RECORD=0 (do not append to RESULTS.md)
+#     scale: fulcrum only (fulcrum, other): the connection-rate run again in a fulcrum of its own with
+#     3, 1,000 and 10,000 backends, and with 3 while SCALE_IDLE idle connections are held (the cost as
+#     the work grows; a table of its own)
+#   SCALE_IDLE=8900 (QUICK 4000): idle connections held during the scale run's last part
+#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+505; all below 32768)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
 #
 # Everything it starts runs in its own process group and is stopped on exit,
@@ -31,7 +35,7 @@ cd "$ROOT"
 
 # The command as given, for RESULTS.md: the knobs set in the environment, then the script.
 CMDLINE=""
-for v in QUICK REPS DUR WARM IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
+for v in QUICK REPS DUR WARM IDLE SCALE_IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
 	if [[ -n ${!v:-} ]]; then
 		printf -v q '%q' "${!v}"
 		CMDLINE+="$v=$q "
@@ -40,12 +44,12 @@ done
 CMDLINE+="bench/run.sh"
 
 if [[ ${QUICK:-0} == 1 ]]; then
-	: "${REPS:=3}" "${DUR:=1}" "${WARM:=0.2}" "${IDLE:=4000}" "${SETTLE:=0.5}" "${OPEN_BUDGET:=20}"
+	: "${REPS:=3}" "${DUR:=1}" "${WARM:=0.2}" "${IDLE:=4000}" "${SETTLE:=0.5}" "${OPEN_BUDGET:=20}" "${SCALE_IDLE:=4000}"
 else
-	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}"
+	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}" "${SCALE_IDLE:=8900}"
 fi
 read -r -a TARGETS <<<"${TARGETS:-direct haproxy nginx naive fulcrum}"
-read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew}"
+read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale}"
 PORT_BASE=${PORT_BASE:-21000}
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
 
@@ -257,13 +261,14 @@ P_ECHO=($((PORT_BASE + 1)) $((PORT_BASE + 2)) $((PORT_BASE + 3)))
 P_IPERF=$((PORT_BASE + 10))
 P_PG=$((PORT_BASE + 20))
 P_REDIS=$((PORT_BASE + 21))
-declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis
+declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() SFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis, scale
 for t in haproxy nginx naive fulcrum other; do
 	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; other) p=$((PORT_BASE + 501)) ;; esac
 	FRONT[$t]=$p
 	IFRONT[$t]=$((p + 1))
 	PGFRONT[$t]=$((p + 2))
 	RFRONT[$t]=$((p + 3))
+	SFRONT[$t]=$((p + 4)) # scale: fulcrum's own process with many backends
 done
 ECHO_ADDRS="127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}"
 
@@ -276,7 +281,7 @@ for t in "${TARGETS[@]}"; do
 	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum other)"
 	[[ $t != other || -x ${OTHER:-} ]] || fail "target other needs OTHER=path to a fulcrum binary"
 done
-for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}"; do
+for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}" "${SFRONT[@]}"; do
 	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
 done
 
@@ -656,6 +661,68 @@ idle() {
 	start_proxy "$t"
 }
 
+# scale TARGET: fulcrum's cost as the work grows. The connection-rate run
+# (32 clients) again, in a fulcrum of its own on SFRONT whose one service has
+# 3, 1,000 and 10,000 backends (the three echo backends' addresses again and
+# again, each under its own name: round robin meets every one), and with 3
+# backends while SCALE_IDLE idle connections are held. Proxy CPU per new
+# connection and the connection's latency as the client sees it (connect,
+# 64 B echo, close), which holds the pick and the dial. Other targets skip it.
+scale() {
+	local t=$1 bin n
+	case $t in fulcrum) bin=$BIN/fulcrum ;; other) bin=$OTHER ;; *) return 0 ;; esac
+	for n in 3 1000 10000; do scale_run "$t" "$bin" "$n" "scale$n" 0; done
+	scale_run "$t" "$bin" 3 scaleidle "$SCALE_IDLE"
+}
+
+# scale_toml PORT N: one service on PORT with N backends, fulcrum's defaults.
+scale_toml() {
+	local port=$1 n=$2 i
+	printf '[log]\nlevel = "info"\nformat = "json"\naccess = false\n\n[services.scale]\nlisten = ["127.0.0.1:%s"]\nbackends = [\n' "$port"
+	for ((i = 0; i < n; i++)); do
+		printf '  { name = "b%d", address = "127.0.0.1:%s" },\n' "$i" "${P_ECHO[i % 3]}"
+	done
+	printf ']\n'
+}
+
+# scale_run TARGET BIN N KEY IDLE: one scale measurement, samples under KEY.
+scale_run() {
+	local t=$1 bin=$2 n=$3 k=$4 idle=$5 name=scale-$1 holder=scale-idle-$1 port=${SFRONT[$1]}
+	local out=$RAW/$REP-$1-$4.json ready=$WORK/scale-idle.ready c0 c1 deadline rc=0
+	scale_toml "$port" "$n" >"$WORK/scale-$t-$n.toml"
+	start "$name" "$bin" -config "$WORK/scale-$t-$n.toml"
+	wait_listen "$name" "$port"
+	if ((idle > 0)); then
+		rm -f "$ready"
+		start "$holder" "$BIN/tcpload" -mode idle -addr "127.0.0.1:$port" -c "$idle" -size 64 -par 512 -timeout 1s \
+			-open-budget "${OPEN_BUDGET}s" -hold 10m -ready "$ready"
+		deadline=$((SECONDS + OPEN_BUDGET + 30))
+		until [[ -e $ready ]] || ! alive "$holder" || ((SECONDS >= deadline)); do sleep 0.1; done
+		[[ -e $ready ]] || warn "$t $k: the idle connections did not open: $(tail -n 3 "$LOG/$holder.err")"
+	fi
+	c0=$(cpu_ticks "$name")
+	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "127.0.0.1:$port" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
+		c1=$(cpu_ticks "$name")
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_total=ops_total" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us"
+		sample "$t" "${k}_cpu_ticks" $((c1 - c0))
+	else
+		warn "$t $k: tcpload failed"
+		sample "$t" "${k}_failed" 1
+	fi
+	if ((idle > 0)) && alive "$holder"; then
+		kill -USR1 "${PID[$holder]}" 2>/dev/null || true # the final ping, then its result
+		deadline=$((SECONDS + 30))
+		while alive "$holder" && ((SECONDS < deadline)); do sleep 0.1; done
+		wait "${PID[$holder]}" 2>/dev/null || rc=$?
+		if [[ $rc == 0 && -s $LOG/$holder.out ]]; then
+			tail -n 1 "$LOG/$holder.out" >"$RAW/$REP-$t-$k-held.json"
+			record "$t" "$k" "$RAW/$REP-$t-$k-held.json" "${k}_held=alive"
+		fi
+	fi
+	stop "$holder"
+	stop "$name"
+}
+
 say "measuring: ${REPS} repetitions of ${WORKLOADS[*]} (${DUR} s each after ${WARM} s warm-up; ${IDLE} idle connections)"
 START=$SECONDS
 for ((REP = 1; REP <= REPS; REP++)); do
@@ -678,7 +745,8 @@ for ((REP = 1; REP <= REPS; REP++)); do
 			rget) redis "$t" rget 3 30000 -c 50 ;;
 			rpipe) redis "$t" rpipe 1024 400000 -c 50 -P 32 ;;
 			rnew) redis "$t" rnew 3 5000 -c 50 -k 0 ;;
-			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew)" ;;
+			scale) scale "$t" ;;
+			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale)" ;;
 			esac
 		done
 	done

@@ -21,6 +21,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"fulcrum/backend"
 	"fulcrum/sched"
 	"io"
 	"net"
@@ -106,7 +107,7 @@ type Reload struct {
 // Settings are the per-service values that [defaults] supplies and a service
 // may override.
 type Settings struct {
-	Scheduler      string        // one of sched.Names; default "wrr"
+	Scheduler      sched.Kind    // one of sched.Names; default "wrr"
 	ConnectTimeout time.Duration // per dial attempt; default 3s, never 0
 	IdleTimeout    time.Duration // no byte either way for this long closes the connection; 0 (default) = never
 	Retries        int           // further backends tried after a failed connect; default 2
@@ -159,18 +160,18 @@ type Settings struct {
 
 // Health is a [health] table: how to check that a backend is up.
 type Health struct {
-	Check    string         // none (default) | tcp | send-expect | pgsql | redis | mysql | http
-	Interval time.Duration  // between checks; default 2s
-	Timeout  time.Duration  // for one check; default 1s, at most Interval
-	Rise     int            // consecutive successes to come up; default 2
-	Fall     int            // consecutive failures to go down; default 3
-	Port     int            // check this port on the backend's host; 0 = the backend's port
-	Address  string         // check this host:port instead of the backend ("" = the backend)
-	Send     string         // send-expect: bytes to send first
-	Expect   *regexp.Regexp // send-expect: what the answer must match (compiled); nil = none
-	Path     string         // http: the path to GET; default "/"
-	Status   int            // http: the status that means up; default 200
-	User     string         // pgsql, mysql: the user to log in as; default "fulcrum"
+	Check    backend.CheckKind // none (default) | tcp | send-expect | pgsql | redis | mysql | http
+	Interval time.Duration     // between checks; default 2s
+	Timeout  time.Duration     // for one check; default 1s, at most Interval
+	Rise     int               // consecutive successes to come up; default 2
+	Fall     int               // consecutive failures to go down; default 3
+	Port     int               // check this port on the backend's host; 0 = the backend's port
+	Address  string            // check this host:port instead of the backend ("" = the backend)
+	Send     string            // send-expect: bytes to send first
+	Expect   *regexp.Regexp    // send-expect: what the answer must match (compiled); nil = none
+	Path     string            // http: the path to GET; default "/"
+	Status   int               // http: the status that means up; default 200
+	User     string            // pgsql, mysql: the user to log in as; default "fulcrum"
 
 	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
@@ -178,14 +179,26 @@ type Health struct {
 	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
 }
 
-// Checks is the list of check kinds.
-var Checks = []string{"none", "tcp", "send-expect", "pgsql", "redis", "mysql", "http"}
-
 // Roles are the values of [health] role.
 var Roles = []string{"any", "primary", "replica"}
 
-// roleChecks are the check kinds that tell a primary from a replica.
-var roleChecks = []string{"pgsql", "mysql", "redis"}
+// schedulerNames are the names the scheduler key takes: sched's.
+var schedulerNames = func() []string {
+	out := make([]string, len(sched.Names))
+	for i, k := range sched.Names {
+		out[i] = string(k)
+	}
+	return out
+}()
+
+// checkNames are the names the check key takes: backend's check kinds.
+var checkNames = func() []string {
+	out := make([]string, len(backend.CheckKinds))
+	for i, k := range backend.CheckKinds {
+		out[i] = string(k)
+	}
+	return out
+}()
 
 // Service is one [services.NAME] table.
 type Service struct {
@@ -230,7 +243,7 @@ type Backend struct {
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
+		Health:  Health{Check: backend.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
 		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
@@ -289,6 +302,12 @@ func Read(path string) ([]byte, error) {
 
 // Parse validates data; name is used in error messages and may be "".
 func Parse(name string, data []byte) (*Config, error) {
+	return parse(name, data, hostAddrs)
+}
+
+// parse is Parse, with the addresses of this host (which a wildcard listen
+// address covers) given by local: a test names some.
+func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config, error) {
 	var tree map[string]any
 	md, err := toml.Decode(string(data), &tree)
 	if err != nil {
@@ -305,7 +324,7 @@ func Parse(name string, data []byte) (*Config, error) {
 		}
 		return nil, &Error{File: name, Line: 1 + bytes.Count(data, []byte("\n")), Msg: err.Error()}
 	}
-	w := &walker{file: name, order: map[string]int{}}
+	w := &walker{file: name, order: map[string]int{}, localAddrs: local}
 	for i, k := range md.Keys() {
 		if len(k) == 2 && k[0] == "services" {
 			w.order[k[1]] = i
@@ -328,9 +347,15 @@ func Parse(name string, data []byte) (*Config, error) {
 
 var serviceName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
-// hostName is a DNS name or an IP literal as a Host header carries it,
-// without the port.
-var hostName = regexp.MustCompile(`^([a-z0-9_]([a-z0-9_-]*[a-z0-9_])?\.)*[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$`)
+// hostHeaderName reports whether h is a DNS name or an IP literal as a Host
+// header carries it, without the port ([::1] for IPv6).
+func hostHeaderName(h string) bool {
+	if a, ok := strings.CutPrefix(h, "["); ok {
+		ip, err := netip.ParseAddr(strings.TrimSuffix(a, "]"))
+		return err == nil && ip.Is6() && strings.HasSuffix(a, "]")
+	}
+	return validHostname(h)
+}
 
 func (w *walker) config(root *table) *Config {
 	cfg := &Config{}
@@ -373,7 +398,7 @@ func (w *walker) config(root *table) *Config {
 	hosts, _ := at.strs("hosts")
 	for i, h := range hosts {
 		h = strings.ToLower(strings.TrimSuffix(h, "."))
-		if !hostName.MatchString(h) {
+		if !hostHeaderName(h) {
 			w.errorf(fmt.Sprintf("%s[%d]", at.key("hosts"), i), "%q is not a host name (no port, no scheme), such as \"lb1.example.net\"", hosts[i])
 			continue
 		}
@@ -438,7 +463,7 @@ func (w *walker) config(root *table) *Config {
 
 func (w *walker) settings(t *table, base Settings) Settings {
 	return Settings{
-		Scheduler:      t.oneOf("scheduler", base.Scheduler, sched.Names...),
+		Scheduler:      sched.Kind(t.oneOf("scheduler", string(base.Scheduler), schedulerNames...)),
 		ConnectTimeout: t.duration("connect_timeout", base.ConnectTimeout, time.Millisecond),
 		IdleTimeout:    t.duration("idle_timeout", base.IdleTimeout, 0),
 		Retries:        int(t.integer("retries", int64(base.Retries), 0, MaxRetries)),
@@ -543,7 +568,7 @@ func (w *walker) prefixes(t *table, k string, base []netip.Prefix) []netip.Prefi
 // health reads a [health] table over base; ht may be empty.
 func (w *walker) health(ht *table, base Health) Health {
 	h := Health{
-		Check:    ht.oneOf("check", base.Check, Checks...),
+		Check:    backend.CheckKind(ht.oneOf("check", string(base.Check), checkNames...)),
 		Interval: ht.duration("interval", base.Interval, 100*time.Millisecond),
 		Timeout:  ht.duration("timeout", base.Timeout, time.Millisecond),
 		Rise:     int(ht.integer("rise", int64(base.Rise), 1, 100)),
@@ -574,7 +599,7 @@ func (w *walker) health(ht *table, base Health) Health {
 		}
 		h.Expect = re
 	}
-	if h.Check == "send-expect" && h.Expect == nil && ht.has("check") {
+	if h.Check == backend.CheckSendExpect && h.Expect == nil && ht.has("check") {
 		w.errorf(ht.key("expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 	}
 	if ht.has("path") && !strings.HasPrefix(h.Path, "/") {
@@ -713,20 +738,20 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 				b.CheckAddr = netip.AddrPortFrom(ap.Addr(), uint16(b.Health.Port))
 			}
 		}
-		if b.Health.Address != "" && b.Health.Check != "none" {
+		if b.Health.Address != "" && b.Health.Check != backend.CheckNone {
 			if host, ap, err := endpoint(b.Health.Address); err != nil {
 				w.errorf(bt.key("health.address"), "%v", err)
 			} else {
 				b.CheckHost, b.CheckAddr = host, ap
 			}
 		}
-		if b.Health.Check == "send-expect" && b.Health.Expect == nil {
+		if b.Health.Check == backend.CheckSendExpect && b.Health.Expect == nil {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
-		if h := b.Health; h.Role != "any" && !slices.Contains(roleChecks, h.Check) {
+		if h := b.Health; h.Role != "any" && !h.Check.TellsRoles() {
 			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
 		}
-		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != "pgsql") {
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != backend.CheckPgSQL) {
 			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
 		}
 		if b.Name == "" {
@@ -763,7 +788,7 @@ func (w *walker) selfLoops(svcs []Service, listeners map[netip.AddrPort]string) 
 			}
 			if l.Addr().IsUnspecified() && (l.Addr().Is6() || b.Addr().Is4()) {
 				if local == nil {
-					local = localAddrs()
+					local = w.localAddrs()
 				}
 				if b.Addr().IsLoopback() || local[b.Addr()] {
 					return key
@@ -821,9 +846,8 @@ func (w *walker) selfLoops(svcs []Service, listeners map[netip.AddrPort]string) 
 	}
 }
 
-// localAddrs returns the addresses of this host's interfaces; a variable
-// so that tests can name some.
-var localAddrs = func() map[netip.Addr]bool {
+// hostAddrs returns the addresses of this host's interfaces.
+func hostAddrs() map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
 	as, err := net.InterfaceAddrs()
 	if err != nil {

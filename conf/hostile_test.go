@@ -42,9 +42,7 @@ func TestTooLarge(t *testing.T) {
 // TestSelfLoop: a backend that is one of fulcrum's own listen addresses
 // (directly, or covered by a wildcard listen) is a located error.
 func TestSelfLoop(t *testing.T) {
-	old := localAddrs
-	defer func() { localAddrs = old }()
-	localAddrs = func() map[netip.Addr]bool { return map[netip.Addr]bool{netip.MustParseAddr("192.0.2.7"): true} }
+	local := func() map[netip.Addr]bool { return map[netip.Addr]bool{netip.MustParseAddr("192.0.2.7"): true} }
 	tests := []struct {
 		name, src, want string // want "" means valid
 	}{
@@ -65,7 +63,7 @@ func TestSelfLoop(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse("f.toml", []byte(tt.src))
+			_, err := parse("f.toml", []byte(tt.src), local)
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("Parse = %v; want valid", err)
@@ -120,14 +118,14 @@ backends = [{address = "127.0.0.1:2"}]
 // TestAdminHosts: [admin] hosts are host names, kept lower case.
 func TestAdminHosts(t *testing.T) {
 	ok := "[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n"
-	cfg, err := Parse("f.toml", []byte("[admin]\nlisten = \"127.0.0.1:9\"\nhosts = [\"LB1.example.net.\", \"lb1\"]\n"+ok))
+	cfg, err := Parse("f.toml", []byte("[admin]\nlisten = \"127.0.0.1:9\"\nhosts = [\"LB1.example.net.\", \"lb1\", \"10.0.0.1\", \"[::1]\"]\n"+ok))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := cfg.Admin.Hosts; len(h) != 2 || h[0] != "lb1.example.net" || h[1] != "lb1" {
-		t.Errorf("hosts = %q; want lb1.example.net, lb1", h)
+	if h := cfg.Admin.Hosts; len(h) != 4 || h[0] != "lb1.example.net" || h[1] != "lb1" || h[2] != "10.0.0.1" || h[3] != "[::1]" {
+		t.Errorf("hosts = %q; want lb1.example.net, lb1, 10.0.0.1, [::1]", h)
 	}
-	for _, bad := range []string{"lb1:9000", "http://lb1", "", "a b"} {
+	for _, bad := range []string{"lb1:9000", "http://lb1", "", "a b", "[::1", "[10.0.0.1]", "-lb1"} {
 		src := "[admin]\nhosts = [\"" + bad + "\"]\n" + ok
 		if _, err := Parse("f.toml", []byte(src)); err == nil || !strings.Contains(err.Error(), "f.toml:2: admin.hosts[0]: ") {
 			t.Errorf("hosts = [%q]: %v; want a located error", bad, err)

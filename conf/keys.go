@@ -35,7 +35,7 @@ func Keys() []string {
 	if _, err := toml.Decode(keyProbe, &tree); err != nil {
 		panic("conf: key probe does not parse: " + err.Error()) // a programmer error in keyProbe
 	}
-	w := &walker{order: map[string]int{}, keys: map[string]bool{}}
+	w := &walker{order: map[string]int{}, keys: map[string]bool{}, localAddrs: hostAddrs}
 	w.config(w.table("", tree))
 	var out []string
 	for k := range w.keys {

@@ -47,6 +47,8 @@ type walker struct {
 	keys  map[string]bool // when not nil, done records every key read here, as "table.key" (see Keys)
 
 	claims map[netip.AddrPort][]claim // listen address → the services on it, in file order (routes.go)
+
+	localAddrs func() map[netip.Addr]bool // this host's addresses, read when a wildcard listen needs them
 }
 
 func (w *walker) errorf(key, format string, args ...any) {

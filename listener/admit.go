@@ -92,8 +92,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited) {
 	var tm timing
 	fail := func(t *sched.Target, end string, err error) {
 		closeFD(c)
-		s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err)
-		l.release()
+		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
 	}
 	if !l.holdService(pol, start) {
 		svc.Group.Refused()
@@ -174,9 +173,11 @@ func (l *lease) holdService(pol *Policy, start time.Time) bool {
 	return ok
 }
 
-// release gives back everything l holds and ends the connection's count
-// under the Server's limit and in its WaitGroup.
-func (l *lease) release() {
+// release gives back every slot l holds, then runs each of last (the
+// access line: whoever reads it sees the slots free), then ends the
+// connection's count under the Server's limit and in its WaitGroup (so
+// that Wait returns only once the line is written).
+func (l *lease) release(last ...func()) {
 	if l.b != nil {
 		l.b.Release()
 		l.b = nil
@@ -188,6 +189,9 @@ func (l *lease) release() {
 	if l.perSrc != 0 {
 		l.g.ReleaseSource(l.src, l.perSrc)
 		l.perSrc = 0
+	}
+	for _, f := range last {
+		f()
 	}
 	l.srv.connDone()
 }

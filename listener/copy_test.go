@@ -97,6 +97,11 @@ func echoThrough(t *testing.T, p *testProxy, n int, wsize, rsize func() int) {
 	}()
 	got, err := readPattern(testkit.User(c), rsize)
 	if err != nil || got != n {
+		// What the proxy said, to tell a refused or failed dial from a
+		// session that broke.
+		for _, m := range p.logs.All(func(m map[string]any) bool { return m["level"] != "debug" || isAccess(m) }) {
+			t.Logf("proxy log: %v", m)
+		}
 		t.Fatalf("echo of %d bytes: %d matched, %v", n, got, err)
 	}
 	if err := <-werr; err != nil {

@@ -48,7 +48,7 @@ type testBackend struct {
 // newProxy starts a proxy for one service over the given backends and stops
 // it, closing every session, when the test ends. It logs at debug level, so
 // tests see every access line.
-func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(tuned), opts ...func(*Server)) *testProxy {
+func newProxy(t *testing.T, scheduler sched.Kind, backends []testBackend, tune func(tuned), opts ...func(*Server)) *testProxy {
 	t.Helper()
 	return startProxy(t, scheduler, backends, tune, zerolog.DebugLevel, opts...)
 }
@@ -58,7 +58,7 @@ func newProxy(t *testing.T, scheduler string, backends []testBackend, tune func(
 // that no log line is built per connection.
 //
 // Each opt is applied to the Server before it accepts.
-func startProxy(t testing.TB, scheduler string, backends []testBackend, tune func(tuned), level zerolog.Level, opts ...func(*Server)) *testProxy {
+func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune func(tuned), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
 	p := &testProxy{logs: testkit.NewLogSink()}
 	var pool backend.Pool

@@ -106,15 +106,5 @@ func (s *Snapshot) Policy(svc *sched.Service) *Policy {
 	return &zeroPolicy
 }
 
-// Policies returns the policies by service name, for a snapshot of a table
-// rebuilt from the same configuration.
-func (s *Snapshot) Policies() map[string]*Policy {
-	out := make(map[string]*Policy, len(s.policy))
-	for svc, p := range s.policy {
-		out[svc.Name] = p
-	}
-	return out
-}
-
 // zeroPolicy is the policy of a service a snapshot was given none for.
 var zeroPolicy Policy

@@ -163,9 +163,9 @@ func (ss *session) release() {
 	ss.finish()
 }
 
-// finish closes both sockets, logs the session and releases its lease:
-// the backend's, service's and source's slots, and its count in the
-// Server's WaitGroup.
+// finish closes both sockets and releases the session's lease: the
+// backend's, service's and source's slots, then the access line, then its
+// count in the Server's WaitGroup.
 func (ss *session) finish() {
 	if ss.lp != nil {
 		ss.lp.forget(ss)
@@ -176,8 +176,9 @@ func (ss *session) finish() {
 	closeFD(ss.clientFD)
 	closeFD(ss.backendFD)
 	ss.t.B.Untrack(ss)
-	ss.srv.access(ss.svc, ss.pol, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
-	ss.lease.release()
+	ss.lease.release(func() {
+		ss.srv.access(ss.svc, ss.pol, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+	})
 }
 
 // firstErr is the error that ended the session, or nil.

@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"net"
 	"syscall"
 	"time"
 
@@ -15,19 +14,6 @@ import (
 // minutes of retransmissions Linux allows by default. Keepalive probes
 // count as such data, so it also bounds an idle connection's detection
 // once keepalive starts probing.
-
-// setUserTimeout sets TCP_USER_TIMEOUT on c; d <= 0 leaves the kernel's
-// default.
-func setUserTimeout(c *net.TCPConn, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	return userTimeout(d)("", "", rc)
-}
 
 // userTimeout returns a net.Dialer Control function that sets
 // TCP_USER_TIMEOUT before the connect, so that it bounds the handshake's

@@ -56,3 +56,16 @@ func TestUserTimeout(t *testing.T) {
 		t.Error("user_timeout 0 is not a no-op")
 	}
 }
+
+// setUserTimeout sets TCP_USER_TIMEOUT on c, as the dial does on a raw socket; d <= 0 leaves the kernel's
+// default.
+func setUserTimeout(c *net.TCPConn, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return userTimeout(d)("", "", rc)
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"fulcrum/backend"
-	"fulcrum/internal/dbtest"
 	"fulcrum/internal/testkit"
 )
 
@@ -35,7 +34,7 @@ const (
 // drill is one cluster pair behind a running Manager.
 type drill struct {
 	t      *testing.T
-	a, b   *dbtest.Postgres
+	a, b   *testkit.Postgres
 	r      *run
 	rw, ro string
 
@@ -68,11 +67,11 @@ type read struct {
 
 func startDrill(t *testing.T, splitBrain string) *drill {
 	t.Helper()
-	d := &drill{t: t, a: dbtest.StartPostgres(t)}
+	d := &drill{t: t, a: testkit.StartPostgres(t)}
 	d.a.Exec(t, "CREATE TABLE w (id bigint PRIMARY KEY, port int NOT NULL, recovery bool NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
 	d.b = d.a.Replica(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "pg.pw"), []byte(dbtest.ScramPassword+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "pg.pw"), []byte(testkit.ScramPassword+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	health := func(svc, role string) string {
@@ -224,7 +223,7 @@ func (d *drill) waitAck(from time.Time, port int, within time.Duration) ack {
 }
 
 // rowsOn reads every row the server at p holds: id → (port, recovery).
-func rowsOn(t *testing.T, p *dbtest.Postgres) map[int64][2]string {
+func rowsOn(t *testing.T, p *testkit.Postgres) map[int64][2]string {
 	out := map[int64][2]string{}
 	for _, r := range p.Exec(t, "SELECT id, port, recovery FROM w") {
 		id, _ := strconv.ParseInt(r[0], 10, 64)

@@ -368,7 +368,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			} else {
 				prim = append(prim, t)
 			}
-			if b.Health.Check != "none" {
+			if b.Health.Check != backend.CheckNone {
 				p.jobs = append(p.jobs, health.Job{B: bk, Spec: checkSpec(b, dns)})
 			}
 		}
@@ -450,7 +450,7 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 
 // picker builds the scheduler over targets, or keeps prev's when its
 // targets are the same (and so its cursor). prev may be nil.
-func picker(name string, opt sched.Options, targets []sched.Target, prev *sched.Service) ([]sched.Target, sched.Picker, error) {
+func picker(name sched.Kind, opt sched.Options, targets []sched.Target, prev *sched.Service) ([]sched.Target, sched.Picker, error) {
 	var last sched.Picker
 	if prev != nil && prev.Picker != nil {
 		if slices.Equal(prev.Targets, targets) {
@@ -476,7 +476,7 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 	}
 	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
 		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
-	if h.Check == "send-expect" {
+	if h.Check == backend.CheckSendExpect {
 		p.Send = []byte(h.Send)
 		p.Expect = h.Expect
 	}

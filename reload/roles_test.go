@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"fulcrum/backend"
-	"fulcrum/internal/dbtest"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
@@ -44,8 +43,8 @@ func port(addr string) string { return addr[strings.LastIndex(addr, ":")+1:] }
 func TestRolesRedis(t *testing.T) {
 	testkit.CheckLeaks(t)
 	auth := []string{"--requirepass", "redis-pw", "--masterauth", "redis-pw"}
-	a := dbtest.StartRedis(t, auth...)
-	b := dbtest.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
+	a := testkit.StartRedis(t, auth...)
+	b := testkit.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "redis.pw"), []byte("redis-pw\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -136,8 +135,8 @@ func TestRolesRedis(t *testing.T) {
 // to the primary.
 func TestOnUpCloseBackups(t *testing.T) {
 	testkit.CheckLeaks(t)
-	h := &holder{}
-	bk := testkit.NewServer(t, h.handle)
+	h := &testkit.Holder{}
+	bk := testkit.NewServer(t, h.Handle)
 	primary := testkit.DeadAddr(t)
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
@@ -173,7 +172,7 @@ func TestOnUpCloseBackups(t *testing.T) {
 func TestSplitBrain(t *testing.T) {
 	for _, mode := range []string{"refuse", "first"} {
 		t.Run(mode, func(t *testing.T) {
-			a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+			a, b := testkit.StartRedis(t), testkit.StartRedis(t)
 			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 			r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 				extra:    fmt.Sprintf("split_brain = %q\n", mode) + health,
@@ -214,73 +213,6 @@ func TestSplitBrain(t *testing.T) {
 	}
 }
 
-// TestHold: with hold_timeout, connections that arrive while no backend is
-// eligible wait, and are served in arrival order once one comes up; without
-// a backend coming up, they are closed when hold_timeout runs out.
-func TestHold(t *testing.T) {
-	testkit.CheckLeaks(t)
-	addr := testkit.DeadAddr(t)
-	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
-	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
-		extra:    "hold_timeout = \"10s\"\nmax_conns = 8\n" + health,
-		backends: []be{{"a", addr, 1, ""}}}))
-	front := r.addr("127.0.0.1:0")
-	r.logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
-	g := r.ptr.Load().Service("s").Group
-	type result struct {
-		i    int
-		name string
-		err  error
-		at   time.Time
-	}
-	const n = 4
-	results := make(chan result, n)
-	for i := range n {
-		c, err := net.Dial("tcp", front)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		for deadline := time.Now().Add(5 * time.Second); g.HoldStats().Holding != int64(i+1); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) { // arrival order needs each to be queued before the next connects
-				t.Fatalf("connection %d is not held (holding %d)", i, g.HoldStats().Holding)
-			}
-		}
-		go func() { // exits when the greeting arrives or the deadline passes
-			c.SetReadDeadline(time.Now().Add(15 * time.Second))
-			s, err := bufio.NewReader(c).ReadString('\n')
-			results <- result{i, strings.TrimSpace(s), err, time.Now()}
-		}()
-	}
-	up := time.Now()
-	testkit.NewServerAt(t, addr, testkit.Greeter("a"))
-	for range n {
-		res := <-results
-		if res.err != nil || res.name != "a" {
-			t.Errorf("held connection %d: %q, %v; want served by a", res.i, res.name, res.err)
-		}
-	}
-	t.Logf("held connections served %v after the backend came up", time.Since(up).Round(time.Millisecond))
-	if h := g.HoldStats(); h.Held != n || h.Holding != 0 || h.Expired != 0 {
-		t.Errorf("HoldStats = %+v; want %d held, none holding or expired", h, n)
-	}
-
-	// Nothing comes up: closed when hold_timeout runs out.
-	r2 := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
-		extra: "hold_timeout = \"300ms\"\n" + health, backends: []be{{"a", testkit.DeadAddr(t), 1, ""}}}))
-	r2.logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
-	start := time.Now()
-	if name, err := greeting(r2.addr("127.0.0.1:0")); err == nil {
-		t.Errorf("with nothing eligible: %q; want closed", name)
-	}
-	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
-		t.Errorf("closed after %v; want about hold_timeout (300ms)", d)
-	}
-	if h := r2.ptr.Load().Service("s").Group.HoldStats(); h.Expired != 1 {
-		t.Errorf("Expired = %d; want 1", h.Expired)
-	}
-}
-
 // TestFallback: a service whose own backends are all down picks from its
 // fallback's, and returns to its own as soon as one is up.
 func TestFallback(t *testing.T) {
@@ -309,7 +241,7 @@ func TestFallback(t *testing.T) {
 // connection is closed before any backend is dialled, and counted.
 func TestSplitBrainRefuses(t *testing.T) {
 	testkit.CheckLeaks(t)
-	a, b := dbtest.StartRedis(t), dbtest.StartRedis(t)
+	a, b := testkit.StartRedis(t), testkit.StartRedis(t)
 	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra: "hold_timeout = \"5s\"\n" + health, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
@@ -391,9 +323,9 @@ func TestOnDownPassive(t *testing.T) {
 // with on_down = "close"), and back in when cleared.
 func TestRolesMariaDB(t *testing.T) {
 	testkit.CheckLeaks(t)
-	m := dbtest.StartMariaDB(t)
+	m := testkit.StartMariaDB(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(dbtest.MD5Password+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "my.pw"), []byte(testkit.MD5Password+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	const interval, fall = 300 * time.Millisecond, 2

@@ -42,7 +42,7 @@ func BenchmarkPick(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Run(name+"/n="+itoa(n), func(b *testing.B) {
+			b.Run(string(name)+"/n="+itoa(n), func(b *testing.B) {
 				b.ReportAllocs()
 				var req Request
 				k := 0
@@ -63,7 +63,7 @@ func BenchmarkPick(b *testing.B) {
 func BenchmarkBuild(b *testing.B) {
 	ts := benchTargets(10000)
 	for _, name := range Names {
-		b.Run(name+"/n=10000", func(b *testing.B) {
+		b.Run(string(name)+"/n=10000", func(b *testing.B) {
 			for b.Loop() {
 				if _, err := New(name, ts, nil, Options{}); err != nil {
 					b.Fatal(err)

@@ -34,8 +34,8 @@ func TestChiSquare(t *testing.T) {
 	const n = 1_000_000
 	ws := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0}
 	crit := chiSquare001(t, 9)
-	for _, name := range []string{"random", "wrandom"} {
-		t.Run(name, func(t *testing.T) {
+	for _, name := range []Kind{"random", "wrandom"} {
+		t.Run(string(name), func(t *testing.T) {
 			ts := weighted(ws...)
 			p, err := New(name, ts, nil, Options{Source: rand.NewPCG(1, 2)})
 			if err != nil {
@@ -168,8 +168,8 @@ func (s noDraws) Uint64() uint64 {
 // TestOneEligibleNoDraw: with one eligible backend the random schedulers
 // return it without drawing.
 func TestOneEligibleNoDraw(t *testing.T) {
-	for _, name := range []string{"random", "wrandom", "p2c"} {
-		t.Run(name, func(t *testing.T) {
+	for _, name := range []Kind{"random", "wrandom", "p2c"} {
+		t.Run(string(name), func(t *testing.T) {
 			ts := weighted(0, 3, 0)
 			p, _ := New(name, ts, nil, Options{Source: noDraws{t}})
 			var r Request
@@ -248,7 +248,7 @@ func TestP2CCapacity(t *testing.T) {
 // with departures: once live balls reach live, each arrival is preceded by
 // the departure of a uniformly chosen live ball. It returns the largest
 // load any bin reached.
-func ballsIntoBins(t *testing.T, name string, n, balls, live int, seed uint64) int64 {
+func ballsIntoBins(t *testing.T, name Kind, n, balls, live int, seed uint64) int64 {
 	ws := make([]int, n)
 	for i := range ws {
 		ws[i] = 1
@@ -297,7 +297,7 @@ func TestP2CBallsIntoBins(t *testing.T) {
 // stats_reference.json: best-of-2 ≈ 11.9, random ≈ 18.8.
 func TestP2CReference(t *testing.T) {
 	for _, c := range []struct {
-		name   string
+		name   Kind
 		lo, hi float64
 	}{{"p2c", 11.4, 12.4}, {"random", 17.8, 19.8}} {
 		sum := 0.0

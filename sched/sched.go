@@ -214,7 +214,7 @@ func CheckTableSize(n int) error {
 // CheckBackends says why a service of n backends cannot use scheduler name
 // with options o, or nil: mh needs a table larger than the number of
 // backends.
-func CheckBackends(name string, o Options, n int) error {
+func CheckBackends(name Kind, o Options, n int) error {
 	if name == "mh" && o.tableSize() <= n {
 		return fmt.Errorf("%d must be larger than the number of backends (%d); about 100 times as large keeps mh balanced", o.tableSize(), n)
 	}
@@ -236,7 +236,7 @@ func (o Options) withPort() (bool, error) {
 // the picker of the same service in the previous snapshot, or nil; a
 // scheduler of the same kind may carry its cursor over from it (see each
 // type). New fails on an unknown name or an invalid option.
-func New(name string, targets []Target, prev Picker, o Options) (Picker, error) {
+func New(name Kind, targets []Target, prev Picker, o Options) (Picker, error) {
 	switch name {
 	case "rr":
 		return newRoundRobin(targets, prev), nil
@@ -279,8 +279,12 @@ func New(name string, targets []Target, prev Picker, o Options) (Picker, error) 
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
 
+// Kind names a scheduler: one of Names, as the configuration's scheduler
+// key spells it.
+type Kind string
+
 // Names lists the schedulers New knows, in the README's order.
-var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
+var Names = []Kind{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed", "nq", "p2c", "sh", "mh", "first"}
 
 // Service is one service in a snapshot: its backends and how one is picked,
 // with the live state of its group. How each of its connections is
@@ -288,7 +292,7 @@ var Names = []string{"rr", "wrr", "swrr", "random", "wrandom", "lc", "wlc", "sed
 type Service struct {
 	Name         string
 	Listen       []netip.AddrPort // the addresses it accepts on, as configured
-	Scheduler    string           // the scheduler's config name
+	Scheduler    Kind             // the scheduler's config name
 	Options      Options          // the scheduler's parameters
 	Targets      []Target         // the primary backends
 	Picker       Picker           // over Targets

@@ -234,7 +234,7 @@ func TestLCFamilyVectors(t *testing.T) {
 				if want != nil {
 					w = *want
 				}
-				p, _ := New(name, ts, nil, Options{})
+				p, _ := New(Kind(name), ts, nil, Options{})
 				if got := picks(p, ts, 1)[0]; got != w {
 					t.Errorf("Pick = %s; want %s (LVS %s)", got, w, name)
 				}
@@ -251,7 +251,7 @@ func TestLCFamilyVectors(t *testing.T) {
 						ts[i].B.Acquire(0)
 					}
 				}
-				p, _ := New(name, ts, nil, Options{})
+				p, _ := New(Kind(name), ts, nil, Options{})
 				var got []string
 				for range want {
 					var r Request
@@ -296,7 +296,7 @@ func TestCrossMultiplication(t *testing.T) {
 // a slot coming free makes it eligible again at the next pick.
 func TestMaxConns(t *testing.T) {
 	for _, name := range Names {
-		t.Run(name, func(t *testing.T) {
+		t.Run(string(name), func(t *testing.T) {
 			ts := weighted(1, 1)
 			ts[0].MaxConns, ts[1].MaxConns = 1, 2
 			p, _ := New(name, ts, nil, Options{})
@@ -324,7 +324,7 @@ func TestMaxConns(t *testing.T) {
 
 func TestNoBackend(t *testing.T) {
 	for _, name := range Names {
-		t.Run(name, func(t *testing.T) {
+		t.Run(string(name), func(t *testing.T) {
 			for _, ts := range [][]Target{nil, targets([]vecBackend{{Name: "A"}, {Name: "B"}})} {
 				p, err := New(name, ts, nil, Options{})
 				if err != nil {

@@ -76,7 +76,7 @@ func TestSWRRVectors(t *testing.T) {
 //	swrr {1,1,0,3}: (1,1,3)→D; (2,2,1)→A; (-2,3,4)→D; (-1,4,2)→B; (0,0,5)→D → D A D B D
 func TestHandDerived(t *testing.T) {
 	for _, c := range []struct {
-		sched   string
+		sched   Kind
 		weights []int
 		period  string
 	}{
@@ -89,7 +89,7 @@ func TestHandDerived(t *testing.T) {
 		{"swrr", []int{2, 2, 1}, "ABCAB"},
 		{"swrr", []int{1, 1, 0, 3}, "DADBD"},
 	} {
-		t.Run(c.sched+"/"+weightsName(c.weights), func(t *testing.T) {
+		t.Run(string(c.sched)+"/"+weightsName(c.weights), func(t *testing.T) {
 			ts := weighted(c.weights...)
 			p, err := New(c.sched, ts, nil, Options{})
 			if err != nil {
@@ -146,7 +146,7 @@ func TestExactProportions(t *testing.T) {
 		for _, w := range ws {
 			g, sum = gcd(g, w), sum+w
 		}
-		for _, name := range []string{"wrr", "swrr"} {
+		for _, name := range []Kind{"wrr", "swrr"} {
 			ts := weighted(ws...)
 			p, _ := New(name, ts, nil, Options{})
 			count := map[string]int{}

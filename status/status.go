@@ -204,7 +204,7 @@ func Of(src Source) Status {
 	}
 	if t != nil {
 		for _, s := range t.Services {
-			ss := Service{Name: s.Name, Scheduler: s.Scheduler, SplitBrain: s.SplitBrain}
+			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused

@@ -339,6 +339,7 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 	if short {
 		fmt.Fprintln(w, "†N: only N repetitions gave this figure (the others failed; see below).")
 	}
+	renderScale(w, s, cols, clkTck)
 	if notes := failures(s, cols); len(notes) > 0 {
 		fmt.Fprintln(w, "\nFailures counted (summed over repetitions):")
 		for _, n := range notes {
@@ -414,4 +415,86 @@ func failureKey(k string) (work, kind string, ok bool) {
 		return w, "run failed", true
 	}
 	return "", "", false
+}
+
+// The scale run's parts (run.sh's scale workload): its sample keys' prefixes
+// and their column headings.
+var scaleParts = []struct{ key, heading string }{
+	{"scale3", "3 backends"}, {"scale1000", "1,000 backends"}, {"scale10000", "10,000 backends"}, {"scaleidle", "3 backends, idle held"},
+}
+
+// scaleRows are the figures of each part: the key's suffix after the part.
+var scaleRows = []row{
+	{label: "CPU per new connection, µs ↓", lower: true, show: fixed(1)},
+	{label: "connection latency (connect, 64 B echo, close), p50 µs ↓", lower: true, show: micros},
+	{label: "… p99 µs ↓", lower: true, show: micros},
+	{label: "new connections/s", show: count},
+}
+
+// scaleValue is row i's figure of part k in one repetition's samples.
+func scaleValue(i int, k string) func(map[string]float64, float64) (float64, bool) {
+	switch i {
+	case 0:
+		return per(k+"_cpu_ticks", k+"_total", perMicro)
+	case 1:
+		return key(k+"_p50_us", 1)
+	case 2:
+		return key(k+"_p99_us", 1)
+	}
+	return key(k+"_rate", 1)
+}
+
+// renderScale writes, for each fulcrum column with scale samples, the cost
+// as the work grows: each figure by part, and the largest over the
+// smallest of the row (the target is flat: at most 1.1).
+func renderScale(w io.Writer, s *samples, cols []column, clkTck float64) {
+	for _, c := range cols {
+		has := false
+		for _, rep := range s.reps {
+			if _, ok := s.get(rep, c.id)["scale3_total"]; ok {
+				has = true
+			}
+		}
+		if !has {
+			continue
+		}
+		held := ""
+		for _, rep := range s.reps {
+			if v, ok := s.get(rep, c.id)["scaleidle_held"]; ok {
+				held = count(v, nil)
+			}
+		}
+		fmt.Fprintf(w, "\n%s, the cost as the work grows (32 clients connecting; one service, default scheduler):\n\n| figure |", c.label)
+		for _, p := range scaleParts {
+			h := p.heading
+			if p.key == "scaleidle" && held != "" {
+				h = "3 backends, " + held + " idle held"
+			}
+			fmt.Fprintf(w, " %s |", h)
+		}
+		fmt.Fprint(w, " largest ÷ smallest |\n|---|")
+		for range scaleParts {
+			fmt.Fprint(w, "---:|")
+		}
+		fmt.Fprintln(w, "---:|")
+		for i, r := range scaleRows {
+			fmt.Fprintf(w, "| %s |", r.label)
+			lo, hi := math.Inf(1), math.Inf(-1)
+			for _, p := range scaleParts {
+				rr := row{value: scaleValue(i, p.key)}
+				x := rr.cell(s, c.id, clkTck)
+				if x.n == 0 {
+					fmt.Fprint(w, " — |")
+					continue
+				}
+				fmt.Fprintf(w, " %s |", r.show(x.v, x.last))
+				lo, hi = min(lo, x.v), max(hi, x.v)
+			}
+			if lo > 0 && !math.IsInf(lo, 0) && !math.IsInf(hi, 0) {
+				fmt.Fprintf(w, " %.2f |\n", hi/lo)
+			} else {
+				fmt.Fprintln(w, " — |")
+			}
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -122,5 +123,37 @@ func TestRunErrors(t *testing.T) {
 		if got := run(c.args, &out, &errOut); got != c.code {
 			t.Errorf("run(%q) = %d; want %d (stderr %q)", c.args, got, c.code, errOut.String())
 		}
+	}
+}
+
+// TestScaleTable: the scale run's parts make a table of their own for
+// fulcrum, each figure a median over repetitions, with the largest over the
+// smallest of each row.
+func TestScaleTable(t *testing.T) {
+	var tsv strings.Builder
+	for rep, ticks := range map[string][4]int{"1": {100, 105, 110, 120}, "2": {100, 104, 112, 118}, "3": {90, 100, 111, 119}} {
+		for i, part := range []string{"scale3", "scale1000", "scale10000", "scaleidle"} {
+			tsv.WriteString(rep + "\tfulcrum\t" + part + "_cpu_ticks\t" + strconv.Itoa(ticks[i]) + "\n")
+			tsv.WriteString(rep + "\tfulcrum\t" + part + "_total\t10000\n")
+			tsv.WriteString(rep + "\tfulcrum\t" + part + "_p50_us\t" + strconv.Itoa(200+10*i) + "\n")
+			tsv.WriteString(rep + "\tfulcrum\t" + part + "_p99_us\t900\n")
+			tsv.WriteString(rep + "\tfulcrum\t" + part + "_rate\t5000\n")
+		}
+		tsv.WriteString(rep + "\tfulcrum\tscaleidle_held\t8900\n")
+	}
+	out := renderString(t, tsv.String())
+	if !strings.Contains(out, "| figure | 3 backends | 1,000 backends | 10,000 backends | 3 backends, 8,900 idle held | largest ÷ smallest |") {
+		t.Fatalf("no scale table heading in\n%s", out)
+	}
+	// CPU per connection: median ticks 100, 104, 111, 119 over 10,000
+	// connections at 100 ticks/s: 100, 104, 111, 119 µs.
+	if got, want := rowOf(t, out, "CPU per new connection, µs ↓"), "| CPU per new connection, µs ↓ | 100.0 | 104.0 | 111.0 | 119.0 | 1.19 |"; got != want {
+		t.Errorf("CPU row:\n%s\nwant\n%s", got, want)
+	}
+	if got, want := rowOf(t, out, "new connections/s"), "| new connections/s | 5,000 | 5,000 | 5,000 | 5,000 | 1.00 |"; got != want {
+		t.Errorf("rate row:\n%s\nwant\n%s", got, want)
+	}
+	if strings.Contains(renderString(t, sampleTSV), "the cost as the work grows") {
+		t.Error("a run without scale samples has a scale table")
 	}
 }

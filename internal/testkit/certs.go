@@ -153,9 +153,7 @@ func (p *Postgres) EnableTLS(t testing.TB, name string, cert tls.Certificate) {
 		t.Fatalf("chown: %v: %s", err, out)
 	}
 	conf := fmt.Sprintf("ssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\ncluster_name = '%s'\n", certFile, keyFile, name)
-	if err := appendFile(filepath.Join(p.Dir, "postgresql.conf"), conf); err != nil {
-		t.Fatal(err)
-	}
+	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), conf)
 	p.Stop(t, "fast") // cluster_name needs a restart
 	p.Start(t)
 	deadline := time.Now().Add(20 * time.Second)

@@ -1,6 +1,7 @@
 // Package testkit provides what fulcrum's tests use around a proxy:
-// real loopback backend servers, a log sink a test can wait on, and a check
-// that no goroutine or descriptor outlives a test. It is for tests only, in
+// real loopback backend servers, real database servers (PostgreSQL with
+// replicas, MariaDB, Redis; db.go), certificates, a log sink a test can
+// wait on, and a check that no goroutine or descriptor outlives a test. It is for tests only, in
 // the manner of net/http/httptest.
 //
 // Typical use:
@@ -23,11 +24,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,6 +246,28 @@ func Greeter(name string) func(*net.TCPConn) {
 	}
 }
 
+// Holder is a backend handler (its Handle method) that greets with "in",
+// then holds each connection until the client closes it, and records the
+// most it held at once.
+type Holder struct {
+	Open, Peak, Served atomic.Int64
+}
+
+// Handle serves one connection.
+func (h *Holder) Handle(c *net.TCPConn) {
+	n := h.Open.Add(1)
+	for {
+		p := h.Peak.Load()
+		if n <= p || h.Peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	h.Served.Add(1)
+	c.Write([]byte("in\n"))
+	io.Copy(io.Discard, c)
+	h.Open.Add(-1)
+}
+
 // Echo copies everything back in user space, then half-closes.
 func Echo(c *net.TCPConn) {
 	buf := make([]byte, 32<<10)
@@ -284,173 +306,4 @@ func FreeAddr(t testing.TB) string {
 	}
 	t.Fatal("no free loopback address in 100 draws")
 	return ""
-}
-
-// Postgres is a PostgreSQL cluster of the test's own, on 127.0.0.1.
-type Postgres struct {
-	Addr string // 127.0.0.1:port
-	Dir  string // data directory
-	Port int
-	bin  string
-}
-
-// pgBin finds the directory of PostgreSQL's server programs.
-func pgBin() string {
-	for _, d := range []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"} {
-		if _, err := os.Stat(d + "/pg_ctl"); err == nil {
-			return d
-		}
-	}
-	if p, err := exec.LookPath("pg_ctl"); err == nil {
-		return filepath.Dir(p)
-	}
-	return ""
-}
-
-// StartPostgres initialises and starts a cluster on a free loopback port
-// (trust authentication, no fsync), running as the postgres user since
-// PostgreSQL refuses to run as root. The test's cleanup stops it and
-// removes its files. It skips the test where PostgreSQL is not installed.
-func StartPostgres(t testing.TB) *Postgres {
-	t.Helper()
-	bin := pgBin()
-	if bin == "" {
-		t.Skip("PostgreSQL is not installed")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("starting PostgreSQL as its own user needs root")
-	}
-	dir, err := os.MkdirTemp("", "fulcrum-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	if out, err := exec.Command("chown", "postgres:postgres", dir).CombinedOutput(); err != nil {
-		t.Fatalf("chown: %v: %s", err, out)
-	}
-	data := filepath.Join(dir, "data")
-	runAs(t, "postgres", bin+"/initdb", "-D", data, "--auth=trust", "--no-sync", "-U", "postgres")
-	port := freePort(t)
-	p := &Postgres{Addr: fmt.Sprintf("127.0.0.1:%d", port), Dir: data, Port: port, bin: bin}
-	conf := fmt.Sprintf("port = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = off\nmax_connections = 200\n", port, dir)
-	if err := appendFile(filepath.Join(data, "postgresql.conf"), conf); err != nil {
-		t.Fatal(err)
-	}
-	p.Start(t)
-	t.Cleanup(func() { p.Ctl(t, "stop", "-m", "immediate") })
-	return p
-}
-
-// Start starts the cluster and waits until it accepts connections.
-func (p *Postgres) Start(t testing.TB) {
-	t.Helper()
-	p.Ctl(t, "start", "-w", "-t", "60", "-l", filepath.Join(filepath.Dir(p.Dir), "log"))
-}
-
-// Stop stops the cluster with the given pg_ctl mode (fast, immediate).
-func (p *Postgres) Stop(t testing.TB, mode string) {
-	t.Helper()
-	p.Ctl(t, "stop", "-w", "-m", mode)
-}
-
-// Ctl runs pg_ctl on the cluster as the postgres user.
-func (p *Postgres) Ctl(t testing.TB, args ...string) {
-	t.Helper()
-	runAs(t, "postgres", p.bin+"/pg_ctl", append([]string{"-D", p.Dir}, args...)...)
-}
-
-// Bin returns the path of one of PostgreSQL's programs (pgbench, psql…).
-func (p *Postgres) Bin(name string) string {
-	if _, err := os.Stat(filepath.Join(p.bin, name)); err == nil {
-		return filepath.Join(p.bin, name)
-	}
-	return name
-}
-
-func runAs(t testing.TB, user, prog string, args ...string) {
-	t.Helper()
-	out, err := exec.Command("runuser", append([]string{"-u", user, "--", prog}, args...)...).CombinedOutput()
-	if err != nil && !strings.Contains(string(out), "Is server running?") {
-		t.Fatalf("%s %s: %v\n%s", prog, strings.Join(args, " "), err, out)
-	}
-}
-
-func appendFile(path, text string) error {
-	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(text)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func freePort(t testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// Redis is a redis-server of the test's own, on 127.0.0.1.
-type Redis struct {
-	Addr string
-	Port int
-	args []string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// StartRedis starts redis-server on a free loopback port, with no
-// persistence, plus any extra arguments ("--requirepass", "x"). The test's
-// cleanup stops it. It skips the test where redis-server is not installed.
-func StartRedis(t testing.TB, extra ...string) *Redis {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server is not installed")
-	}
-	port := freePort(t)
-	r := &Redis{Addr: fmt.Sprintf("127.0.0.1:%d", port), Port: port,
-		args: append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--daemonize", "no", "--protected-mode", "no", "--dir", t.TempDir()}, extra...)}
-	r.Start(t)
-	t.Cleanup(func() { r.Kill() })
-	return r
-}
-
-// Start starts the server and waits until it answers.
-func (r *Redis) Start(t testing.TB) {
-	t.Helper()
-	r.cmd = exec.Command("redis-server", r.args...)
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done) // exits with the process
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", r.Addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not start: %v", r.Addr, err)
-		}
-		time.Sleep(20 * time.Millisecond) // a starting server gives no event but its port
-	}
-}
-
-// Kill stops the server with SIGKILL and waits for it.
-func (r *Redis) Kill() {
-	if r.cmd != nil && r.cmd.Process != nil {
-		r.cmd.Process.Kill()
-		<-r.done
-		r.cmd = nil
-	}
 }

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -24,19 +24,16 @@ var birdProduction = birdNode{RouterID: "192.0.2.11", Local: "192.0.2.11", Local
 // with BIRD's own parser (bird -p), where bird2 is installed (.ci/run
 // installs it).
 func TestBirdConfig(t *testing.T) {
-	bird, err := exec.LookPath("bird")
-	if err != nil {
-		t.Skip("bird (Debian's bird2) is not installed")
-	}
+	bird := needProgram(t, "bird")
 	path := filepath.Join(t.TempDir(), "bird.conf")
-	renderFile(t, "docs/bird/bird.conf.tmpl", path, birdProduction)
+	renderFile(t, "../../docs/bird/bird.conf.tmpl", path, birdProduction)
 	if out, err := exec.Command(bird, "-p", "-c", path).CombinedOutput(); err != nil {
 		t.Errorf("bird -p -c %s: %v\n%s", path, err, out)
 	}
 	// The parser must be able to say no, or the check above proves nothing.
 	bad := birdProduction
 	bad.Anycast = "198.51.100.10/33"
-	renderFile(t, "docs/bird/bird.conf.tmpl", path, bad)
+	renderFile(t, "../../docs/bird/bird.conf.tmpl", path, bad)
 	if out, err := exec.Command(bird, "-p", "-c", path).CombinedOutput(); err == nil {
 		t.Errorf("bird -p accepted a /33 route: %s", out)
 	}
@@ -61,9 +58,7 @@ func TestBGPAnycast(t *testing.T) {
 	t.Parallel() // mostly waiting on timers; its namespaces are its own
 	l := newLab(t, "bgp")
 	for _, tool := range []string{"bird", "birdc", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (.ci/run installs bird2 and curl)", tool)
-		}
+		needProgram(t, tool)
 	}
 	const (
 		anycast = "10.78.100.10"
@@ -118,13 +113,13 @@ protocol bgp lb2 {
 		t.Fatal(err)
 	}
 	start(t, rt, "bird", "-f", "-c", router, "-s", filepath.Join(dir, "rt.ctl"), "-P", filepath.Join(dir, "rt.pid"))
-	script, err := filepath.Abs("docs/bird/fulcrum-anycast.sh")
+	script, err := filepath.Abs("../../docs/bird/fulcrum-anycast.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []struct{ name, ns, ip string }{{"lb1", lb1, lb1IP}, {"lb2", lb2, lb2IP}} {
 		conf, ctl := filepath.Join(dir, n.name+".conf"), filepath.Join(dir, n.name+".ctl")
-		renderFile(t, "docs/bird/bird.conf.tmpl", conf, birdNode{RouterID: n.ip, Local: n.ip, LocalAS: 65010, Neighbor: "10.78.0.1", NeighborAS: 65000,
+		renderFile(t, "../../docs/bird/bird.conf.tmpl", conf, birdNode{RouterID: n.ip, Local: n.ip, LocalAS: 65010, Neighbor: "10.78.0.1", NeighborAS: 65000,
 			Anycast: anycast + "/32", Log: "stderr"})
 		start(t, n.ns, "bird", "-f", "-c", conf, "-s", ctl, "-P", filepath.Join(dir, n.name+".pid"))
 		start(t, n.ns, "env", "HEALTHZ=http://"+admin+"/healthz", "BIRDC=birdc -s "+ctl, "sh", script)

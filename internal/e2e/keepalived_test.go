@@ -1,7 +1,6 @@
-package main
+package e2e
 
 import (
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,9 +34,7 @@ func TestKeepalivedFailover(t *testing.T) {
 	t.Parallel() // mostly waiting on timers; its namespaces are its own
 	l := newLab(t, "vrrp")
 	for _, tool := range []string{"keepalived", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed (.ci/run installs it)", tool)
-		}
+		needProgram(t, tool)
 	}
 	const (
 		vip   = "10.77.0.100"
@@ -62,7 +59,7 @@ func TestKeepalivedFailover(t *testing.T) {
 	} {
 		node.Interface, node.VIP, node.VirtualRouterID, node.Healthz = "eth0", vip+"/24", 51, "http://"+admin+"/healthz"
 		conf := filepath.Join(dir, node.Name+".conf")
-		renderFile(t, "docs/keepalived/keepalived.conf.tmpl", conf, node)
+		renderFile(t, "../../docs/keepalived/keepalived.conf.tmpl", conf, node)
 		ns := []string{lb1, lb2}[i]
 		start(t, ns, "keepalived", "--dont-fork", "--log-console", "--log-detail", "--no-syslog", "--vrrp",
 			"-f", conf, "-p", filepath.Join(dir, node.Name+".pid"), "-r", filepath.Join(dir, node.Name+"-vrrp.pid"))
@@ -124,30 +121,4 @@ func TestKeepalivedFailover(t *testing.T) {
 	if len(p.seen) != len(clients) || len(distinct(p.seen)) < 2 {
 		t.Errorf("clients and backends: %v; want every client served, by both backends", p.seen)
 	}
-}
-
-// fulcrumIn starts the daemon in namespace ns and waits until it listens.
-func fulcrumIn(t *testing.T, ns, config string) *daemon {
-	t.Helper()
-	d := startDaemonArgs(t, []string{"-c", `exec ip netns exec "$1" "$0" -config "$2"`, os.Args[0], ns, config}, nil, nil)
-	d.await(t, "listening")
-	return d
-}
-
-// drainIn runs fulcrum drain (with args) in namespace ns.
-func drainIn(t *testing.T, ns, admin string, args ...string) {
-	t.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, os.Args[0], "drain", "-admin", admin}, args...)...)
-	cmd.Env = append(os.Environ(), "FULCRUM_TEST_MAIN=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("fulcrum drain %v in %s: %v: %s", args, ns, err, out)
-	}
-}
-
-func distinct(m map[netip.Addr]string) map[string]bool {
-	out := map[string]bool{}
-	for _, v := range m {
-		out[v] = true
-	}
-	return out
 }

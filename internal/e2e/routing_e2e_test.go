@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -42,7 +42,7 @@ listen = ["127.0.0.1:0"]
 sni = ["db2.example.com", "*"]
 backends = [{ name = "pg2", address = %q }]
 `, pg1.Addr, pg2.Addr))
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	port := addr[strings.LastIndexByte(addr, ':')+1:]
 	for _, tc := range []struct{ conn, want, service, sni string }{
 		{"host=db1.example.com hostaddr=127.0.0.1 sslmode=verify-full sslrootcert=" + ca.File, "db1 t", "db1", "db1.example.com"},
@@ -119,7 +119,7 @@ backends = [{ address = %q }]
 
 	path := writeFile(t, "fulcrum.toml", conf2)
 	var out, errOut bytes.Buffer
-	if code := run([]string{"-check", "-config", path}, &out, &errOut); code != 0 {
+	if code := cli([]string{"-check", "-config", path}, &out, &errOut); code != 0 {
 		t.Fatalf("-check = %d: %s", code, errOut.String())
 	}
 	summary := strings.Join(strings.Fields(out.String()), " ")
@@ -129,7 +129,7 @@ backends = [{ address = %q }]
 
 	replaceFile(t, path, []byte(conf1))
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	addr := d.await(t, "listening")["addr"].(string)
+	addr := d.listenAddr(t)
 	served := func(name string, alpn ...string) string {
 		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
 			&tls.Config{ServerName: name, RootCAs: ca.Pool, NextProtos: alpn, InsecureSkipVerify: true})

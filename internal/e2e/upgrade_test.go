@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -22,114 +22,6 @@ import (
 
 	"fulcrum/internal/testkit"
 )
-
-// becomeSubreaper makes this test process the parent of the daemons that an
-// upgrade leaves behind when the old one exits, as systemd is for a
-// service, so that the test can wait for them. It is undone when the test
-// ends (its cleanup runs last: call it first): left on, it would make this
-// process the parent of every orphan of the tests that follow, which
-// nobody reaps, and their process groups would never empty. The tests
-// that call it do not run in parallel, so no other test's orphans come
-// meanwhile.
-func becomeSubreaper(t *testing.T) {
-	t.Helper()
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		t.Fatalf("PR_SET_CHILD_SUBREAPER: %v", err)
-	}
-	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
-}
-
-// daemonPIDs returns the live (not zombie) processes whose command line
-// holds arg: the daemons of one test, named by their unique config path.
-func daemonPIDs(t *testing.T, arg string) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmd, []byte("\x00"+arg+"\x00")) {
-			continue
-		}
-		if procState(pid) == 'Z' {
-			continue
-		}
-		pids = append(pids, pid)
-	}
-	return pids
-}
-
-// procState returns the state letter of /proc/pid/stat (R, S, Z…), or 0
-// when the process is gone.
-func procState(pid int) byte {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0
-	}
-	return b[i+2]
-}
-
-// awaitExited waits until pid is a zombie or gone.
-func awaitExited(t *testing.T, pid int, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if s := procState(pid); s == 'Z' || s == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d still running after %v", pid, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// reap waits for pid, an orphan this process adopted as subreaper, and
-// returns its wait status.
-func reap(t *testing.T, pid int, within time.Duration) syscall.WaitStatus {
-	t.Helper()
-	done := make(chan syscall.WaitStatus, 1)
-	go func() { // exits when pid does: the caller has signalled it, or SIGKILL below
-		var ws syscall.WaitStatus
-		for {
-			_, err := syscall.Wait4(pid, &ws, 0, nil)
-			if errors.Is(err, syscall.ECHILD) {
-				// Not adopted yet (its parent is still exiting), or reaped
-				// elsewhere: wait for it to be gone instead, and look again.
-				for s := procState(pid); s != 0 && s != 'Z'; s = procState(pid) {
-					time.Sleep(20 * time.Millisecond)
-				}
-				if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); err != nil {
-					ws = 0 // not ours to reap: gone is all that can be said
-				}
-				break
-			}
-			if !errors.Is(err, syscall.EINTR) {
-				break
-			}
-		}
-		done <- ws
-	}()
-	select {
-	case ws := <-done:
-		return ws
-	case <-time.After(within):
-		syscall.Kill(pid, syscall.SIGKILL)
-		<-done
-		t.Fatalf("process %d did not exit within %v", pid, within)
-		return 0
-	}
-}
 
 // exchange sends one line on c and reads its echo.
 func exchange(c net.Conn, line string) error {
@@ -235,8 +127,8 @@ func TestUpgradeUnderLoad(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	pings := 0
 	if m := ns.next(t, &pings); !strings.HasPrefix(m, "READY=1") {
 		t.Fatalf("first sd_notify message %q; want READY=1", m)
@@ -262,7 +154,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	<-mid
 	var out, errb bytes.Buffer
 	start := time.Now()
-	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+	if code := cli([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
 		<-loaded
 		t.Fatalf("fulcrum upgrade = %d; stdout %q, stderr %q", code, out.String(), errb.String())
 	}
@@ -367,24 +259,24 @@ func TestUpgradeUnderLoad(t *testing.T) {
 func TestUpgradeFailureKeepsServing(t *testing.T) {
 	becomeSubreaper(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "fulcrum")
+	installed := filepath.Join(dir, "fulcrum")
 	install := func(src string) { // as install(1) or dpkg do: a new file renamed over the old
 		t.Helper()
 		data, err := os.ReadFile(src)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(bin+".new", data, 0o755); err != nil {
+		if err := os.WriteFile(installed+".new", data, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Rename(bin+".new", bin); err != nil {
+		if err := os.Rename(installed+".new", installed); err != nil {
 			t.Fatal(err)
 		}
 	}
-	install(os.Args[0])
+	install(bin)
 	be := testkit.NewServer(t, testkit.Echo).Addr
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
-	d := startDaemonArgs(t, []string{"-c", `exec "$0" "$@"`, bin, "-config", config}, nil, nil)
+	d := startDaemonArgs(t, []string{"-c", `exec "$0" "$@"`, installed, "-config", config}, nil, nil)
 	t.Cleanup(func() {
 		for _, pid := range daemonPIDs(t, config) {
 			if pid != d.cmd.Process.Pid {
@@ -393,8 +285,8 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -410,7 +302,7 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 	}
 	install(broken)
 	var out, errb bytes.Buffer
-	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "exited before it was ready: exit status 3") {
+	if code := cli([]string{"upgrade", "-admin", adm}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "exited before it was ready: exit status 3") {
 		t.Errorf("fulcrum upgrade with a broken binary = %d, stderr %q; want 1 and why", code, errb.String())
 	}
 	if m := d.await(t, "upgrade failed; this process serves on"); !strings.Contains(m["error"].(string), "exit status 3") {
@@ -431,10 +323,10 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 		t.Errorf("new connection after the failed upgrade: %v", err)
 	}
 
-	install(os.Args[0])
+	install(bin)
 	out.Reset()
 	errb.Reset()
-	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+	if code := cli([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
 		t.Fatalf("fulcrum upgrade with a good binary = %d, stderr %q", code, errb.String())
 	}
 	var newPID int
@@ -453,7 +345,7 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 	// (LISTEN_*, the pipe's variable) lingers in its environment.
 	out.Reset()
 	errb.Reset()
-	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+	if code := cli([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
 		t.Fatalf("second upgrade = %d, stderr %q", code, errb.String())
 	}
 	var third, from int
@@ -602,7 +494,7 @@ func TestRestartKeepsFDStore(t *testing.T) {
 	}
 	path := writeFile(t, "fulcrum.toml", config(`, "127.0.0.2:0"`))
 	d := startDaemonArgs(t, []string{"-config", path}, []string{"NOTIFY_SOCKET=" + st.path, "FDSTORE=8"}, nil)
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	st.awaitReady(t)
 	want := []string{"fulcrum.admin.127.0.0.1_0", "fulcrum.listen.127.0.0.1_0", "fulcrum.listen.127.0.0.2_0"}
 	if got := st.names(); !slices.Equal(got, want) {
@@ -655,9 +547,9 @@ func TestRestartKeepsFDStore(t *testing.T) {
 		files = append(files, st.fds[name])
 	}
 	st.mu.Unlock()
-	next := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", path},
+	next := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin, "-config", path},
 		[]string{"LISTEN_FDS=" + strconv.Itoa(len(files)), "LISTEN_FDNAMES=" + strings.Join(names, ":")}, files)
-	if got := next.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string); got != adm {
+	if got := next.adminAddr(t); got != adm {
 		t.Errorf("the next process's admin listens on %s; want the stored %s", got, adm)
 	}
 	for i, c := range queued {
@@ -688,7 +580,7 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 	}
 	defer f.Close()
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
-	d := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", config},
+	d := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin, "-config", config},
 		[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
 	t.Cleanup(func() {
 		for _, pid := range daemonPIDs(t, config) {
@@ -698,7 +590,7 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 			}
 		}
 	})
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	greet := func(what string) {
 		t.Helper()
 		c, err := net.Dial("tcp", ln.Addr().String())
@@ -714,7 +606,7 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 	greet("before the upgrade")
 	f.Close()
 	var out, errb bytes.Buffer
-	if code := run([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
+	if code := cli([]string{"upgrade", "-admin", adm}, &out, &errb); code != 0 {
 		t.Fatalf("fulcrum upgrade = %d, stderr %q", code, errb.String())
 	}
 	var newPID int

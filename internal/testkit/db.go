@@ -1,17 +1,16 @@
-// Package dbtest starts real database servers for tests, each in its own
-// temporary directory on a free loopback port: a PostgreSQL primary and
-// streaming replicas, MariaDB, and Redis with replicas. The test's cleanup
-// stops each server and removes its files.
+package testkit
+
+// Real database servers for tests, each in its own temporary directory on
+// a free loopback port: a PostgreSQL primary and streaming replicas,
+// MariaDB, and Redis with replicas. The test's cleanup stops each server
+// and removes its files.
 //
-// Typical use:
-//
-//	pg := dbtest.StartPostgres(t)     // primary
-//	rep := pg.Replica(t)              // pg_basebackup -R, streaming
+//	pg := testkit.StartPostgres(t)   // primary
+//	rep := pg.Replica(t)             // pg_basebackup -R, streaming
 //	pg.Exec(t, "SELECT 1")
 //
-// A test whose server is not installed skips, except under CI (CI set in
-// the environment), where it fails: CI installs every server.
-package dbtest
+// A test whose server is not installed skips, except in CI (CI=true),
+// where it fails: CI installs every server.
 
 import (
 	"context"
@@ -33,7 +32,7 @@ import (
 // missing skips the test, or fails it under CI.
 func missing(t testing.TB, what string) {
 	t.Helper()
-	if os.Getenv("CI") != "" {
+	if os.Getenv("CI") == "true" {
 		t.Fatalf("%s is missing, and CI must run this test (.ci/run installs it)", what)
 	}
 	t.Skipf("%s is not installed", what)
@@ -52,9 +51,10 @@ type Postgres struct {
 	Dir  string // data directory
 	Log  string // the server's log file
 	root string // the temporary directory holding Dir, Log and the socket
-	bin  string
+	bin  string // the directory of PostgreSQL's programs
 }
 
+// pgBin finds the directory of PostgreSQL's server programs.
 func pgBin() string {
 	for _, d := range []string{"/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/17/bin"} {
 		if _, err := os.Stat(d + "/pg_ctl"); err == nil {
@@ -83,8 +83,9 @@ func pgRoot(t testing.TB) string {
 	return dir
 }
 
-// StartPostgres starts a primary. Authentication from 127.0.0.1: trust
-// for the postgres user and replication, md5 for the role md5user
+// StartPostgres starts a primary (no fsync), running as the postgres user
+// since PostgreSQL refuses to run as root. Authentication from 127.0.0.1:
+// trust for the postgres user and replication, md5 for the role md5user
 // (MD5Password), SCRAM-SHA-256 for every other user; scramuser exists with
 // ScramPassword, and nopriv exists with no password at all.
 func StartPostgres(t testing.TB) *Postgres {
@@ -114,7 +115,7 @@ func StartPostgres(t testing.TB) *Postgres {
 
 func (p *Postgres) configure(t testing.TB) {
 	t.Helper()
-	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = off\nmax_connections = 100\n"+
+	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\nfsync = off\nmax_connections = 200\n"+
 		"shared_buffers = 16MB\nwal_keep_size = 64MB\nlog_connections = off\nlog_disconnections = off\n", p.Port, p.root)
 	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), conf)
 }
@@ -148,7 +149,7 @@ func (p *Postgres) Rejoin(t testing.TB, primary *Postgres) {
 // Start starts the server and waits until it accepts connections.
 func (p *Postgres) Start(t testing.TB) {
 	t.Helper()
-	p.ctl(t, "start", "-w", "-t", "60", "-l", p.Log)
+	p.Ctl(t, "start", "-w", "-t", "60", "-l", p.Log)
 }
 
 // stop is the cleanup: a server the test stopped already is no error.
@@ -163,12 +164,13 @@ func (p *Postgres) stop(t testing.TB) {
 // Stop stops the server with the given pg_ctl mode (fast, immediate).
 func (p *Postgres) Stop(t testing.TB, mode string) {
 	t.Helper()
-	p.ctl(t, "stop", "-w", "-m", mode)
+	p.Ctl(t, "stop", "-w", "-m", mode)
 }
 
-// EnableTLS turns ssl on with a fresh self-signed certificate, rejects TCP
-// sessions without TLS, and reloads the configuration.
-func (p *Postgres) EnableTLS(t testing.TB) {
+// RequireTLS turns ssl on with a fresh self-signed certificate, rejects TCP
+// sessions without TLS, and reloads the configuration. (EnableTLS, in
+// certs.go, serves a given certificate and still accepts plain sessions.)
+func (p *Postgres) RequireTLS(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("openssl"); err != nil {
 		missing(t, "openssl")
@@ -185,7 +187,7 @@ func (p *Postgres) EnableTLS(t testing.TB) {
 	}
 	writeFile(t, hba, "hostnossl all all 127.0.0.1/32 reject\n"+string(b))
 	run(t, "chown", "postgres:postgres", hba)
-	p.ctl(t, "reload")
+	p.Ctl(t, "reload")
 	for deadline := time.Now().Add(10 * time.Second); p.Exec(t, "SHOW ssl")[0][0] != "on"; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) { // a reload gives no event but the setting
 			t.Fatal("ssl is not on 10s after the reload")
@@ -196,12 +198,25 @@ func (p *Postgres) EnableTLS(t testing.TB) {
 // Promote makes a replica a primary and waits until it is one.
 func (p *Postgres) Promote(t testing.TB) {
 	t.Helper()
-	p.ctl(t, "promote", "-w")
+	p.Ctl(t, "promote", "-w")
 }
 
-func (p *Postgres) ctl(t testing.TB, args ...string) {
+// Ctl runs pg_ctl on the server as the postgres user. Stopping a server
+// that is not running is no error.
+func (p *Postgres) Ctl(t testing.TB, args ...string) {
 	t.Helper()
-	runAs(t, p.bin+"/pg_ctl", append([]string{"-D", p.Dir}, args...)...)
+	out, err := exec.Command("runuser", append([]string{"-u", "postgres", "--", p.bin + "/pg_ctl", "-D", p.Dir}, args...)...).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "Is server running?") {
+		t.Fatalf("pg_ctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// Bin returns the path of one of PostgreSQL's programs (pgbench, psql…).
+func (p *Postgres) Bin(name string) string {
+	if _, err := os.Stat(filepath.Join(p.bin, name)); err == nil {
+		return filepath.Join(p.bin, name)
+	}
+	return name
 }
 
 // Exec runs sql as postgres over the server's socket and returns the rows
@@ -365,12 +380,14 @@ func (m *MariaDB) HostErrors(t testing.TB) int64 {
 type Redis struct {
 	Addr string
 	Port int
+	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
 // StartRedis starts redis-server with no persistence, plus extra
-// arguments ("--requirepass", "x", "--replicaof", "127.0.0.1 6379").
+// arguments ("--requirepass", "x", "--replicaof", "127.0.0.1 6379"). The
+// test's cleanup stops it.
 func StartRedis(t testing.TB, extra ...string) *Redis {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -378,19 +395,27 @@ func StartRedis(t testing.TB, extra ...string) *Redis {
 	}
 	r := &Redis{Port: freePort(t)}
 	r.Addr = fmt.Sprintf("127.0.0.1:%d", r.Port)
-	r.cmd = exec.Command("redis-server", append([]string{"--port", fmt.Sprint(r.Port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--loglevel", "notice"}, extra...)...)
+	r.args = append([]string{"--port", fmt.Sprint(r.Port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--dir", t.TempDir(), "--loglevel", "notice"}, extra...)
+	r.Start(t)
+	t.Cleanup(r.Kill)
+	return r
+}
+
+// Start starts the server (again, after Kill) and waits until it answers.
+func (r *Redis) Start(t testing.TB) {
+	t.Helper()
+	r.cmd = exec.Command("redis-server", r.args...)
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	r.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done) // exits with the process
-	t.Cleanup(r.Kill)
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		c, err := net.DialTimeout("tcp", r.Addr, time.Second)
 		if err == nil {
 			c.Close()
-			return r
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redis-server on %s did not start: %v", r.Addr, err)
@@ -426,6 +451,7 @@ func (r *Redis) Do(t testing.TB, cmd string) string {
 	return strings.TrimSpace(string(buf[:n]))
 }
 
+// run runs prog and fails the test on error.
 func run(t testing.TB, prog string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(prog, args...).CombinedOutput(); err != nil {
@@ -433,6 +459,7 @@ func run(t testing.TB, prog string, args ...string) {
 	}
 }
 
+// runAs runs prog as the postgres user.
 func runAs(t testing.TB, prog string, args ...string) {
 	t.Helper()
 	run(t, "runuser", append([]string{"-u", "postgres", "--", prog}, args...)...)

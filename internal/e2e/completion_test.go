@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -13,11 +13,11 @@ import (
 // really has (read from its -h), so that a new flag cannot be missed, and
 // runs the bash one.
 func TestCompletion(t *testing.T) {
-	bash, err := os.ReadFile("completion/fulcrum.bash")
+	bash, err := os.ReadFile("../../completion/fulcrum.bash")
 	if err != nil {
 		t.Fatal(err)
 	}
-	zsh, err := os.ReadFile("completion/_fulcrum")
+	zsh, err := os.ReadFile("../../completion/_fulcrum")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestCompletion(t *testing.T) {
 			args, key = []string{cmd, "-h"}, cmd
 		}
 		var usage bytes.Buffer
-		if code := run(args, &usage, &usage); code != 0 {
+		if code := cli(args, &usage, &usage); code != 0 {
 			t.Fatalf("%v = %d", args, code)
 		}
 		flags := flagLine.FindAllStringSubmatch(usage.String(), -1)
@@ -53,10 +53,7 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 
-	sh, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("bash is not installed")
-	}
+	sh := needProgram(t, "bash")
 	for line, want := range map[string]string{
 		"fulcrum st":         "status",
 		"fulcrum status -j":  "-json",
@@ -66,7 +63,7 @@ func TestCompletion(t *testing.T) {
 		"fulcrum se":         "set",
 		"fulcrum set pg/a m": "maint",
 	} {
-		script := `source completion/fulcrum.bash
+		script := `source ../../completion/fulcrum.bash
 COMP_WORDS=(` + line + ` ); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _fulcrum; echo "${COMPREPLY[*]}"`
 		out, err := exec.Command(sh, "-c", script).CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != want {

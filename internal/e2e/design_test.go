@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"os"
@@ -13,7 +13,7 @@ import (
 // tools) has a line there, and the line names exactly the packages of
 // fulcrum's it imports.
 func TestDesignImports(t *testing.T) {
-	doc, err := os.ReadFile("docs/design.md")
+	doc, err := os.ReadFile("../../docs/design.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,9 @@ func TestDesignImports(t *testing.T) {
 	if len(drawn) == 0 {
 		t.Fatal("docs/design.md has no package graph")
 	}
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
+	list := exec.Command(goTool(), "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...")
+	list.Dir = "../.." // the module root
+	out, err := list.Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"os"
@@ -28,24 +28,10 @@ func docBlocks(t *testing.T, path, lang string) []string {
 	return out
 }
 
-// needProgram returns the path of a program, skipping the test where it is
-// missing outside CI (.ci/run installs it).
-func needProgram(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not installed", name)
-		}
-		t.Skipf("%s is not installed", name)
-	}
-	return p
-}
-
 // TestRoutingDoc: the configurations docs/routing.md shows side by side
 // are valid for fulcrum, nginx and HAProxy alike.
 func TestRoutingDoc(t *testing.T) {
-	const doc = "docs/routing.md"
+	const doc = "../../docs/routing.md"
 	for i, src := range docBlocks(t, doc, "toml") {
 		cfg, err := conf.Parse(doc, []byte(src))
 		if err != nil {

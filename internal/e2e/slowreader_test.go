@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -8,33 +8,14 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"fulcrum/internal/testkit"
 )
-
-// realBinary builds fulcrum once, without the race detector, for tests
-// that measure the daemon's memory: the race runtime's shadow memory would
-// be measured with it.
-var realBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "fulcrum-bin")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "fulcrum")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
 
 // rss is process pid's resident set size in bytes.
 func rss(t *testing.T, pid int) int64 {
@@ -110,7 +91,7 @@ func TestSlowReaderMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("streams 2 GiB through a freshly built daemon")
 	}
-	bin, err := realBinary()
+	plain, err := plainBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,8 +116,8 @@ func TestSlowReaderMemory(t *testing.T) {
 				got <- [32]byte(h.Sum(nil))
 			}).Addr
 			cfg := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = %q }]\n", be))
-			d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec %s -config %s", bin, cfg)}, nil, nil)
-			addr := d.await(t, "listening")["addr"].(string)
+			d := startDaemonArgs(t, []string{"-c", fmt.Sprintf("exec %s -config %s", plain, cfg)}, nil, nil)
+			addr := d.listenAddr(t)
 			pid := d.cmd.Process.Pid
 
 			c, err := net.DialTimeout("tcp", addr, 5*time.Second)

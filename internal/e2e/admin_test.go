@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -37,8 +37,8 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weight = 0 }]
 `, be, testkit.DeadAddr(t)))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string) // logged first
-	lb := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t) // logged first
+	lb := d.listenAddr(t)
 
 	const n = 7
 	var in, out int
@@ -62,13 +62,9 @@ backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weigh
 		d.await(t, "connection")
 	}
 
-	resp, err := http.Get("http://" + adm + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	_, text := get(t, adm, "/metrics")
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
 	if err != nil {
 		t.Fatalf("the Prometheus parser rejects /metrics: %v", err)
 	}
@@ -134,7 +130,7 @@ backends = [{ name = "one", address = %q }, { name = "dead", address = %q, weigh
 
 	// The same numbers in `fulcrum status`.
 	var table, errOut strings.Builder
-	if code := run([]string{"status", "-admin", adm}, &table, &errOut); code != 0 {
+	if code := cli([]string{"status", "-admin", adm}, &table, &errOut); code != 0 {
 		t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
 	}
 	for _, want := range []string{"generation 1", "service web", "wrr", "one", be, fmt.Sprintf("%d B", in), "up", "dead", "127.0.0.1:0"} {
@@ -167,11 +163,11 @@ timeout = "100ms"
 `, state, be, be, be)
 	path := writeFile(t, "fulcrum.toml", config)
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	d.await(t, "configuration applied")
 
 	var out, errOut strings.Builder
-	if code := run([]string{"set", "-admin", adm, "web/two", "maint"}, &out, &errOut); code != 0 {
+	if code := cli([]string{"set", "-admin", adm, "web/two", "maint"}, &out, &errOut); code != 0 {
 		t.Fatalf("fulcrum set = %d: %s", code, errOut.String())
 	}
 	if !strings.Contains(out.String(), "web/two now maint") {
@@ -184,7 +180,7 @@ timeout = "100ms"
 	for _, bad := range [][]string{{"web/nosuch", "drain"}, {"web/two", "sideways"}, {"web-two", "drain"}} {
 		out.Reset()
 		errOut.Reset()
-		if code := run(append([]string{"set", "-admin", adm}, bad...), &out, &errOut); code == 0 {
+		if code := cli(append([]string{"set", "-admin", adm}, bad...), &out, &errOut); code == 0 {
 			t.Errorf("fulcrum set %v = 0; want an error", bad)
 		}
 	}
@@ -203,7 +199,7 @@ timeout = "100ms"
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		table.Reset()
-		if code := run([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
+		if code := cli([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
 			t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
 		}
 		if strings.Count(table.String(), " ok ") >= 3 || time.Now().After(deadline) { // each backend was checked
@@ -216,7 +212,7 @@ timeout = "100ms"
 			t.Errorf("status -v lacks %q:\n%s", want, table.String())
 		}
 	}
-	metrics := scrape(t, adm)
+	_, metrics := get(t, adm, "/metrics")
 	for _, want := range []string{
 		`fulcrum_backend_up{backend="two",service="web"} 0`,
 		`fulcrum_backend_up{backend="zero",service="web"} 0`,
@@ -232,7 +228,7 @@ timeout = "100ms"
 	}
 
 	// Drain the instance, stop, start again: both holds are back.
-	if code := run([]string{"drain", "-admin", adm}, &out, &errOut); code != 0 {
+	if code := cli([]string{"drain", "-admin", adm}, &out, &errOut); code != 0 {
 		t.Fatalf("fulcrum drain = %d: %s", code, errOut.String())
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -247,35 +243,20 @@ timeout = "100ms"
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.expectExit(t, 10*time.Second)
 	d = startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	adm = d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm = d.adminAddr(t)
 	d.await(t, "configuration applied")
 	out.Reset()
-	if code := run([]string{"healthz", "-admin", adm}, &out, &errOut); code == 0 || !strings.Contains(out.String(), "draining since") {
+	if code := cli([]string{"healthz", "-admin", adm}, &out, &errOut); code == 0 || !strings.Contains(out.String(), "draining since") {
 		t.Errorf("healthz after restart = %d %q; want the drain kept", code, out.String())
 	}
 	table.Reset()
-	run([]string{"status", "-admin", adm}, &table, &errOut)
+	cli([]string{"status", "-admin", adm}, &table, &errOut)
 	if !strings.Contains(table.String(), "maint (set maint)") {
 		t.Errorf("status after restart lacks the override:\n%s", table.String())
 	}
-	if code := run([]string{"set", "-admin", adm, "web/two", "ready"}, &out, &errOut); code != 0 {
+	if code := cli([]string{"set", "-admin", adm, "web/two", "ready"}, &out, &errOut); code != 0 {
 		t.Fatalf("fulcrum set ready = %d: %s", code, errOut.String())
 	}
-}
-
-// scrape returns /metrics as text.
-func scrape(t *testing.T, adm string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + adm + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // TestAccessLine: one line per connection with HAProxy tcplog's timers —
@@ -294,7 +275,7 @@ scheduler = "first"
 retries = 1
 backends = [{ name = "dead", address = %q }, { name = "live", address = %q }]
 `, dead, live))
-	lb := d.await(t, "listening")["addr"].(string)
+	lb := d.listenAddr(t)
 	c, err := net.Dial("tcp", lb)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -120,7 +120,7 @@ func TestMaglevAgreement(t *testing.T) {
 	}
 	same := config(names)
 	a, b := startDaemon(t, same), startDaemon(t, same)
-	lbA, lbB := a.await(t, "listening")["addr"].(string), b.await(t, "listening")["addr"].(string)
+	lbA, lbB := a.listenAddr(t), b.listenAddr(t)
 
 	clients := loopbackClients(10000)
 	start := time.Now()
@@ -150,7 +150,7 @@ func TestMaglevAgreement(t *testing.T) {
 	// An instance one change behind (pg-e not yet added) must disagree on
 	// pg-e's clients, and on few others: Maglev moves little beyond them.
 	c := startDaemon(t, config(names[:4]))
-	lbC := c.await(t, "listening")["addr"].(string)
+	lbC := c.listenAddr(t)
 	sample := clients[:2000]
 	stale := choices(t, sample, lbC)[0]
 	ofE, others := 0, 0
@@ -194,7 +194,7 @@ func renderConsul(t *testing.T, catalog map[string][]healthService, env map[stri
 		},
 		"env": func(k string) string { return env[k] },
 	}
-	tmpl, err := template.New("fulcrum.toml.ctmpl").Funcs(funcs).ParseFiles("docs/consul-template/fulcrum.toml.ctmpl")
+	tmpl, err := template.New("fulcrum.toml.ctmpl").Funcs(funcs).ParseFiles("../../docs/consul-template/fulcrum.toml.ctmpl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,15 +203,6 @@ func renderConsul(t *testing.T, catalog map[string][]healthService, env map[stri
 		t.Fatal(err)
 	}
 	return b.Bytes()
-}
-
-// awaitPrefix returns the first log line whose message starts with prefix.
-func (d *daemon) awaitPrefix(t *testing.T, prefix string) map[string]any {
-	t.Helper()
-	return d.awaitMatch(t, fmt.Sprintf("%q…", prefix), func(m map[string]any) bool {
-		msg, _ := m["message"].(string)
-		return strings.HasPrefix(msg, prefix)
-	})
 }
 
 // TestConsulTemplate renders the repository's consul-template template for
@@ -237,7 +228,7 @@ func TestConsulTemplate(t *testing.T) {
 		t.Fatalf("the rendered template is not a valid configuration: %v\n%s", err, first)
 	}
 	d := startDaemonArgs(t, []string{"-config", path}, nil, nil)
-	lb := d.await(t, "listening")["addr"].(string)
+	lb := d.listenAddr(t)
 	clients := loopbackClients(200)
 	for _, c := range clients[:10] {
 		if got, err := greetFrom(c, lb); err != nil || got != "node-a" {
@@ -282,7 +273,7 @@ func TestConsulTemplate(t *testing.T) {
 // of docs/kubernetes/fulcrum.yaml is a valid configuration (conf does not
 // resolve host names, so the cluster's names are parsed as they are).
 func TestKubernetesManifest(t *testing.T) {
-	data, err := os.ReadFile("docs/kubernetes/fulcrum.yaml")
+	data, err := os.ReadFile("../../docs/kubernetes/fulcrum.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

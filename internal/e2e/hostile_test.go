@@ -1,15 +1,9 @@
-package main
+package e2e
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,64 +12,6 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-// rawDaemon is fulcrum as a child process whose every stderr line is kept,
-// JSON or not.
-type rawDaemon struct {
-	*daemon
-	mu  sync.Mutex // protects raw
-	raw []string
-}
-
-func startRawDaemon(t *testing.T, config string) *rawDaemon {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-config", writeFile(t, "fulcrum.toml", config))
-	cmd.Env = append(os.Environ(), "FULCRUM_TEST_MAIN=1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	d := &rawDaemon{daemon: &daemon{cmd: cmd, lines: make(chan map[string]any, 1000), exit: make(chan struct{})}}
-	go func() { // exits when the child closes stderr
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			d.mu.Lock()
-			d.raw = append(d.raw, sc.Text())
-			d.mu.Unlock()
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				select {
-				case d.lines <- m:
-				default:
-				}
-			}
-		}
-		close(d.lines)
-		d.err = cmd.Wait()
-		close(d.exit)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-d.exit
-	})
-	return d
-}
-
-// notJSON returns the stderr lines so far that are not JSON objects.
-func (d *rawDaemon) notJSON() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var out []string
-	for _, l := range d.raw {
-		if !json.Valid([]byte(l)) || !strings.HasPrefix(l, "{") {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // TestAdminCannotStarveDataPath: 300 keep-alive connections to the admin
 // listener, with the daemon's descriptor limit 200 above what it uses, must
 // leave the data path serving: the admin listener holds at most its cap (64)
@@ -83,7 +19,7 @@ func (d *rawDaemon) notJSON() []string {
 // any, are JSON like every other line.
 func TestAdminCannotStarveDataPath(t *testing.T) {
 	be := testkit.NewServer(t, testkit.Echo).Addr
-	d := startRawDaemon(t, fmt.Sprintf(`
+	d := startDaemon(t, fmt.Sprintf(`
 [log]
 format = "json"
 [admin]
@@ -92,8 +28,8 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
 `, be))
-	admin := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	addr := d.await(t, "listening")["addr"].(string)
+	admin := d.adminAddr(t)
+	addr := d.listenAddr(t)
 	pid := d.cmd.Process.Pid
 	var lim unix.Rlimit
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &lim); err != nil {

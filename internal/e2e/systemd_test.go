@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,66 +15,6 @@ import (
 
 	"fulcrum/internal/testkit"
 )
-
-// notifySocket plays systemd: a unixgram socket that collects sd_notify
-// messages.
-type notifySocket struct {
-	path string
-	msgs chan string
-}
-
-func newNotifySocket(t *testing.T) *notifySocket {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "sd") // short: unix socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	n := &notifySocket{path: filepath.Join(dir, "notify"), msgs: make(chan string, 1000)}
-	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: n.path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { // exits when the cleanup closes c
-		defer close(done)
-		buf := make([]byte, 4096)
-		for {
-			k, err := c.Read(buf)
-			if err != nil {
-				return
-			}
-			n.msgs <- string(buf[:k])
-		}
-	}()
-	t.Cleanup(func() { c.Close(); <-done })
-	return n
-}
-
-// next returns the next message that is not a watchdog ping, counting the
-// pings it skips.
-func (n *notifySocket) next(t *testing.T, pings *int) string {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case m := <-n.msgs:
-			if strings.HasPrefix(m, "WATCHDOG=1") {
-				*pings++
-				continue
-			}
-			return m
-		case <-timeout:
-			t.Fatal("no sd_notify message within 10s")
-		}
-	}
-}
-
-func startDaemonEnv(t *testing.T, config string, env ...string) *daemon {
-	t.Helper()
-	d := startDaemonArgs(t, []string{"-config", writeFile(t, "fulcrum.toml", config)}, env, nil)
-	return d
-}
 
 // TestSystemdNotify plays systemd and checks the exact sequence of
 // sd_notify messages across start, a valid and an invalid reload, watchdog
@@ -86,7 +25,7 @@ func TestSystemdNotify(t *testing.T) {
 	config := func(w int) string {
 		return fmt.Sprintf("[log]\nformat = \"json\"\n[reload]\ndebounce = \"50ms\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ name = \"a\", address = %q, weight = %d }]\n", be, w)
 	}
-	d := startDaemonEnv(t, config(1), "NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=1000000")
+	d := startDaemon(t, config(1), "NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=1000000")
 	path := d.cmd.Args[2]
 	pings := 0
 
@@ -137,10 +76,7 @@ func TestSystemdNotify(t *testing.T) {
 // adopts the socket for the service listening on its address, and a socket
 // named after a service (FileDescriptorName=) serves that service.
 func TestSocketActivation(t *testing.T) {
-	tool, err := exec.LookPath("systemd-socket-activate")
-	if err != nil {
-		t.Skip("systemd-socket-activate is not installed")
-	}
+	tool := needProgram(t, "systemd-socket-activate")
 	a := testkit.NewServer(t, testkit.Greeter("a")).Addr
 	byAddr, byName := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
@@ -154,7 +90,7 @@ listen = ["127.0.0.1:0"]
 backends = [{ address = %q }]
 `, byAddr, a, a))
 	cmd := exec.Command(tool, "-l", byAddr, "-l", byName, "--fdname=s:named",
-		"-E", "FULCRUM_TEST_MAIN=1", os.Args[0], "-config", config)
+		bin, "-config", config)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -223,7 +159,7 @@ func TestRestartKeepsBacklog(t *testing.T) {
 	run := func() *daemon {
 		// LISTEN_PID must be fulcrum's own pid: a shell sets it to its pid
 		// and then execs fulcrum, which keeps it.
-		return startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, os.Args[0], "-config", config},
+		return startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin, "-config", config},
 			[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
 	}
 	greet := func(c net.Conn) string {
@@ -260,8 +196,8 @@ func TestRestartKeepsBacklog(t *testing.T) {
 func TestGracefulStop(t *testing.T) {
 	const n, drain = 100, 3 * time.Second
 	be := testkit.NewServer(t, testkit.Echo).Addr
-	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
-	addr := d.await(t, "listening")["addr"].(string)
+	d := startDaemon(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
+	addr := d.listenAddr(t)
 	conns := make([]net.Conn, n)
 	for i := range conns {
 		c, err := net.Dial("tcp", addr)
@@ -322,8 +258,8 @@ func TestGracefulStop(t *testing.T) {
 // TestSecondSignal: a second SIGTERM during the drain exits at once.
 func TestSecondSignal(t *testing.T) {
 	be := testkit.NewServer(t, testkit.Echo).Addr
-	d := startDaemonEnv(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1h\"\nbackends = [{ address = %q }]\n", be))
-	addr := d.await(t, "listening")["addr"].(string)
+	d := startDaemon(t, fmt.Sprintf("[log]\nformat = \"json\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1h\"\nbackends = [{ address = %q }]\n", be))
+	addr := d.listenAddr(t)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

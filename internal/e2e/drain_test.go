@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -16,21 +16,6 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-// get fetches http://addr+path and returns the status code and body.
-func get(t *testing.T, addr, path string) (int, string) {
-	t.Helper()
-	resp, err := adminClient.Get("http://" + addr + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
-}
-
 // wantHealthz checks what /healthz answers, and that fulcrum healthz says
 // the same.
 func wantHealthz(t *testing.T, adm string, code int, prefix string) {
@@ -40,40 +25,11 @@ func wantHealthz(t *testing.T, adm string, code int, prefix string) {
 		t.Errorf("/healthz = %d %q; want %d and one line starting %q", got, body, code, prefix)
 	}
 	var out strings.Builder
-	exit := run([]string{"healthz", "-admin", adm}, &out, io.Discard)
+	exit := cli([]string{"healthz", "-admin", adm}, &out, io.Discard)
 	if want := map[bool]int{true: 0, false: 1}[code == 200]; exit != want || out.String() != body {
 		t.Errorf("fulcrum healthz = %d, %q; want %d, %q", exit, out.String(), want, body)
 	}
 }
-
-// greet connects through the balancer and returns the backend's greeting.
-func greet(t *testing.T, lb string) string {
-	t.Helper()
-	c, err := net.DialTimeout("tcp", lb, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		t.Fatalf("greeting: %v", err)
-	}
-	return strings.TrimSpace(line)
-}
-
-// awaitOnly waits for the log line msg and fails if a line with any of
-// the messages in never comes before it.
-func (d *daemon) awaitOnly(t *testing.T, msg string, never ...string) map[string]any {
-	t.Helper()
-	return d.awaitMatch(t, fmt.Sprintf("%q", msg), func(m map[string]any) bool { return m["message"] == msg }, never...)
-}
-
-const (
-	logDraining  = "instance draining: /healthz fails, connections are still served"
-	logUndrained = "instance undrained: /healthz follows the backends again"
-	logStopping  = "instance stopping: /healthz fails until exit"
-)
 
 // TestDrainInstance drives the real daemon through every way in and out of
 // rotation — fulcrum drain, SIGUSR1/SIGUSR2, shutdown — and checks that
@@ -91,14 +47,14 @@ listen = ["127.0.0.1:0"]
 drain_timeout = "1m"
 backends = [{ name = "a", address = %q }]
 `, be))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
-	lb := d.await(t, "listening")["addr"].(string)
+	adm := d.adminAddr(t)
+	lb := d.listenAddr(t)
 	wantHealthz(t, adm, 200, "ok")
 
 	drain := func(want string, args ...string) {
 		t.Helper()
 		var out, errOut strings.Builder
-		if code := run(append([]string{"drain", "-admin", adm}, args...), &out, &errOut); code != 0 {
+		if code := cli(append([]string{"drain", "-admin", adm}, args...), &out, &errOut); code != 0 {
 			t.Fatalf("fulcrum drain %v = %d: %s", args, code, errOut.String())
 		}
 		if !strings.HasPrefix(out.String(), want) {
@@ -130,12 +86,12 @@ backends = [{ name = "a", address = %q }]
 		}
 	}
 	var table strings.Builder
-	if code := run([]string{"status", "-admin", adm}, &table, io.Discard); code != 0 || !strings.Contains(table.String(), "instance unhealthy: draining since") {
+	if code := cli([]string{"status", "-admin", adm}, &table, io.Discard); code != 0 || !strings.Contains(table.String(), "instance unhealthy: draining since") {
 		t.Errorf("fulcrum status = %d:\n%s", code, table.String())
 	}
 
 	drain("undrained; /healthz: ok", "-undo")
-	d.awaitOnly(t, logUndrained, logDraining) // the second drain request logged nothing
+	d.await(t, logUndrained, logDraining) // the second drain request logged nothing
 	wantHealthz(t, adm, 200, "ok")
 	drain("not draining", "-undo")
 
@@ -143,7 +99,7 @@ backends = [{ name = "a", address = %q }]
 	req, _ := http.NewRequest("POST", "http://"+adm+"/drain", nil)
 	req.Header.Set("Origin", "http://evil.example")
 	req.Header.Set("Sec-Fetch-Site", "cross-site")
-	resp, err := adminClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,12 +110,12 @@ backends = [{ name = "a", address = %q }]
 	wantHealthz(t, adm, 200, "ok")
 
 	d.cmd.Process.Signal(syscall.SIGUSR1)
-	if by := d.awaitOnly(t, logDraining, logUndrained)["by"]; by != "SIGUSR1" {
+	if by := d.await(t, logDraining, logUndrained)["by"]; by != "SIGUSR1" {
 		t.Errorf("drained by %v; want SIGUSR1", by)
 	}
 	wantHealthz(t, adm, 503, "draining since ")
 	d.cmd.Process.Signal(syscall.SIGUSR2)
-	d.awaitOnly(t, logUndrained, logDraining)
+	d.await(t, logUndrained, logDraining)
 	wantHealthz(t, adm, 200, "ok")
 
 	// Shutdown: while an open connection holds the drain, /healthz fails.
@@ -173,10 +129,10 @@ backends = [{ name = "a", address = %q }]
 		t.Fatal(err)
 	}
 	d.cmd.Process.Signal(syscall.SIGTERM)
-	d.awaitOnly(t, logStopping, logUndrained)
+	d.await(t, logStopping, logUndrained)
 	wantHealthz(t, adm, 503, "stopping")
 	var out, errOut strings.Builder
-	if code := run([]string{"drain", "-undo", "-admin", adm}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "already draining") {
+	if code := cli([]string{"drain", "-undo", "-admin", adm}, &out, &errOut); code != 0 || !strings.HasPrefix(out.String(), "already draining") {
 		t.Errorf("drain -undo while stopping = %d %q %q; want already draining", code, out.String(), errOut.String())
 	}
 	c.Close()
@@ -202,7 +158,7 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 backends = [{ name = "dead", address = %q, health = { check = "tcp", interval = "100ms", timeout = "100ms", fall = 1 } }]
 `, testkit.DeadAddr(t)))
-	adm := d.await(t, "admin listening: /metrics /status /healthz /drain")["addr"].(string)
+	adm := d.adminAddr(t)
 	d.await(t, "backend down")
 	wantHealthz(t, adm, 503, "no service has a backend up: s 0/1")
 }
@@ -211,7 +167,7 @@ backends = [{ name = "dead", address = %q, health = { check = "tcp", interval = 
 func TestDrainWithoutAdmin(t *testing.T) {
 	path := writeFile(t, "f.toml", "[services.s]\nlisten = [\"127.0.0.1:0\"]\nbackends = [{ address = \"127.0.0.1:1\" }]\n")
 	var errOut strings.Builder
-	if code := run([]string{"drain", "-config", path}, io.Discard, &errOut); code != 1 || !strings.Contains(errOut.String(), "has no [admin] listen") {
+	if code := cli([]string{"drain", "-config", path}, io.Discard, &errOut); code != 1 || !strings.Contains(errOut.String(), "has no [admin] listen") {
 		t.Errorf("drain = %d, %q; want 1 and a hint", code, errOut.String())
 	}
 }

@@ -1,5 +1,0 @@
-//go:build race
-
-package reload
-
-const raceEnabled = true
