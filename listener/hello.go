@@ -396,28 +396,44 @@ func tooLarge(n int) error {
 // parseHello parses the records of a whole ClientHello (exactly what
 // helloLen measured) for its server name and ALPN protocols. The message is
 // read in place when one record carries it, as nearly every client sends
-// it; a hello spread over several records is joined into one copy.
+// it; a hello spread over several records is joined into one copy. It is
+// split in steps whose frames are off the stack before the next, so that
+// the connection's goroutine needs no more stack than its dial does.
 func parseHello(b []byte) (Hello, error) {
 	h := Hello{Len: len(b)}
-	var msg []byte
-	if rlen := int(binary.BigEndian.Uint16(b[3:5])); recordHeader+rlen == len(b) {
-		msg = b[recordHeader:]
-	} else {
-		msg = make([]byte, 0, len(b))
-		for len(b) > 0 {
-			rlen := int(binary.BigEndian.Uint16(b[3:5]))
-			msg = append(msg, b[recordHeader:recordHeader+rlen]...)
-			b = b[recordHeader+rlen:]
-		}
+	exts, err := helloExtensions(helloMessage(b))
+	if err == nil && exts != nil {
+		err = h.readExtensions(exts)
 	}
+	return h, err
+}
+
+// helloMessage returns the handshake message that records b carry.
+func helloMessage(b []byte) []byte {
+	if rlen := int(binary.BigEndian.Uint16(b[3:5])); recordHeader+rlen == len(b) {
+		return b[recordHeader:]
+	}
+	msg := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		rlen := int(binary.BigEndian.Uint16(b[3:5]))
+		msg = append(msg, b[recordHeader:recordHeader+rlen]...)
+		b = b[recordHeader+rlen:]
+	}
+	return msg
+}
+
+// helloExtensions checks the fields of ClientHello message msg and returns
+// its extensions block: nil when it has none (TLS 1.2 and older may send
+// none).
+func helloExtensions(msg []byte) (cryptobyte.String, error) {
 	s := cryptobyte.String(msg)
 	var typ uint8
 	var body cryptobyte.String
 	if !s.ReadUint8(&typ) || typ != typeClientHello || !s.ReadUint24LengthPrefixed(&body) {
-		return h, malformed("no ClientHello message")
+		return nil, malformed("no ClientHello message")
 	}
 	if !s.Empty() {
-		return h, malformed("%d bytes after the ClientHello in its records", len(s))
+		return nil, malformed("%d bytes after the ClientHello in its records", len(s))
 	}
 	var ver uint16
 	var sessionID, suites, comp cryptobyte.String
@@ -425,46 +441,52 @@ func parseHello(b []byte) (Hello, error) {
 		!body.ReadUint8LengthPrefixed(&sessionID) || len(sessionID) > 32 ||
 		!body.ReadUint16LengthPrefixed(&suites) || len(suites) < 2 || len(suites)%2 != 0 ||
 		!body.ReadUint8LengthPrefixed(&comp) || len(comp) < 1 {
-		return h, malformed("ClientHello fields")
+		return nil, malformed("ClientHello fields")
 	}
 	if body.Empty() {
-		return h, nil // no extensions (TLS 1.2 and older may send none)
+		return nil, nil
 	}
 	var exts cryptobyte.String
 	if !body.ReadUint16LengthPrefixed(&exts) || !body.Empty() {
-		return h, malformed("ClientHello extensions")
+		return nil, malformed("ClientHello extensions")
 	}
+	return exts, nil
+}
+
+// readExtensions reads the server name and ALPN protocols from a
+// ClientHello's extensions into h.
+func (h *Hello) readExtensions(exts cryptobyte.String) error {
 	var seenSNI, seenALPN bool
 	for !exts.Empty() {
 		var ext uint16
 		var data cryptobyte.String
 		if !exts.ReadUint16(&ext) || !exts.ReadUint16LengthPrefixed(&data) {
-			return h, malformed("extension framing")
+			return malformed("extension framing")
 		}
 		switch ext {
 		case extServerName:
 			if seenSNI {
-				return h, malformed("two server_name extensions")
+				return malformed("two server_name extensions")
 			}
 			seenSNI = true
 			name, err := serverName(data)
 			if err != nil {
-				return h, err
+				return err
 			}
 			h.SNI = name
 		case extALPN:
 			if seenALPN {
-				return h, malformed("two ALPN extensions")
+				return malformed("two ALPN extensions")
 			}
 			seenALPN = true
 			protos, err := alpn(data)
 			if err != nil {
-				return h, err
+				return err
 			}
 			h.ALPN = protos
 		}
 	}
-	return h, nil
+	return nil
 }
 
 // serverName reads the server_name extension (RFC 6066, section 3): its one
