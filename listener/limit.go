@@ -53,17 +53,14 @@ func (s *Server) Limit() LimitStats {
 	return LimitStats{Open: len(s.slots), Max: cap(s.slots), Waits: s.atLimit.Load()}
 }
 
-// takeSlot waits for a slot of the global limit before so's next accept. It
-// reports false when so is taken out of service meanwhile. While it waits,
-// it keeps answering the heartbeat: a daemon at its limit is busy, not
-// stuck, and the watchdog must not restart it.
+// takeSlot waits for a slot of the global limit for so's next accept, which
+// a client waits for while every slot is taken (acceptRaw). It reports false
+// when so is taken out of service meanwhile. While it waits, it keeps
+// answering the heartbeat: a daemon at its limit is busy, not stuck, and the
+// watchdog must not restart it.
 func (s *Server) takeSlot(so *socket) bool {
 	select {
-	case s.slots <- struct{}{}:
-		if s.limited.Load() {
-			s.limited.Store(false)
-			s.log.Info().Int("max_conns", cap(s.slots)).Msg("below the connection limit again")
-		}
+	case s.slots <- struct{}{}: // one came free since acceptRaw looked
 		return true
 	default:
 	}
@@ -82,6 +79,9 @@ func (s *Server) takeSlot(so *socket) bool {
 		so.beat.Store(time.Now().UnixNano())
 		select {
 		case s.slots <- struct{}{}:
+			if s.limited.Swap(false) {
+				s.log.Info().Int("max_conns", cap(s.slots)).Msg("below the connection limit again")
+			}
 			return true
 		case <-so.done:
 			return false

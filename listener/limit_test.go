@@ -1,9 +1,16 @@
 package listener
 
 import (
+	"bufio"
+	"fmt"
+	"fulcrum/internal/testkit"
+	"fulcrum/sched"
 	"net"
+	"net/netip"
 	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,4 +43,50 @@ func TestLocalError(t *testing.T) {
 			t.Errorf("localError(%v) = %v; want %v", c.err, got, c.local)
 		}
 	}
+}
+
+// TestLimitSharedByListeners: a listener that no client uses holds no slot
+// of the connection limit, so a busy one gets every slot; a client over the
+// limit waits in the backlog and is served when a connection ends.
+func TestLimitSharedByListeners(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
+	const limit = 4
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, func(s *Server) { s.slots = make(chan struct{}, limit) })
+	// Three more listeners of the same service, which no client uses.
+	keys := []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0"), netip.MustParseAddrPort("127.0.0.2:0"),
+		netip.MustParseAddrPort("127.0.0.3:0"), netip.MustParseAddrPort("127.0.0.4:0")}
+	listen := map[netip.AddrPort]*sched.Service{}
+	for _, k := range keys {
+		listen[k] = p.svc
+	}
+	p.store(sched.NewTable(2, []*sched.Service{p.svc}, listen))
+	ch, err := p.srv.Prepare(keys, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Commit()
+	greeted := func(c net.Conn) (string, error) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	var conns []net.Conn
+	for i := range limit {
+		c := p.dial(t)
+		if line, err := greeted(c); line != "a\n" {
+			t.Fatalf("client %d of %d read %q, %v; want every one served while the other listeners are idle", i+1, limit, line, err)
+		}
+		conns = append(conns, c)
+	}
+	extra := p.dial(t) // over the limit: accepted once a connection ends
+	p.logs.Wait(t, 10*time.Second, "the limit's warning", func(m map[string]any) bool {
+		return strings.HasPrefix(fmt.Sprint(m["message"]), "connection limit reached")
+	})
+	conns[0].Close()
+	if line, err := greeted(extra); line != "a\n" {
+		t.Fatalf("the client over the limit read %q, %v once a connection ended; want it served", line, err)
+	}
+	p.logs.Wait(t, 10*time.Second, "the limit's end", func(m map[string]any) bool {
+		return m["message"] == "below the connection limit again"
+	})
 }

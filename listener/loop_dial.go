@@ -54,24 +54,50 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 // queue empty first. The client's address comes from accept4's own result,
 // read here: unix.Accept4 would ask the socket its protocol (one getsockopt
 // per connection) to tell L2TP from TCP.
-func acceptRaw(rc syscall.RawConn, emptied *bool) (int, netip.AddrPort, error) {
+//
+// A connection needs a slot of the Server's limit, taken only once the
+// socket is readable: a listener waiting for clients holds none, so every
+// slot is there for the listeners that have some. *held says whether the
+// caller holds a slot (one it waited for in takeSlot) and on return whether
+// it still does: a connection accepted keeps it, a queue found empty gives
+// it back. When a client waits and no slot is free, acceptRaw returns
+// errAtLimit without accepting.
+func acceptRaw(rc syscall.RawConn, emptied *bool, slots chan struct{}, held *bool) (int, netip.AddrPort, error) {
 	fd := -1
 	var rsa unix.RawSockaddrAny
 	var aerr syscall.Errno
+	atLimit := false
 	err := rc.Read(func(lfd uintptr) bool {
 		for {
+			if !*held {
+				select {
+				case slots <- struct{}{}:
+					*held = true
+				default:
+					atLimit = true
+					return true
+				}
+			}
 			n := uint32(unix.SizeofSockaddrAny)
 			r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, lfd, uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
 				unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 			fd, aerr = int(r), e
+			if e == unix.EINTR {
+				continue
+			}
+			if e != 0 { // the queue was empty, or an error: no connection takes the slot
+				<-slots
+				*held = false
+			}
 			if e == unix.EAGAIN {
 				*emptied = true
 			}
-			if e != unix.EINTR {
-				return e != unix.EAGAIN
-			}
+			return e != unix.EAGAIN
 		}
 	})
+	if err == nil && atLimit {
+		return -1, netip.AddrPort{}, errAtLimit
+	}
 	if err == nil && aerr != 0 {
 		err = os.NewSyscallError("accept4", aerr)
 	}
@@ -80,6 +106,10 @@ func acceptRaw(rc syscall.RawConn, emptied *bool) (int, netip.AddrPort, error) {
 	}
 	return fd, rawAddrPort(&rsa), nil
 }
+
+// errAtLimit: a client waits to be accepted and the Server's connection
+// limit is reached.
+var errAtLimit = errors.New("at the connection limit")
 
 // rawAddrPort is the IPv4 or IPv6 address in rsa.
 func rawAddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {

@@ -411,6 +411,12 @@ func (s *Server) accept(so *socket) {
 	acc, rc := so.acc, so.rc
 	defer acc.Close()
 	var in inheritance // the keepalive accepted sockets inherit (keepalive.go)
+	held := false      // a slot of the limit taken for the next connection (acceptRaw)
+	defer func() {
+		if held {
+			<-s.slots
+		}
+	}()
 	for {
 		if s.acceptHook != nil {
 			s.acceptHook()
@@ -423,17 +429,19 @@ func (s *Server) accept(so *socket) {
 			return
 		default:
 		}
-		if !s.takeSlot(so) {
-			return
-		}
 		s.inherit(&in, rc, so.key)
 		emptied := false
-		fd, peer, err := acceptRaw(rc, &emptied)
+		fd, peer, err := acceptRaw(rc, &emptied, s.slots, &held)
 		so.beat.Store(time.Now().UnixNano())
-		if err != nil {
-			<-s.slots // not taken after all
+		if errors.Is(err, errAtLimit) { // a client waits, every slot is taken: wait for one
+			if !s.takeSlot(so) {
+				return
+			}
+			held = true
+			continue
 		}
 		if err == nil {
+			held = false // the connection's now: connDone gives it back
 			delay = 0
 			so.accepts.Add(1)
 			s.wg.Add(1)
