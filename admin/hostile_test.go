@@ -7,13 +7,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"fulcrum/cluster"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -200,7 +200,7 @@ func TestIdleTimeout(t *testing.T) {
 
 // TestErrorLogJSON: net/http's own error lines go to the logger as JSON.
 func TestErrorLogJSON(t *testing.T) {
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	log := zerolog.New(&buf)
 	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(200)
@@ -222,22 +222,4 @@ func TestErrorLogJSON(t *testing.T) {
 			t.Errorf("log line %q; want JSON from the admin component", l)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's and the test's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex // protects b
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -30,10 +30,17 @@ func BenchmarkQueueRelease(b *testing.B) {
 
 func benchQueue(b *testing.B, waiters int) {
 	g := newGroup("s")
+	deadline := time.Now().Add(10 * time.Minute)
+	benchHandOver(b, g, waiters, g.Acquire, func() bool { return g.Admit(1, deadline) }, g.Release)
+}
+
+// benchHandOver runs waiters goroutines that each loop take, hold the slot
+// 100µs, release, until b.N hand-overs are done; the slot is held (first)
+// until all of them wait in g. It reports the process's CPU per hand-over.
+func benchHandOver(b *testing.B, g *Group, waiters int, first func(int) bool, take func() bool, release func()) {
 	var handed atomic.Int64
 	total := int64(b.N)
-	deadline := time.Now().Add(10 * time.Minute)
-	if !g.Acquire(1) { // held until every waiter has queued
+	if !first(1) { // held until every waiter has queued
 		b.Fatal("first Acquire failed")
 	}
 	var wg sync.WaitGroup
@@ -42,14 +49,14 @@ func benchQueue(b *testing.B, waiters int) {
 		go func() { // exits once b.N hand-overs are done, after one more turn
 			defer wg.Done()
 			for {
-				if !g.Admit(1, deadline) {
+				if !take() {
 					return
 				}
 				n := handed.Add(1)
 				if n <= total {
 					time.Sleep(100 * time.Microsecond) // a connection's life
 				}
-				g.Release()
+				release()
 				if n >= total {
 					return
 				}
@@ -61,7 +68,7 @@ func benchQueue(b *testing.B, waiters int) {
 	}
 	b.ResetTimer()
 	cpu0 := cpuTime()
-	g.Release()
+	release()
 	for handed.Load() < total {
 		time.Sleep(time.Millisecond)
 	}
@@ -202,8 +209,6 @@ func benchBackendQueue(b *testing.B, waiters int) {
 	var pool Pool
 	be := pool.Get("s", "a")
 	g := pool.Group("s")
-	var handed atomic.Int64
-	total := int64(b.N)
 	deadline := time.Now().Add(10 * time.Minute)
 	take := func() bool { // a slot of be, queueing as connect does
 		if be.Acquire(1) {
@@ -218,39 +223,5 @@ func benchBackendQueue(b *testing.B, waiters int) {
 		}
 		return true
 	}
-	if !be.Acquire(1) {
-		b.Fatal("first Acquire failed")
-	}
-	var wg sync.WaitGroup
-	for range waiters {
-		wg.Add(1)
-		go func() { // exits once b.N hand-overs are done, after one more turn
-			defer wg.Done()
-			for {
-				if !take() {
-					return
-				}
-				n := handed.Add(1)
-				if n <= total {
-					time.Sleep(100 * time.Microsecond)
-				}
-				be.Release()
-				if n >= total {
-					return
-				}
-			}
-		}()
-	}
-	for g.Stats().Waiting < int64(waiters) {
-		time.Sleep(time.Millisecond)
-	}
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	be.Release()
-	for handed.Load() < total {
-		time.Sleep(time.Millisecond)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/release")
-	wg.Wait()
+	benchHandOver(b, g, waiters, be.Acquire, take, be.Release)
 }

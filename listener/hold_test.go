@@ -17,18 +17,6 @@ func backendLine(msg, name string) func(map[string]any) bool {
 	return func(m map[string]any) bool { return m["message"] == msg && m["backend"] == name }
 }
 
-// greeting connects to addr and returns the first line it reads.
-func greeting(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	s, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(s), err
-}
-
 // TestHold: with hold_timeout, connections that arrive while no backend is
 // eligible wait, and are served in arrival order once one comes up; without
 // a backend coming up, they are closed when hold_timeout runs out.
@@ -97,7 +85,7 @@ backends = [{ name = "a", address = %q }]
 %s`, testkit.DeadAddr(t), health))
 	p2.Logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
 	start := time.Now()
-	if name, err := greeting(p2.Addr(t, "127.0.0.1:0")); err == nil {
+	if name, err := testkit.Greeting(p2.Addr(t, "127.0.0.1:0")); err == nil {
 		t.Errorf("with nothing eligible: %q; want closed", name)
 	}
 	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {

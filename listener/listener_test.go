@@ -262,32 +262,8 @@ func TestAllDeadRefused(t *testing.T) {
 // blackhole returns a loopback address whose accept queue is full, so that
 // the kernel drops new SYNs and a dial times out, as with a dead host.
 func blackhole(t *testing.T) string {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := unix.Getsockname(fd)
-	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port)
-	for range 8 { // fill the queue until a dial times out
-		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			if !isTimeout(err) {
-				t.Fatalf("filling the accept queue: %v", err)
-			}
-			return addr
-		}
-		t.Cleanup(func() { c.Close() })
-	}
-	t.Fatal("accept queue never filled")
-	return ""
+	_, addr := fullQueue(t)
+	return addr
 }
 
 // TestAllDeadTimeout: with every backend silently dropping SYNs, the client

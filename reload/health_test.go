@@ -269,7 +269,7 @@ func TestBackup(t *testing.T) {
 		t.Helper()
 		seen := map[string]int{}
 		for range 6 {
-			name, err := greeting(addr)
+			name, err := testkit.Greeting(addr)
 			if err != nil {
 				t.Fatalf("greeting: %v", err)
 			}
@@ -308,7 +308,7 @@ func TestPassive(t *testing.T) {
 	addr := r.addr("127.0.0.1:0")
 	b := r.ptr.Load().Services[0].Targets[0].B
 	for range 4 {
-		if name, err := greeting(addr); err != nil || name != "live" {
+		if name, err := testkit.Greeting(addr); err != nil || name != "live" {
 			t.Fatalf("greeting %q, %v", name, err)
 		}
 	}
@@ -325,7 +325,7 @@ func TestPassive(t *testing.T) {
 		t.Errorf("passive mark lifted after %v; want fail_timeout 1s", el)
 	}
 	for range 2 { // rr's position after the rebuild decides which one comes first
-		greeting(addr)
+		testkit.Greeting(addr)
 	}
 	if n := b.Stats().ConnectFails; n < 3 {
 		t.Errorf("after fail_timeout dead was dialled %d times in all; want it tried again", n)

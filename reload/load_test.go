@@ -372,7 +372,7 @@ func TestRunSchedulerAndListener(t *testing.T) {
 	if s := r.ptr.Load().Services[0]; s.Scheduler != "lc" || fmt.Sprintf("%T", s.Picker) != "*sched.leastConnSched" {
 		t.Errorf("scheduler %s, picker %T; want lc", s.Scheduler, s.Picker)
 	}
-	if name, err := greeting(second); err != nil || name == "" {
+	if name, err := testkit.Greeting(second); err != nil || name == "" {
 		t.Errorf("the new listener: %q, %v", name, err)
 	}
 	line := r.logs.Wait(t, time.Second, "reload report", testkit.Message("reload applied"))
@@ -411,7 +411,7 @@ func TestRunManyReloads(t *testing.T) {
 			t.Fatalf("reload %d: %s", k, st.LastError)
 		}
 	}
-	if name, err := greeting(r.addr("127.0.0.1:0")); err != nil || name != "a" {
+	if name, err := testkit.Greeting(r.addr("127.0.0.1:0")); err != nil || name != "a" {
 		t.Errorf("after 1,000 reloads: %q, %v", name, err)
 	}
 	r.stop() // the leak check runs after every cleanup

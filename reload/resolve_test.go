@@ -68,7 +68,7 @@ func TestUnresolvableBackend(t *testing.T) {
 	}
 	addr := r.addr("127.0.0.1:0")
 	for i := range 4 {
-		if got, err := greeting(addr); err != nil || got != "a" {
+		if got, err := testkit.Greeting(addr); err != nil || got != "a" {
 			t.Fatalf("connection %d reached %q (%v); want a, the only backend with an address", i, got, err)
 		}
 	}
@@ -77,7 +77,7 @@ func TestUnresolvableBackend(t *testing.T) {
 	r.expectGen(2, 10*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for seen := map[string]bool{}; !seen["b"]; {
-		got, err := greeting(addr)
+		got, err := testkit.Greeting(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +206,7 @@ func TestAddressChange(t *testing.T) {
 	if line := r.logs.Wait(t, 5*time.Second, "the reload", testkit.Message("reload applied")); line["trigger"] != "dns" {
 		t.Errorf("trigger = %v; want dns", line["trigger"])
 	}
-	if got, err := greeting(addr); err != nil || got != "b" {
+	if got, err := testkit.Greeting(addr); err != nil || got != "b" {
 		t.Fatalf("a new connection reached %q (%v); want b, the new address", got, err)
 	}
 	if err := old.roundTrip(rand.New(rand.NewPCG(1, 1))); err != nil {

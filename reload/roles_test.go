@@ -160,7 +160,7 @@ func TestOnUpCloseBackups(t *testing.T) {
 	if n, err := c.Read(make([]byte, 1)); err == nil {
 		t.Errorf("the session on the backup is still open (read %d bytes)", n)
 	}
-	if name, err := greeting(addr); name != "p" {
+	if name, err := testkit.Greeting(addr); name != "p" {
 		t.Errorf("after p came back: %q, %v; want p", name, err)
 	}
 }
@@ -227,12 +227,12 @@ func TestFallback(t *testing.T) {
 		svc{name: "rw", listen: []string{"127.0.0.2:0"}, extra: health("rw"), backends: []be{{"w", w.Addr, 1, ""}}}))
 	ro := r.addr("127.0.0.1:0")
 	r.logs.Wait(t, 5*time.Second, "r down", backendLine("backend down", "r"))
-	if name, err := greeting(ro); name != "writer" {
+	if name, err := testkit.Greeting(ro); name != "writer" {
 		t.Errorf("ro with its replica down: %q, %v; want the writer", name, err)
 	}
 	testkit.NewServerAt(t, replica, testkit.Greeter("replica"))
 	r.logs.Wait(t, 5*time.Second, "r up", backendLine("backend up", "r"))
-	if name, err := greeting(ro); name != "replica" {
+	if name, err := testkit.Greeting(ro); name != "replica" {
 		t.Errorf("ro with its replica back: %q, %v; want the replica", name, err)
 	}
 }
@@ -307,7 +307,7 @@ func TestOnDownPassive(t *testing.T) {
 	server := <-held
 	defer server.Close()
 	ln.Close() // a refuses new connections; its open session stays
-	if name, err := greeting(front); name != "b" {
+	if name, err := testkit.Greeting(front); name != "b" {
 		t.Errorf("after a refused: %q, %v; want b", name, err)
 	}
 	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {

@@ -1,7 +1,6 @@
 package reload
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -255,18 +254,6 @@ func greetEcho(name string) func(*net.TCPConn) {
 	}
 }
 
-// greeting connects to addr and returns the name the backend greets with.
-func greeting(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	s, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(s), err
-}
-
 func TestRunEditorStyles(t *testing.T) {
 	testkit.CheckLeaks(t)
 	a := testkit.NewServer(t, testkit.Greeter("a"))
@@ -298,7 +285,7 @@ func TestRunEditorStyles(t *testing.T) {
 	if g := r.gen(); g != 4 {
 		t.Fatalf("generation = %d after the file was deleted; want 4", g)
 	}
-	if name, err := greeting(r.addr("127.0.0.1:0")); err != nil || (name != "a" && name != "b") {
+	if name, err := testkit.Greeting(r.addr("127.0.0.1:0")); err != nil || (name != "a" && name != "b") {
 		t.Fatalf("with the file deleted: greeting %q, %v", name, err)
 	}
 	writeInPlace(t, r.path, text(5, 1))
@@ -383,7 +370,7 @@ func TestRunBadFiles(t *testing.T) {
 				return
 			default:
 			}
-			if name, err := greeting(addr); err == nil && (name == "a" || name == "b") {
+			if name, err := testkit.Greeting(addr); err == nil && (name == "a" || name == "b") {
 				ok++
 			} else {
 				failed++

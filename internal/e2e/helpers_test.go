@@ -151,24 +151,6 @@ func replaceFile(t *testing.T, path string, data []byte) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a test can read while another goroutine writes.
-type syncBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // daemon is fulcrum running as a child process.
 type daemon struct {
 	cmd   *exec.Cmd
@@ -762,7 +744,7 @@ func inNetns(ns string, f func() error) error {
 // scripts) are stopped with it.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *syncBuffer
+	out  *testkit.SyncBuffer
 	done chan struct{} // closed when it has exited
 }
 
@@ -770,7 +752,7 @@ type proc struct {
 // group: SIGTERM, then SIGKILL if it lingers.
 func start(t *testing.T, ns string, argv ...string) *proc {
 	t.Helper()
-	p := &proc{out: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{out: &testkit.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -17,6 +17,7 @@
 package testkit
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -244,6 +245,38 @@ func Greeter(name string) func(*net.TCPConn) {
 			}
 		}
 	}
+}
+
+// Greeting connects to addr and returns the first line it reads (a
+// Greeter's name), without its newline.
+func Greeting(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	s, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+// SyncBuffer is a bytes.Buffer that a test can read while another goroutine
+// writes to it.
+type SyncBuffer struct {
+	mu sync.Mutex // protects b
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // Holder is a backend handler (its Handle method) that greets with "in",
