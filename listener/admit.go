@@ -19,14 +19,18 @@ import (
 	"fulcrum/sched"
 )
 
-// handle serves one accepted connection from start to end. It holds one
-// count of s.wg, which a successful dial hands on to the session: the
-// goroutine that accepted and dialled then exits, and the session's two
-// directions run in fresh goroutines (whose stacks have not grown with the
-// dial's) until the last of them finishes the session. What the connection
-// holds (its place under the connection limit, source, service and backend
-// slots) is one lease: whoever ends the connection releases it, once.
-func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited) {
+// handle admits one accepted connection and starts its session, or ends
+// it. It holds one count of s.wg, which a successful dial hands on to the
+// session, which runs in an event loop (loop.go) until it finishes itself.
+// What the connection holds (its place under the connection limit, source,
+// service and backend slots) is one lease: whoever ends the connection
+// releases it, once.
+//
+// handle runs in its accept loop's goroutine (i is not nil), and before
+// anything that may wait hands the loop on (handOff): a PROXY header or a
+// name to route by, a queue, a hold, a connect not done at once. It then
+// goes on in the goroutine it was called in, which ends with it.
+func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
 	start := time.Now()
 	l := lease{srv: s}
 	snap := s.tbl.Load()
@@ -39,6 +43,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited) {
 		return
 	}
 	pol := snap.Policy(svc)
+	if len(pol.AcceptProxy) > 0 || pol.QueueTimeout > 0 || snap.Routes(key) != nil {
+		s.handOff(i) // a header or a name to wait for, or a queue
+	}
 	if err := inh.setKeepAlive(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
 		closeFD(c)
@@ -100,8 +107,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited) {
 		return
 	}
 	ready := h.toBackend(pol, r.Client, orig)
-	bc, t, tries, err := s.connect(svc, pol, &r, ready, start, &tm)
+	bc, t, tries, err := s.connect(svc, pol, &r, ready, start, &tm, i)
 	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) {
+		s.handOff(i)
 		bc, t, tries, err, svc, pol = s.connectHeld(key, svc, pol, &r, ready, start, &tm)
 	}
 	tm.retries = tries
@@ -243,8 +251,9 @@ func screen(svc *sched.Service, pol *Policy, client netip.AddrPort) (backend.Rej
 // every eligible backend is full it waits up to pol.QueueTimeout for a slot
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed. ready, if not nil, prepares each connected backend before
-// it is taken (routes.go): one it fails counts as a failed dial.
-func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error) {
+// it is taken (routes.go): one it fails counts as a failed dial. il, if
+// not nil, is handed off before a dial waits (handOff).
+func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -297,7 +306,7 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
-		c, err := s.dial(pol, t.Addr)
+		c, err := s.dial(pol, t.Addr, il)
 		if err == nil && ready != nil {
 			if err = ready(c, t); err != nil {
 				closeFD(c)

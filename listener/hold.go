@@ -97,7 +97,7 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy
 			return -1, nil, 0, errSplitBrain, svc, pol
 		}
 		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
-		bc, t, tries, err := s.connect(svc, pol, r, ready, start, tm)
+		bc, t, tries, err := s.connect(svc, pol, r, ready, start, tm, nil)
 		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc, pol
 		}

@@ -146,16 +146,16 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 // timeout, then a wait of at most pol.ConnectTimeout (0: none) for its
 // outcome. A connect that is not done
 // at once (always so but on loopback) waits in an event loop's epoll, never
-// in a thread of its own.
-func (s *Server) dial(pol *Policy, a netip.AddrPort) (int, error) {
-	fd, err := s.connectRaw(pol, a)
+// in a thread of its own; before it waits, i (if not nil) is handed off.
+func (s *Server) dial(pol *Policy, a netip.AddrPort, i *inline) (int, error) {
+	fd, err := s.connectRaw(pol, a, i)
 	if err != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(a), Err: err}
 	}
 	return fd, nil
 }
 
-func (s *Server) connectRaw(pol *Policy, a netip.AddrPort) (int, error) {
+func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, i *inline) (int, error) {
 	family := unix.AF_INET
 	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
@@ -180,6 +180,7 @@ func (s *Server) connectRaw(pol *Policy, a netip.AddrPort) (int, error) {
 	case connUp:
 		return fd, nil
 	case connPending:
+		s.handOff(i)
 		if err := s.awaitConnect(fd, pol.ConnectTimeout); err != nil {
 			closeFD(fd)
 			return -1, err

@@ -127,6 +127,91 @@ func TestDialWaitsInLoop(t *testing.T) {
 	}
 }
 
+// TestPendingDialHandsOffAccept: a connection is served in its accept
+// loop's goroutine until it must wait; a connect with no outcome at once
+// hands the loop on first, so the next client is served while it waits.
+func TestPendingDialHandsOffAccept(t *testing.T) {
+	testkit.CheckLeaks(t)
+	lfd, addr := fullQueue(t)
+	be := testkit.NewServer(t, testkit.Greeter("b"))
+	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}, {"b", be.Addr, 1}}, func(s tuned) { s.ConnectTimeout = 30 * time.Second })
+	waiting := func() bool {
+		if lps := p.srv.lps.Load(); lps != nil {
+			for _, lp := range *lps {
+				for i := range lp.wait {
+					if lp.wait[i].Load() != nil {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	awaitWaiting := func(d time.Duration) bool {
+		for deadline := time.Now().Add(d); !waiting(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return false
+			}
+		}
+		return true
+	}
+	// Round robin: the first or the second client goes to a, whose
+	// connect waits (its SYN dropped, retried after a second).
+	first := p.dial(t)
+	first.Write([]byte("ping\n"))
+	if !awaitWaiting(2*time.Second) && !(func() bool { p.dial(t); return awaitWaiting(5 * time.Second) })() {
+		t.Fatal("no connect waiting in a loop within 5s")
+	}
+	// The next client goes to b: the accept loop serves it while a's
+	// connect waits, which it would otherwise do for 30 s.
+	c := p.dial(t)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(testkit.User(c)).ReadString('\n'); err != nil || line != "b\n" {
+		t.Fatalf("read %q, %v; want b's greeting while a connect waits", line, err)
+	}
+	if !waiting() {
+		t.Fatal("the connect to a ended before b's greeting came: the test proves nothing")
+	}
+	// Let a take its connection, so that nothing waits when the test ends.
+	unix.Close(acceptWithin(t, lfd, 5*time.Second)) // the filler
+	acceptWithin(t, lfd, 15*time.Second)
+}
+
+// TestWaitingClientDoesNotHoldAccept: a connection that waits before its
+// dial (for its PROXY header, for a slot in the service's queue) leaves its
+// accept loop first, which goes on accepting.
+func TestWaitingClientDoesNotHoldAccept(t *testing.T) {
+	cases := []struct {
+		name string
+		tune func(tuned)
+	}{
+		{"PROXY header", func(s tuned) {
+			s.AcceptProxy, s.ProxyTimeout = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, 30*time.Second
+		}},
+		{"service queue", func(s tuned) { s.MaxConns, s.QueueTimeout = 1, 30*time.Second }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			testkit.CheckLeaks(t)
+			be := testkit.NewServer(t, testkit.Greeter("a"))
+			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, tc.tune)
+			accepts := func() uint64 { return p.srv.Sockets()[0].Accepts }
+			// Three clients that send nothing: with a queue, the first takes
+			// the one slot and the others wait for it; without, each waits
+			// for its header. The loop must accept all three.
+			for range 3 {
+				p.dial(t)
+			}
+			for deadline := time.Now().Add(10 * time.Second); accepts() < 3; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of 3 clients accepted in 10 s: a waiting client holds the accept loop", accepts())
+				}
+			}
+			p.srv.Close() // the clients' ends close their sessions
+		})
+	}
+}
+
 // TestNoDelayInherited: a listening socket as Prepare makes it has
 // TCP_NODELAY, and a socket accepted raw from it, as the accept loop does,
 // has it too without a setsockopt of its own.

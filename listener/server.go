@@ -292,7 +292,7 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 		opened = append(opened, so.key)
 		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Bool("inherited", so.inherited).Msg("listening")
 		s.wg.Add(1)
-		go s.accept(so) // exits when so is closed or taken out of service
+		go s.accept(&acceptor{so: so}) // the loop exits when so is closed or taken out of service
 	}
 	for a, so := range s.lns {
 		if !c.want[a] {
@@ -398,25 +398,67 @@ func (s *Server) startLoops() (*loops, error) {
 	return &lps, nil
 }
 
-// accept runs one accept loop. Temporary failures (EMFILE, ENFILE,
-// ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and never end
-// the loop; only closing or retiring the socket does. With a heartbeat set,
-// Accept wakes on a deadline so that the loop answers Alive even when no
-// client comes.
-func (s *Server) accept(so *socket) {
-	defer s.wg.Done()
-	defer close(so.exited)
+// acceptor is a socket's accept loop: what it knows moves with it when a
+// connection it serves inline hands it on (handOff).
+type acceptor struct {
+	so *socket
+	in inheritance // the keepalive accepted sockets inherit (keepalive.go)
+}
+
+// inline is a connection served in its accept loop's goroutine. At the
+// first point where serving it would wait (a PROXY header, a name to route
+// by, a queue, a hold, a connect not done at once), handOff starts another
+// goroutine for the loop, and this one goes on as the connection's alone.
+// A connection that waits for nothing (a backend that answers its connect
+// at once, as on loopback or a LAN) costs no goroutine and no wake-up of
+// another thread: accept, pick, connect and the session's registration in
+// its event loop are one run, as in nginx's worker.
+type inline struct {
+	a    *acceptor
+	gone bool // handed on: the loop runs in another goroutine now
+}
+
+// handOff gives the accept loop to a new goroutine, if i still has it; a
+// nil i (a connection served in a goroutine of its own) has nothing to give.
+func (s *Server) handOff(i *inline) {
+	if i == nil || i.gone {
+		return
+	}
+	i.gone = true
+	go s.accept(i.a) // the loop's count in s.wg moves with it
+}
+
+// accept runs a socket's accept loop until the socket is closed or retired,
+// then ends it, unless a connection it served handed the loop on.
+func (s *Server) accept(a *acceptor) {
+	so := a.so
+	held := false // a slot of the limit taken for the next connection (acceptRaw)
+	if s.acceptLoop(a, &held) {
+		return
+	}
+	if held {
+		<-s.slots
+	}
+	so.acc.Close()
+	close(so.exited)
+	s.wg.Done()
+}
+
+// acceptLoop accepts and serves connections. Temporary failures (EMFILE,
+// ENFILE, ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and
+// never end the loop; only closing or retiring the socket does. With a
+// heartbeat set, Accept wakes on a deadline so that the loop answers Alive
+// even when no client comes. It reports whether it handed the loop on.
+func (s *Server) acceptLoop(a *acceptor, held *bool) (handedOn bool) {
+	so := a.so
 	var delay time.Duration
 	var t *time.Timer
-	acc, rc := so.acc, so.rc
-	defer acc.Close()
-	var in inheritance // the keepalive accepted sockets inherit (keepalive.go)
-	held := false      // a slot of the limit taken for the next connection (acceptRaw)
 	defer func() {
-		if held {
-			<-s.slots
+		if t != nil {
+			t.Stop()
 		}
 	}()
+	acc, rc := so.acc, so.rc
 	for {
 		if s.acceptHook != nil {
 			s.acceptHook()
@@ -426,38 +468,42 @@ func (s *Server) accept(so *socket) {
 		}
 		select { // after the deadline: retire closes done, then sets a deadline in the past
 		case <-so.done:
-			return
+			return false
 		default:
 		}
-		s.inherit(&in, rc, so.key)
+		s.inherit(&a.in, rc, so.key)
 		emptied := false
-		fd, peer, err := acceptRaw(rc, &emptied, s.slots, &held)
+		fd, peer, err := acceptRaw(rc, &emptied, s.slots, held)
 		so.beat.Store(time.Now().UnixNano())
 		if errors.Is(err, errAtLimit) { // a client waits, every slot is taken: wait for one
 			if !s.takeSlot(so) {
-				return
+				return false
 			}
-			held = true
+			*held = true
 			continue
 		}
 		if err == nil {
-			held = false // the connection's now: connDone gives it back
+			*held = false // the connection's now: connDone gives it back
 			delay = 0
 			so.accepts.Add(1)
 			s.wg.Add(1)
-			go s.handle(fd, peer, so.key, in.accepted(emptied)) // exits when the connection ends; its slot is freed by connDone
+			i := inline{a: a}
+			s.handle(fd, peer, so.key, a.in.accepted(emptied), &i) // its slot is freed by connDone
+			if i.gone {
+				return true
+			}
 			continue
 		}
 		select {
 		case <-so.done:
-			return
+			return false
 		default:
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			continue // the heartbeat
 		}
 		if errors.Is(err, net.ErrClosed) {
-			return
+			return false
 		}
 		so.errors.Add(1)
 		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
@@ -470,8 +516,7 @@ func (s *Server) accept(so *socket) {
 		}
 		select {
 		case <-so.done:
-			t.Stop()
-			return
+			return false
 		case <-t.C:
 		}
 	}
