@@ -58,7 +58,26 @@ func init() {
 }
 
 func main() {
+	setProcs()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// setProcs gives the Go runtime one P per two CPUs the process may use
+// (GOMAXPROCS, which follows the cgroup's CPU limit), at least one, unless
+// $GOMAXPROCS says otherwise; the listener runs one event loop per P.
+//
+// A P with nothing to run is not free: each time a loop's goroutine becomes
+// ready while a P is idle, the scheduler wakes a thread to look for work,
+// which finds none and sleeps again, two context switches that take the
+// CPU from the backends and clients on the same host. One P per loop, and
+// a loop per two CPUs, leaves the other half to the kernel's network work
+// and the peers. On the 2-vCPU bench (bench/README.md) it cost 44.5 against
+// 62.8 µs of CPU per new connection and served 33% more of them a second,
+// with every other row equal or better.
+func setProcs() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2))
+	}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -133,7 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(usr)
 	log := newLogger(cfg.Log, stderr)
 	mlog := log.With().Str("component", "main").Logger() // main's own lines
-	mlog.Info().Str("version", versionString()).Str("config", *path).Msg("starting")
+	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).Msg("starting")
 	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
 	defer stop()
 	var ptr atomic.Pointer[listener.Snapshot] // written by reload only

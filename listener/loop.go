@@ -17,13 +17,14 @@ import (
 // Sockets never enter Go's poller: accept4 on the listening socket and a
 // non-blocking connect (loop_dial.go) give descriptors that only a loop's
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
-// would block). A Server has one loop per two Ps (at least one), sessions
-// spread round robin. A loop's epoll descriptor is itself watched by Go's
-// poller (a nested epoll): the loop's goroutine parks there, holding no
-// thread, and when woken runs, inline, whatever directions its events wake,
-// each until it would block or has used its budget, after which it goes on
-// in a goroutine of its own until it would block (a bulk transfer then does
-// not hold up the other sessions of its loop). The syscalls that move bytes
+// would block). A Server has one loop per P (and fulcrum one P per two
+// CPUs: main.go), sessions spread round robin. A loop's epoll descriptor
+// is itself watched by Go's poller (a nested epoll): the loop's goroutine
+// parks there, holding no thread, and when woken runs, inline, whatever
+// directions its events wake, each until it would block or has used its
+// budget, after which it goes on in a goroutine of its own until it would
+// block (a bulk transfer then does not hold up the other sessions of its
+// loop). The syscalls that move bytes
 // never block and are made raw (no entersyscall): the loop keeps its P, and
 // the runtime does not hand it off or wake sysmon per message.
 //

@@ -65,7 +65,7 @@ type Server struct {
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
 
-	nlp  int                   // event loops; 0 = one per two Ps (GOMAXPROCS), at least one
+	nlp  int                   // event loops; 0 = one per P (GOMAXPROCS)
 	lpMu sync.Mutex            // serialises starting and stopping the loops
 	lps  atomic.Pointer[loops] // the sessions' event loops, started with the first
 	next atomic.Uint32         // round robin over lps
@@ -380,7 +380,7 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	n := s.nlp
 	if n <= 0 {
-		n = max(1, runtime.GOMAXPROCS(0)/2)
+		n = runtime.GOMAXPROCS(0) // fulcrum gives itself one P per two CPUs (main.go)
 	}
 	lps := make(loops, 0, n)
 	for range n {
