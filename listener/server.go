@@ -459,6 +459,7 @@ func (s *Server) acceptLoop(a *acceptor, held *bool) (handedOn bool) {
 		}
 	}()
 	acc, rc := so.acc, so.rc
+	emptied := false // acceptRaw's closure shares it: one allocation per loop, not per accept
 	for {
 		if s.acceptHook != nil {
 			s.acceptHook()
@@ -472,7 +473,7 @@ func (s *Server) acceptLoop(a *acceptor, held *bool) (handedOn bool) {
 		default:
 		}
 		s.inherit(&a.in, rc, so.key)
-		emptied := false
+		emptied = false
 		fd, peer, err := acceptRaw(rc, &emptied, s.slots, held)
 		so.beat.Store(time.Now().UnixNano())
 		if errors.Is(err, errAtLimit) { // a client waits, every slot is taken: wait for one
