@@ -75,6 +75,21 @@ func acceptWithin(t *testing.T, fd int, d time.Duration) int {
 	return nfd
 }
 
+// dialWaiting reports whether a socket of s waits in one of its loops
+// (await): a connect in progress, as the tests below arrange.
+func dialWaiting(s *Server) bool {
+	if lps := s.lps.Load(); lps != nil {
+		for _, lp := range *lps {
+			for i := range lp.wait {
+				if lp.wait[i].Load() != nil {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // TestDialWaitsInLoop: a connect with no outcome at once (its SYN dropped
 // by a backend whose accept queue is full) waits in an event loop, not in a
 // thread, and once the backend takes it the session runs as any other.
@@ -86,20 +101,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}
-	waiting := func() bool {
-		lps := p.srv.lps.Load()
-		if lps == nil {
-			return false
-		}
-		for _, lp := range *lps {
-			for i := range lp.wait {
-				if lp.wait[i].Load() != nil {
-					return true
-				}
-			}
-		}
-		return false
-	}
+	waiting := func() bool { return dialWaiting(p.srv) }
 	for deadline := time.Now().Add(5 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no connect waiting in a loop within 5s")
@@ -135,18 +137,7 @@ func TestPendingDialHandsOffAccept(t *testing.T) {
 	lfd, addr := fullQueue(t)
 	be := testkit.NewServer(t, testkit.Greeter("b"))
 	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}, {"b", be.Addr, 1}}, func(s tuned) { s.ConnectTimeout = 30 * time.Second })
-	waiting := func() bool {
-		if lps := p.srv.lps.Load(); lps != nil {
-			for _, lp := range *lps {
-				for i := range lp.wait {
-					if lp.wait[i].Load() != nil {
-						return true
-					}
-				}
-			}
-		}
-		return false
-	}
+	waiting := func() bool { return dialWaiting(p.srv) }
 	awaitWaiting := func(d time.Duration) bool {
 		for deadline := time.Now().Add(d); !waiting(); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
