@@ -43,7 +43,8 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	pol := snap.Policy(svc)
-	if len(pol.AcceptProxy) > 0 || pol.QueueTimeout > 0 || snap.Routes(key) != nil {
+	rs := snap.Routes(key) // nil: not routed by name
+	if len(pol.AcceptProxy) > 0 || pol.QueueTimeout > 0 || rs != nil {
 		s.handOff(i) // a header or a name to wait for, or a queue
 	}
 	if err := inh.setKeepAlive(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
@@ -73,7 +74,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	var h *Hello // what the client sent first, on an address routed by name (routes.go)
-	if rs := snap.Routes(key); rs != nil {
+	if rs != nil {
 		first := pol
 		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
 			l.release() // refused, counted and closed
