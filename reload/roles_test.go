@@ -173,7 +173,9 @@ func TestSplitBrain(t *testing.T) {
 	for _, mode := range []string{"refuse", "first"} {
 		t.Run(mode, func(t *testing.T) {
 			a, b := testkit.StartRedis(t), testkit.StartRedis(t)
-			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+			// fall = 3: one check slower than its 100 ms timeout on a busy
+			// machine must not mark a down between the split and the pick.
+			health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 3\n"
 			r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 				extra:    fmt.Sprintf("split_brain = %q\n", mode) + health,
 				backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
