@@ -448,6 +448,7 @@ func TestRouteLoops(t *testing.T) {
 func TestPrepareSharedAddress(t *testing.T) {
 	testkit.CheckLeaks(t)
 	var ptr atomic.Pointer[Snapshot]
+	ptr.Store(NewSnapshot(sched.NewTable(1, nil, nil), nil)) // as Commit requires: no service takes a yet
 	srv := New(&ptr, zerolog.Nop())
 	a := netip.MustParseAddrPort("127.0.0.1:0")
 	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)

@@ -280,7 +280,8 @@ func (c *Change) abort() {
 
 // Commit starts accepting on the new sockets and takes out of service those
 // not wanted. Sockets whose address is kept are untouched: not one SYN is
-// lost.
+// lost. The Server's Loader must hold a snapshot by then: the accept loops
+// read it before their first accept (keepalive.go).
 func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	s := c.s
 	s.mu.Lock()
