@@ -78,6 +78,7 @@ cleanup() {
 	trap - EXIT INT TERM
 	[[ -n $CLIENT ]] && kill -TERM "$CLIENT" 2>/dev/null
 	for name in "${!PID[@]}"; do stop "$name"; done
+	[[ -n ${TW_SET:-} ]] && echo "$TW_SET" >/proc/sys/net/ipv4/tcp_max_tw_buckets
 	if [[ ${KEEP:-0} == 1 || ($rc != 0 && $rc != 130 && $rc != 143) ]]; then
 		say "work directory kept: $WORK"
 	else
@@ -254,6 +255,27 @@ FULCRUM_V=$("$BIN/fulcrum" -version | awk 'NR == 1 {print $2}')
 NOFILE=$(ulimit -Hn)
 CLK_TCK=$(getconf CLK_TCK)
 LOAD_BEFORE=$(cut -d' ' -f1 /proc/loadavg)
+
+# TIME_WAIT. The connection workloads leave tens of thousands of sockets in
+# TIME_WAIT, all between 127.0.0.1 and a few ports. Past
+# net.ipv4.tcp_max_tw_buckets (131,072 on a 24 GiB machine) the kernel stops
+# keeping them, and for the minute until those expire a new connection costs
+# every target much less (HAProxy under redis-benchmark -k 0: 38 µs of CPU
+# per connection and 23,800/s with the table full, 61-78 µs and 13,900-15,200/s
+# otherwise): a target's figures depended on what ran just before it. So the
+# run raises the limit out of reach (root only), and gives it back at exit.
+TW_FILE=/proc/sys/net/ipv4/tcp_max_tw_buckets TW_WANT=1048576
+TW_WAS=$(cat "$TW_FILE" 2>/dev/null) || TW_WAS=""
+TW_SET=""
+if [[ -n $TW_WAS ]] && ((TW_WAS < TW_WANT)); then
+	if [[ $(id -u) == 0 ]] && echo "$TW_WANT" >"$TW_FILE" 2>/dev/null; then
+		TW_SET=$TW_WAS
+		say "net.ipv4.tcp_max_tw_buckets raised from $TW_WAS to $TW_WANT for the run"
+	else
+		warn "net.ipv4.tcp_max_tw_buckets is $TW_WAS and cannot be raised: the connection rows will depend on what ran before them"
+	fi
+fi
+TW_NOW=$(cat "$TW_FILE" 2>/dev/null || echo unknown)
 
 # ---------------------------------------------------------------- addresses and configs
 
@@ -780,7 +802,7 @@ fi
 {
 	echo "## $(date -u '+%Y-%m-%d %H:%M UTC') · \`$CMDLINE\`"
 	echo
-	echo "- machine: $CPU_MODEL, $CORES cores, $MEM_GIB GiB, Linux $KERNEL, RLIMIT_NOFILE hard limit $NOFILE"
+	echo "- machine: $CPU_MODEL, $CORES cores, $MEM_GIB GiB, Linux $KERNEL, RLIMIT_NOFILE hard limit $NOFILE, net.ipv4.tcp_max_tw_buckets $TW_NOW${TW_SET:+ (raised from $TW_SET for the run)}"
 	echo "- software: fulcrum $FULCRUM_V, $GO_V, HAProxy $HAPROXY_V, nginx $NGINX_V, iperf3 $IPERF_V"
 	echo "- run: $REPS repetition$([[ $REPS == 1 ]] || echo s) of ${DUR} s per workload after ${WARM} s warm-up; $IDLE idle connections asked; measuring took $((ELAPSED / 60))m$((ELAPSED % 60))s; load average $LOAD_BEFORE before, $LOAD_AFTER after"
 	[[ -n $shared ]] && echo "- $shared"
