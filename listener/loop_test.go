@@ -90,6 +90,16 @@ func dialWaiting(s *Server) bool {
 	return false
 }
 
+// awaitDialWaiting polls until dialWaiting(s) or d has passed, and says which.
+func awaitDialWaiting(s *Server, d time.Duration) bool {
+	for deadline := time.Now().Add(d); !dialWaiting(s); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 // TestDialWaitsInLoop: a connect with no outcome at once (its SYN dropped
 // by a backend whose accept queue is full) waits in an event loop, not in a
 // thread, and once the backend takes it the session runs as any other.
@@ -101,11 +111,8 @@ func TestDialWaitsInLoop(t *testing.T) {
 	if _, err := c.Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}
-	waiting := func() bool { return dialWaiting(p.srv) }
-	for deadline := time.Now().Add(5 * time.Second); !waiting(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no connect waiting in a loop within 5s")
-		}
+	if !awaitDialWaiting(p.srv, 5*time.Second) {
+		t.Fatal("no connect waiting in a loop within 5s")
 	}
 	unix.Close(acceptWithin(t, lfd, 5*time.Second)) // the filler: now the retransmitted SYN gets in
 	b := acceptWithin(t, lfd, 15*time.Second)
@@ -124,7 +131,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 	if line, err := bufio.NewReader(testkit.User(c)).ReadString('\n'); err != nil || line != "pong\n" {
 		t.Fatalf("client read %q, %v; want pong", line, err)
 	}
-	if waiting() {
+	if dialWaiting(p.srv) {
 		t.Error("a dial is still registered as waiting")
 	}
 }
@@ -137,21 +144,12 @@ func TestPendingDialHandsOffAccept(t *testing.T) {
 	lfd, addr := fullQueue(t)
 	be := testkit.NewServer(t, testkit.Greeter("b"))
 	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}, {"b", be.Addr, 1}}, func(s tuned) { s.ConnectTimeout = 30 * time.Second })
-	waiting := func() bool { return dialWaiting(p.srv) }
-	awaitWaiting := func(d time.Duration) bool {
-		for deadline := time.Now().Add(d); !waiting(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				return false
-			}
-		}
-		return true
-	}
 	// Round robin from a fresh picker: the first client goes to a, whose
 	// connect waits (its SYN dropped, retried after a second); the next to b.
 	if _, err := p.dial(t).Write([]byte("ping\n")); err != nil {
 		t.Fatal(err)
 	}
-	if !awaitWaiting(10 * time.Second) {
+	if !awaitDialWaiting(p.srv, 10*time.Second) {
 		t.Fatal("no connect waiting in a loop within 10s")
 	}
 	// The next client goes to b: the accept loop serves it while a's
@@ -161,7 +159,7 @@ func TestPendingDialHandsOffAccept(t *testing.T) {
 	if line, err := bufio.NewReader(testkit.User(c)).ReadString('\n'); err != nil || line != "b\n" {
 		t.Fatalf("read %q, %v; want b's greeting while a connect waits", line, err)
 	}
-	if !waiting() {
+	if !dialWaiting(p.srv) {
 		t.Fatal("the connect to a ended before b's greeting came: the test proves nothing")
 	}
 	// Let a take its connection, so that nothing waits when the test ends.
