@@ -78,7 +78,7 @@ cleanup() {
 	trap - EXIT INT TERM
 	[[ -n $CLIENT ]] && kill -TERM "$CLIENT" 2>/dev/null
 	for name in "${!PID[@]}"; do stop "$name"; done
-	[[ -n ${TW_SET:-} ]] && { echo "$TW_SET" >/proc/sys/net/ipv4/tcp_max_tw_buckets || warn "could not restore net.ipv4.tcp_max_tw_buckets to $TW_SET"; }
+	[[ -n ${TW_SET:-} ]] && { echo "$TW_SET" >"$TW_FILE" || warn "could not restore net.ipv4.tcp_max_tw_buckets to $TW_SET"; }
 	if [[ ${KEEP:-0} == 1 || ($rc != 0 && $rc != 130 && $rc != 143) ]]; then
 		say "work directory kept: $WORK"
 	else
