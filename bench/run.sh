@@ -20,7 +20,7 @@
 #     scale: fulcrum only (fulcrum, other): the connection-rate run again in a fulcrum of its own with
 #     3, 1,000 and 10,000 backends, and with 3 while SCALE_IDLE idle connections are held (the cost as
 #     the work grows; a table of its own)
-#   SCALE_IDLE=8900 (QUICK 4000): idle connections held during the scale run's last part
+#   SCALE_IDLE=8900 (QUICK 4000): idle connections held during one of the scale runs
 #   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+505; all below 32768)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
 #
@@ -695,11 +695,24 @@ idle() {
 # make each of the clients' connects search the ephemeral ports past them
 # (the kernel's __inet_hash_connect), which doubled the client's system time
 # and halved the rate: the row then measured the load generator.
+#
+# The four runs start one further along each repetition, as the targets do.
+# Run in one fixed order (3, 1,000, 10,000 backends, then idle), the CPU per
+# connection rose with the position in two full runs (46.9, 47.0, 48.9, 50.2
+# µs; 48.0, 51.2, 53.5, 53.6), where by hand, interleaved, 3 and 10,000
+# backends cost the same (52–56 µs against 49–55); each run's own figures
+# move by ±10% (51.8 to 63.7 µs in one 4-repetition run), so that no run
+# should always hold the same place.
 scale() {
-	local t=$1 bin n
+	local t=$1 bin i v runs=(3 1000 10000 idle)
 	case $t in fulcrum) bin=$BIN/fulcrum ;; other) bin=$OTHER ;; *) return 0 ;; esac
-	for n in 3 1000 10000; do scale_run "$t" "$bin" "$n" "scale$n" 0; done
-	scale_run "$t" "$bin" 3 scaleidle "$SCALE_IDLE"
+	for ((i = 0; i < ${#runs[@]}; i++)); do
+		v=${runs[(i + REP) % ${#runs[@]}]}
+		case $v in
+		idle) scale_run "$t" "$bin" 3 scaleidle "$SCALE_IDLE" ;;
+		*) scale_run "$t" "$bin" "$v" "scale$v" 0 ;;
+		esac
+	done
 }
 
 # scale_toml PORT N: one service on PORT of 127.0.0.1 and 127.0.0.2 with N
