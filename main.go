@@ -64,7 +64,9 @@ func main() {
 
 // setProcs gives the Go runtime one P per two CPUs the process may use
 // (GOMAXPROCS, which follows the cgroup's CPU limit), at least one, unless
-// $GOMAXPROCS says otherwise; the listener runs one event loop per P.
+// $GOMAXPROCS says otherwise; the listener runs one event loop per P. It
+// is read once: setting it stops the runtime's own updates when the
+// cgroup's limit changes later, so such a change takes a restart.
 //
 // A P with nothing to run is not free: each time a loop's goroutine becomes
 // ready while a P is idle, the scheduler wakes a thread to look for work,
