@@ -704,10 +704,9 @@ idle() {
 # move by ±10% (51.8 to 63.7 µs in one 4-repetition run), so that no run
 # should always hold the same place.
 scale() {
-	local t=$1 bin i v runs=(3 1000 10000 idle)
+	local t=$1 bin v runs=(3 1000 10000 idle)
 	case $t in fulcrum) bin=$BIN/fulcrum ;; other) bin=$OTHER ;; *) return 0 ;; esac
-	for ((i = 0; i < ${#runs[@]}; i++)); do
-		v=${runs[(i + REP) % ${#runs[@]}]}
+	for v in "${runs[@]:REP % ${#runs[@]}}" "${runs[@]:0:REP % ${#runs[@]}}"; do
 		case $v in
 		idle) scale_run "$t" "$bin" 3 scaleidle "$SCALE_IDLE" ;;
 		*) scale_run "$t" "$bin" "$v" "scale$v" 0 ;;
