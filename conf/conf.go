@@ -308,6 +308,9 @@ func Parse(name string, data []byte) (*Config, error) {
 // parse is Parse, with the addresses of this host (which a wildcard listen
 // address covers) given by local: a test names some.
 func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config, error) {
+	if e := checkDepth(name, data); e != nil {
+		return nil, e
+	}
 	var tree map[string]any
 	md, err := toml.Decode(string(data), &tree)
 	if err != nil {

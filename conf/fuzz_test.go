@@ -3,6 +3,7 @@ package conf
 import (
 	"errors"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -19,6 +20,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(sample))
 	f.Add([]byte("[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\", health = {check = \"http\", path = \"/x\"}}]\n"))
 	f.Add([]byte("[a.b]\n[[a.b.c]]\nx = { y = [1, {z = 2}] }\n\"q.k\" = '''\nml\n'''\n"))
+	// Nesting at and past MaxDepth, and brackets in strings and comments.
+	f.Add([]byte("x = " + strings.Repeat("[{a=", MaxDepth/2) + "1" + strings.Repeat("}]", MaxDepth/2) + "\n"))
+	f.Add([]byte("[" + strings.Repeat("a.\"[\".", MaxDepth) + "b]\ny = '[[[' # [[[\nz = \"\"\"\n[[[\\\"\"\"\"\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse("fuzz.toml", data)
 		if err == nil {
