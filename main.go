@@ -39,6 +39,7 @@ import (
 	"fulcrum/cluster"
 	"fulcrum/conf"
 	"fulcrum/listener"
+	"fulcrum/logsink"
 	"fulcrum/reload"
 	"fulcrum/systemd"
 )
@@ -153,7 +154,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	usr := make(chan os.Signal, 2)
 	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(usr)
-	log := newLogger(cfg.Log, stderr)
+	// Every line goes through a bounded buffer: a log reader that stops
+	// reading must not stop the daemon (package logsink).
+	sink := logsink.New(stderr, logsink.DefaultSize)
+	defer sink.Close(2 * time.Second)
+	log := newLoggerOn(cfg.Log, stderr, sink)
+	llog := log.With().Str("component", "log").Logger()
+	sink.OnDrop = func(n uint64) {
+		llog.Warn().Uint64("dropped", n).Uint64("dropped_total", sink.Dropped()).Msgf("log output was stalled: %d lines dropped", n)
+	}
 	mlog := log.With().Str("component", "main").Logger() // main's own lines
 	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).Msg("starting")
 	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
@@ -224,7 +233,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade}
+			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade,
+			Log: func() (uint64, bool) { return sink.Dropped(), sink.Stalled() }}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)
@@ -332,7 +342,13 @@ func setLevel(lc conf.Log) {
 // are coloured only on a terminal, and never when NO_COLOR is set
 // (https://no-color.org).
 func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
-	tty := isTerminal(w)
+	return newLoggerOn(lc, w, w)
+}
+
+// newLoggerOn is newLogger writing through w (the daemon's logsink) to
+// term, the stream the lines end on, which decides the format.
+func newLoggerOn(lc conf.Log, term, w io.Writer) zerolog.Logger {
+	tty := isTerminal(term)
 	if lc.Format == "console" || lc.Format == "auto" && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "2006-01-02 15:04:05.000", NoColor: !tty || os.Getenv("NO_COLOR") != ""}
 	}

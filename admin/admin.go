@@ -79,6 +79,10 @@ type Source struct {
 	// Upgrade takes POST /upgrade: it hands the sockets to the binary now
 	// installed and returns the new process's pid. Nil: 404.
 	Upgrade func() (int, error)
+	// Log reports the log writer (package logsink): lines dropped since
+	// start because stderr did not take them, and whether it drops now.
+	// Nil: fulcrum_log_dropped_total is not served.
+	Log func() (dropped uint64, stalled bool)
 }
 
 // endpoints is what GET / lists, in the order shown.
@@ -93,10 +97,14 @@ var endpoints = [][2]string{
 }
 
 // registry holds every metric /metrics serves.
-func registry(src Source) *prometheus.Registry {
+func registry(src Source) *prometheus.Registry { return registryWith(src, &healthRule{src: src}) }
+
+// registryWith is registry, with the /healthz rule the handler uses, so
+// that fulcrum_instance_healthy says what /healthz answers.
+func registryWith(src Source, hz *healthRule) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&collector{src: src})
+		&collector{src: src, hz: hz})
 	if b := src.Build; b != nil {
 		// The usual *_build_info: 1, with the build in its labels, to join
 		// on or to alert when instances run different builds.
@@ -154,7 +162,8 @@ func hostAllowed(r *http.Request, hosts []string) bool {
 
 // routes is the handler for requests that passed the Host check.
 func routes(src Source) *http.ServeMux {
-	reg := registry(src)
+	hz := &healthRule{src: src}
+	reg := registryWith(src, hz)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -171,20 +180,7 @@ func routes(src Source) *http.ServeMux {
 		enc.Encode(Snapshot(src))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		ok, why := true, "ok"
-		if src.Instance != nil {
-			ok, why = src.Instance.Healthy()
-		}
-		// A split brain is reported but does not fail the check: every
-		// instance sees the same backends, so moving traffic to another
-		// instance would not help.
-		if t := src.Table(); t != nil {
-			for _, s := range t.Services {
-				if len(s.SplitBrain) > 0 {
-					why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
-				}
-			}
-		}
+		ok, why := hz.check(time.Now())
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
 		if !ok {

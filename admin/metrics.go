@@ -2,6 +2,7 @@ package admin
 
 import (
 	"strings"
+	"time"
 
 	"fulcrum/backend"
 
@@ -11,6 +12,7 @@ import (
 // collector turns the snapshot and counters into metrics at scrape time.
 type collector struct {
 	src Source
+	hz  *healthRule // the /healthz rule, for fulcrum_instance_healthy
 }
 
 var (
@@ -53,14 +55,15 @@ var (
 	lastReload      = prometheus.NewDesc("fulcrum_config_last_reload_timestamp_seconds", "When the running configuration was applied.", nil, nil)
 	lastReloadError = prometheus.NewDesc("fulcrum_config_last_reload_successful", "1 if the last reload attempt was applied, 0 if it was refused.", nil, nil)
 	instDraining    = prometheus.NewDesc("fulcrum_instance_draining", "1 while the instance is drained (fulcrum drain, SIGUSR1) or stopping: /healthz fails, connections are still served.", nil, nil)
-	instHealthy     = prometheus.NewDesc("fulcrum_instance_healthy", "1 while /healthz answers 200: not draining, and some service has a backend up.", nil, nil)
+	instHealthy     = prometheus.NewDesc("fulcrum_instance_healthy", "1 while /healthz answers 200: not draining, some service has a backend up, and new connections are being accepted.", nil, nil)
+	logDropped      = prometheus.NewDesc("fulcrum_log_dropped_total", "Log lines dropped because the log's output (stderr) did not take them: a stalled journald or log shipper.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
 		backendState, backendChecks, backendResults, backendDrainDL, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, listenRefused, connsOpen, connsMax, connsWaits, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
-		instDraining, instHealthy} {
+		instDraining, instHealthy, logDropped} {
 		ch <- d
 	}
 }
@@ -142,7 +145,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(lastReloadError, boolf(st.Reload.LastError == ""))
 	if is := st.Instance; is != nil {
 		gauge(instDraining, boolf(is.Draining))
-		gauge(instHealthy, boolf(is.Healthy))
+		ok, _ := c.hz.check(time.Now())
+		gauge(instHealthy, boolf(ok))
+	}
+	if c.src.Log != nil {
+		n, _ := c.src.Log()
+		counter(logDropped, float64(n))
 	}
 }
 
