@@ -16,8 +16,11 @@
 //	go admin.Serve(ctx, ln, admin.Handler(src), admin.Options{Log: log}) // returns when ctx ends
 //
 // The listener cannot starve the data path: it holds at most
-// Options.MaxConns connections (64) and waits to accept more, each idle one
-// closes after 30 s, and a slow request gets 5 s for its headers. It serves
+// Options.MaxConns connections (64), each idle one closes after 30 s, and a
+// slow request gets 5 s for its headers. Nor can other clients keep a
+// health checker out: at the cap a new connection takes the place of the
+// one that has waited longest for a request (silent, trickling its
+// headers, or idle), and Accept waits only while every one is being served. It serves
 // only requests whose Host names the listen address, localhost or one of
 // [admin] hosts, so that a web page cannot reach it by rebinding its own
 // DNS name to the admin address.
@@ -272,9 +275,11 @@ type Options struct {
 	// JSON, at most a few a second. The zero Logger writes nowhere.
 	Log zerolog.Logger
 	// MaxConns is how many connections are held at once; default 64. At the
-	// cap the listener stops accepting (the kernel queues the rest), closes
-	// the idle keep-alive connections, and answers with Connection: close
-	// so that busy ones cycle; keep-alive resumes below half the cap.
+	// cap the listener closes the idle keep-alive connections and answers
+	// with Connection: close so that busy ones cycle (keep-alive resumes
+	// below half the cap), and each new connection takes the place of the
+	// one that has waited longest for its request; only while all are being
+	// served does it stop accepting (the kernel queues the rest).
 	MaxConns int
 	// IdleTimeout closes a keep-alive connection idle this long; default 30s.
 	IdleTimeout time.Duration
@@ -318,6 +323,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, o Options) erro
 	// At the cap, idle keep-alive connections go first: a probe waiting in
 	// the kernel's queue gets in at once, not after an idle timeout.
 	lim.shed = func(on bool) { srv.SetKeepAlivesEnabled(!on) }
+	srv.ConnState = lim.track
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(lim) }() // exits when Shutdown closes ln
 	<-ctx.Done()
@@ -339,66 +345,134 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// limitListener accepts while fewer than cap of its connections are open;
-// at the cap Accept waits for one to close, leaving newer ones in the
-// kernel's queue, where they hold no descriptor of ours.
+// limitListener holds at most cap connections. At the cap, a new one takes
+// the place of the connection that has waited longest for a request (a
+// silent or slow one reading its headers, or an idle keep-alive): a client
+// that sends its request at once, as a health checker does, cannot be kept
+// out by others that send theirs slowly or not at all, however many they
+// are. Only when every connection is being served (its request read) does
+// Accept wait for one to close, the one accepted meanwhile holding the only
+// descriptor beyond the cap.
 type limitListener struct {
 	net.Listener
-	sem       chan struct{} // one token per open connection, and one for the Accept in progress
-	open      atomic.Int64  // connections open now
-	shed      func(on bool) // called with true when the cap is reached, false when below half again; nil: no-op
-	shedding  atomic.Bool   // shed(true) was the last call
-	done      chan struct{} // closed by Close: Accept stops waiting
-	closeOnce sync.Once
+	cap      int
+	shed     func(on bool) // called with true when the cap is reached, false when below half again; nil: no-op
+	shedding atomic.Bool   // shed(true) was the last call
+
+	mu    sync.Mutex          // protects conns
+	conns map[*limitConn]bool // open connections
+	freed chan struct{}       // a connection closed; buffered 1
+	done  chan struct{}       // closed by Close: Accept stops waiting
+	once  sync.Once
+	now   func() time.Time // time.Now; a seam for tests
+	open  atomic.Int64     // len(conns), for full without the lock
 }
 
 func newLimitListener(ln net.Listener, cap int) *limitListener {
-	return &limitListener{Listener: ln, sem: make(chan struct{}, cap), done: make(chan struct{})}
+	return &limitListener{Listener: ln, cap: cap, conns: map[*limitConn]bool{}, freed: make(chan struct{}, 1),
+		done: make(chan struct{}), now: time.Now}
 }
 
 // full reports whether the cap is reached.
-func (l *limitListener) full() bool { return l.open.Load() >= int64(cap(l.sem)) }
+func (l *limitListener) full() bool { return l.open.Load() >= int64(l.cap) }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.sem
 		return nil, err
 	}
-	if n := l.open.Add(1); n >= int64(cap(l.sem)) && l.shed != nil && l.shedding.CompareAndSwap(false, true) {
-		l.shed(true)
+	lc := &limitConn{Conn: c, l: l}
+	lc.wait(l.now())
+	for {
+		l.mu.Lock()
+		if len(l.conns) < l.cap {
+			l.conns[lc] = true
+			n := int64(len(l.conns))
+			l.open.Store(n)
+			l.mu.Unlock()
+			if n >= int64(l.cap) && l.shed != nil && l.shedding.CompareAndSwap(false, true) {
+				l.shed(true)
+			}
+			return lc, nil
+		}
+		victim := l.longestWaiting()
+		l.mu.Unlock()
+		if victim != nil {
+			victim.Close() // its handler's reads fail; it gives its place back now
+			continue
+		}
+		select {
+		case <-l.freed:
+		case <-l.done:
+			c.Close()
+			return nil, net.ErrClosed
+		}
 	}
-	return &limitConn{Conn: c, release: l.release}, nil
+}
+
+// longestWaiting returns the open connection that has waited longest for
+// a request, or nil when every one is being served. Called with mu held.
+func (l *limitListener) longestWaiting() *limitConn {
+	var v *limitConn
+	var since int64
+	for c := range l.conns {
+		if s := c.since.Load(); s != 0 && (v == nil || s < since) {
+			v, since = c, s
+		}
+	}
+	return v
+}
+
+// track follows net/http's view of each connection (http.Server.ConnState):
+// new and idle ones wait for a request (reading its headers, or silent),
+// active ones have one and are served.
+func (l *limitListener) track(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*limitConn)
+	if !ok {
+		return
+	}
+	switch st {
+	case http.StateIdle:
+		lc.wait(l.now())
+	case http.StateActive:
+		lc.since.Store(0)
+	}
 }
 
 // release gives back a closed connection's place.
-func (l *limitListener) release() {
-	if n := l.open.Add(-1); n <= int64(cap(l.sem)/2) && l.shed != nil && l.shedding.CompareAndSwap(true, false) {
+func (l *limitListener) release(c *limitConn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	n := int64(len(l.conns))
+	l.open.Store(n)
+	l.mu.Unlock()
+	if n <= int64(l.cap/2) && l.shed != nil && l.shedding.CompareAndSwap(true, false) {
 		l.shed(false)
 	}
-	<-l.sem
+	select {
+	case l.freed <- struct{}{}:
+	default:
+	}
 }
 
 func (l *limitListener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
+	l.once.Do(func() { close(l.done) })
 	return l.Listener.Close()
 }
 
-// limitConn gives its token back once, when closed.
+// limitConn gives its place back once, when closed.
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l     *limitListener
+	since atomic.Int64 // when it began to wait for a request (UnixNano); 0 while one is served
+	once  sync.Once
 }
+
+func (c *limitConn) wait(now time.Time) { c.since.Store(max(now.UnixNano(), 1)) }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() { c.l.release(c) })
 	return err
 }
 
