@@ -114,7 +114,9 @@ func (u *upgrader) adopt(socks []systemd.Socket, admin netip.AddrPort) (rest []s
 // Notify is reload's notify: it sends state to systemd, but
 //   - in a process an upgrade started, the first READY=1 goes to the old
 //     process instead, which then sends MAINPID= (systemd takes no message
-//     from this one before);
+//     from this one before); every later one (after a reload's
+//     RELOADING=1) goes to systemd, as in any process, or systemd would
+//     hold the unit in "reloading" until its timeout;
 //   - in a process that has handed over, nothing is sent: the new one is
 //     systemd's main process now;
 //   - with an fd store, each READY=1 first brings it up to date.
@@ -124,15 +126,18 @@ func (u *upgrader) Notify(state string) error {
 	}
 	ready := strings.HasPrefix(state, systemd.Ready)
 	if ready && u.ready != nil {
-		err := errors.New("upgrade: readiness already reported")
+		first, err := false, error(nil)
 		u.readyOnce.Do(func() {
+			first = true
 			u.srv.CloseUnadopted()
 			err = u.ready()
 		})
-		if err == nil {
-			u.log.Info().Msg("upgrade: told the old process that this one serves")
+		if first {
+			if err == nil {
+				u.log.Info().Msg("upgrade: told the old process that this one serves")
+			}
+			return err
 		}
-		return err
 	}
 	if ready {
 		u.syncStore()
