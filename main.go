@@ -182,7 +182,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if f := cfg.Admin.StateFile; f != "" {
 		st, err := reload.ReadState(f)
 		if err != nil {
-			mlog.Warn().Err(err).Msg("cannot read the state file; starting without it")
+			// Fail closed: the file may hold an instance drain and maint
+			// overrides that keep traffic off what must not take it.
+			if cfg.Admin.StateDamaged != "start-empty" {
+				mlog.Error().Err(err).Str("path", f).Msg("cannot start: the state file is damaged; starting without the drains and overrides it held would put them back in rotation unnoticed. Repair or remove it, or set [admin] state_damaged = \"start-empty\" to keep it aside and start without it")
+				return 1
+			}
+			aside, rerr := reload.SetAside(f, time.Now())
+			if rerr != nil {
+				mlog.Error().Err(err).AnErr("aside", rerr).Str("path", f).Msg("cannot start: the state file is damaged and cannot be kept aside; the first save would overwrite it")
+				return 1
+			}
+			mlog.Error().Err(err).Str("path", f).Str("kept_as", aside).Msg("the state file is damaged: kept aside, starting with no drain, override or health from it (state_damaged = \"start-empty\")")
+			st = reload.SavedState{}
 		}
 		m.StateFile, m.Instance, inst.OnChange = f, inst.Drained, m.StateChanged
 		m.Restore(st)

@@ -78,11 +78,17 @@ type Admin struct {
 	// each backend's last known health are kept across restarts (an
 	// absolute path); "" (the default): nothing is kept.
 	StateFile string
+	// StateDamaged is what a start does when StateFile exists but cannot
+	// be read as a state (cut short, edited by hand): "refuse" (the
+	// default) to start, so that the drains and overrides it held are not
+	// lost unnoticed, or "start-empty": move it aside and start without
+	// them.
+	StateDamaged string
 }
 
 // Equal reports whether a and b are the same settings.
 func (a Admin) Equal(b Admin) bool {
-	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts) && a.StateFile == b.StateFile
+	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts) && a.StateFile == b.StateFile && a.StateDamaged == b.StateDamaged
 }
 
 // Cluster is the [cluster] table: what an instance that shares a floating
@@ -412,6 +418,7 @@ func (w *walker) config(root *table) *Config {
 	} else {
 		cfg.Admin.StateFile = f
 	}
+	cfg.Admin.StateDamaged = at.oneOf("state_damaged", "refuse", StateDamaged...)
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -453,6 +460,7 @@ func (w *walker) config(root *table) *Config {
 	w.checkRoutes()
 	w.selfLoops(cfg.Services, listeners)
 	w.fallbacks(cfg.Services)
+	w.stateFile(cfg)
 	if a := cfg.Admin.Listen; a.IsValid() && a.Port() != 0 { // the admin socket is its own: port 0 never clashes
 		for other, owner := range listeners {
 			if overlaps(other, a) {

@@ -385,6 +385,9 @@ func TestRunBadFiles(t *testing.T) {
 		{"unknown scheduler", strings.Replace(good, `scheduler = "wrr"`, `scheduler = "wlcx"`, 1), `fulcrum.toml:8: services.s.scheduler: "wlcx" is not one of`},
 		{"duplicate listener", strings.Replace(good, `listen = ["127.0.0.1:0"]`, `listen = ["127.0.0.1:0", "127.0.0.1:7", "127.0.0.1:7"]`, 1),
 			`fulcrum.toml:7: services.s.listen[2]: 127.0.0.1:7 is also listened on by services.s.listen[1]`},
+		// The state file would overwrite the configuration (issue 30).
+		{"state file is the configuration", "[admin]\nstate_file = \"" + r.path + "\"\n" + good,
+			"fulcrum.toml:2: admin.state_file: " + r.path + " is this configuration file"},
 		// 40 KB that took the decoder past 4 GB and the daemon with it (issue 24).
 		{"nesting bomb", good + "[x]\ny = " + strings.Repeat("{a=", 10000) + "1" + strings.Repeat("}", 10000) + "\n",
 			fmt.Sprintf("fulcrum.toml:%d: nested deeper than 32 levels", strings.Count(good, "\n")+2)},

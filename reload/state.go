@@ -20,6 +20,11 @@ import (
 // (a temporary file renamed over the old one), whenever one of them
 // changes, and read once at start.
 type SavedState struct {
+	// Format is the file's header and version, always first: conf refuses
+	// a state_file that exists and does not begin with it (or with
+	// "saved", as files of earlier releases do; conf.IsStateFile), so that
+	// fulcrum never overwrites a file it did not write.
+	Format   int            `json:"fulcrum_state"`
 	Saved    time.Time      `json:"saved"`
 	Instance *SavedDrain    `json:"instance_drain,omitempty"` // absent: the instance was not drained
 	Backends []SavedBackend `json:"backends,omitempty"`
@@ -43,8 +48,16 @@ type SavedBackend struct {
 	Since    time.Time `json:"since,omitzero"`
 }
 
-// ReadState reads a state file; a file that does not exist yet is an empty
-// state, not an error.
+// stateFormat is SavedState.Format as this release writes it.
+const stateFormat = 1
+
+// ErrDamaged is returned by ReadState for a state file that exists but
+// cannot be read as one: cut short, edited by hand, or unreadable.
+var ErrDamaged = errors.New("state file damaged")
+
+// ReadState reads a state file; a file that does not exist yet, or is
+// empty, is an empty state, not an error. Any other file that does not hold
+// a whole state is ErrDamaged.
 func ReadState(path string) (SavedState, error) {
 	var st SavedState
 	data, err := os.ReadFile(path)
@@ -52,12 +65,28 @@ func ReadState(path string) (SavedState, error) {
 		return st, nil
 	}
 	if err != nil {
-		return st, fmt.Errorf("read state file: %w", err)
+		return st, fmt.Errorf("%w: %s: %w", ErrDamaged, path, err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return st, nil
 	}
 	if err := json.Unmarshal(data, &st); err != nil {
-		return st, fmt.Errorf("state file %s: %w", path, err)
+		return SavedState{}, fmt.Errorf("%w: %s: %w", ErrDamaged, path, err)
+	}
+	if st.Format > stateFormat {
+		return SavedState{}, fmt.Errorf("%w: %s: format %d, from a newer fulcrum (this one reads %d)", ErrDamaged, path, st.Format, stateFormat)
 	}
 	return st, nil
+}
+
+// SetAside renames a damaged state file out of the way, beside it, so that
+// the next save cannot overwrite it, and returns its new name.
+func SetAside(path string, now time.Time) (string, error) {
+	aside := path + ".damaged-" + now.UTC().Format("20060102T150405Z")
+	if err := os.Rename(path, aside); err != nil {
+		return "", fmt.Errorf("keep the damaged state file aside: %w", err)
+	}
+	return aside, nil
 }
 
 // Restore hands the state read at start to the Manager, before Run or the
@@ -196,7 +225,7 @@ func (m *Manager) saveState(last *[]byte) {
 // savedState collects what the state file keeps from the running table and
 // the instance.
 func (m *Manager) savedState() SavedState {
-	st := SavedState{Saved: time.Now().UTC()}
+	st := SavedState{Format: stateFormat, Saved: time.Now().UTC()}
 	if m.Instance != nil {
 		if by, since, ok := m.Instance(); ok {
 			st.Instance = &SavedDrain{By: by, Since: since}

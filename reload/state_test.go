@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/conf"
 	"fulcrum/internal/testkit"
 	"fulcrum/status"
 )
@@ -137,6 +138,9 @@ func TestStateFile(t *testing.T) {
 	data, _ := os.ReadFile(state)
 	if err := json.Unmarshal(data, &raw); err != nil {
 		t.Fatalf("state file is not JSON: %v\n%s", err, data)
+	}
+	if !conf.IsStateFile(data) || raw["fulcrum_state"] != float64(stateFormat) {
+		t.Errorf("the state file does not begin with the header conf looks for:\n%s", data)
 	}
 
 	// Next start: "dead" now answers, but was down: it waits for rise
