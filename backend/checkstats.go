@@ -58,6 +58,14 @@ func (c *checkStats) record(start time.Time, d time.Duration, err error) {
 	c.mu.Unlock()
 }
 
+// recordLocal keeps a probe that failed for want of fulcrum's own resources
+// as the last result, saying it was not counted, without counting it.
+func (c *checkStats) recordLocal(start time.Time, d time.Duration, err error) {
+	c.mu.Lock()
+	c.last = CheckResult{At: start, Latency: d, Err: "not counted, fulcrum's own resources: " + err.Error()}
+	c.mu.Unlock()
+}
+
 // Checks returns the backend's check counters and its last result.
 func (b *Backend) Checks() CheckStats {
 	c := &b.checks

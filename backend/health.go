@@ -223,6 +223,8 @@ type CheckSpec struct {
 
 // RunChecks probes the backend every Interval until ctx ends, marking it
 // down after Fall failures in a row and up after Rise successes in a row.
+// A probe that failed for want of fulcrum's own resources (LocalError)
+// counts as neither: it is shown as the last check and changes nothing.
 // The first check comes after a random fraction of Interval, so that the
 // checks of many backends do not align.
 //
@@ -246,10 +248,16 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 			return // stopped mid-probe: the result means nothing
 		}
 		now := time.Now()
-		b.observed(role)
-		err = spec.Probe.verdict(role, err)
-		b.checks.record(start, now.Sub(start), err)
-		b.checked(err, spec.Rise, spec.Fall, now)
+		if LocalError(err) {
+			// fulcrum's own want (descriptors, ports) says nothing about
+			// the backend: neither a failure nor a pass, but in view.
+			b.checks.recordLocal(start, now.Sub(start), err)
+		} else {
+			b.observed(role)
+			err = spec.Probe.verdict(role, err)
+			b.checks.record(start, now.Sub(start), err)
+			b.checked(err, spec.Rise, spec.Fall, now)
+		}
 		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
 		t.Reset(spec.Interval + jitter)
 	}

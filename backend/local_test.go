@@ -1,0 +1,69 @@
+package backend
+
+import (
+	"context"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"fulcrum/internal/testkit"
+)
+
+// TestChecksIgnoreLocalErrors: an active check that fails for want of
+// fulcrum's own resources (no descriptor: EMFILE; no local port or address:
+// EADDRNOTAVAIL) is not held against the backend, even with fall = 1: the
+// backend stays up, no failed check is counted, and the last check says why
+// it was not counted. A check that reaches a closed port still fails.
+// Before, port exhaustion marked a healthy backend down (issue 30).
+func TestChecksIgnoreLocalErrors(t *testing.T) {
+	live := testkit.NewServer(t, testkit.Echo).Addr
+	for _, c := range []struct {
+		name   string
+		dialer *net.Dialer
+		want   string
+	}{
+		{"EMFILE", &net.Dialer{Control: func(string, string, syscall.RawConn) error { return syscall.EMFILE }}, "too many open files"},
+		{"EADDRNOTAVAIL", &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("192.0.2.1")}}, "cannot assign requested address"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p Pool
+			b := p.Get("s", c.name)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { // exits when cancel is called
+				defer close(done)
+				b.RunChecks(ctx, CheckSpec{Probe: Probe{Kind: CheckTCP, Addr: live, Timeout: time.Second, dialer: c.dialer},
+					Interval: 10 * time.Millisecond, Rise: 1, Fall: 1})
+			}()
+			defer func() { cancel(); <-done }()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if cs := b.Checks(); strings.Contains(cs.Last.Err, "not counted, fulcrum's own resources: ") && strings.Contains(cs.Last.Err, c.want) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("last check %+v; want one not counted for %s", b.Checks().Last, c.want)
+				}
+			}
+			time.Sleep(100 * time.Millisecond) // some ten more probes, with fall = 1
+			if b.Down() || b.Checks().Failed != 0 {
+				_, reason, _ := b.Health()
+				t.Errorf("down %v (%s), %d failed checks; want up and none counted", b.Down(), reason, b.Checks().Failed)
+			}
+		})
+	}
+	t.Run("a real failure still counts", func(t *testing.T) {
+		var p Pool
+		b := p.Get("s", "dead")
+		pr := Probe{Kind: CheckTCP, Addr: testkit.DeadAddr(t), Timeout: time.Second}
+		_, err := pr.Check(context.Background())
+		if err == nil || LocalError(err) {
+			t.Fatalf("Check on a closed port = %v; want a backend's failure", err)
+		}
+		b.checked(err, 1, 1, time.Now())
+		if !b.Down() {
+			t.Errorf("not down after a refused connect with fall 1: %v", err)
+		}
+	})
+}
