@@ -117,11 +117,14 @@ func (w *walker) checkRoutes() {
 	}
 }
 
-// overlapALPN reports whether two alpn lists accept a protocol in common,
-// and which ("" when either accepts every protocol).
+// overlapALPN reports whether two services of one name would take the
+// same client: both without alpn, or both listing a protocol (which is
+// returned). A service with alpn and one without may share the name: the
+// second takes the clients that offer none of the first's protocols
+// (sched's Routes.Match; docs/routing.md).
 func overlapALPN(a, b []string) (string, bool) {
 	if len(a) == 0 || len(b) == 0 {
-		return "", true
+		return "", len(a) == 0 && len(b) == 0
 	}
 	for _, p := range a {
 		if slices.Contains(b, p) {

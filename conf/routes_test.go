@@ -118,9 +118,13 @@ func TestRoutesErrors(t *testing.T) {
 			}
 		})
 	}
-	// Distinct protocols may share a name; an sni service may be alone.
+	// Distinct protocols may share a name, and so may a service with alpn
+	// and one without, which takes the other clients (docs/routing.md,
+	// "How a client is routed"); an sni service may be alone.
 	for _, src := range []string{
 		svc("a", "sni = [\"a.example\"]\nalpn = [\"h2\"]\n") + svc("b", "sni = [\"a.example\"]\nalpn = [\"postgresql\"]\n"),
+		svc("a", "sni = [\"a.example\"]\nalpn = [\"h2\"]\n") + svc("b", "sni = [\"a.example\"]\n"),
+		svc("b", "sni = [\"a.example\", \"*.example\"]\n") + svc("a", "sni = [\"a.example\"]\nalpn = [\"h2\"]\n"),
 		svc("a", "sni = [\"a.example\"]\n"),
 	} {
 		if _, err := Parse("f.toml", []byte(src)); err != nil {

@@ -54,8 +54,10 @@ const DefaultName = "*"
 // NewRoutes checks and compiles the routes of one listen address, in
 // order. Every route needs a name (a service without one cannot share an
 // address), at most one route may be the default, and no two services may
-// claim the same name for a protocol both accept (a route without ALPN
-// accepts every protocol). It returns every problem at once.
+// claim the same name for the same clients: two without ALPN, or two that
+// list a protocol in common (a route with ALPN and one without may share a
+// name: the second takes the clients that offer none of the first's
+// protocols). It returns every problem at once.
 func NewRoutes(routes []Route) (*Routes, error) {
 	rs := &Routes{routes: slices.Clone(routes), exact: map[string][]int{}, wild: map[string][]int{}, def: -1}
 	var errs []error
@@ -124,11 +126,13 @@ func claim(m map[string][]int, key, name string, i int, routes []Route) []error 
 	return errs
 }
 
-// overlap reports whether two ALPN lists accept a protocol in common, and
-// which ("" when either accepts every protocol).
+// overlap reports whether two routes of one name would take the same
+// client: both without ALPN, or both listing a protocol (which is
+// returned). A route with ALPN and one without never do: pick gives the
+// listed protocols to the first and the rest to the second.
 func overlap(a, b []string) (string, bool) {
 	if len(a) == 0 || len(b) == 0 {
-		return "", true
+		return "", len(a) == 0 && len(b) == 0
 	}
 	for _, p := range a {
 		if slices.Contains(b, p) {

@@ -9,6 +9,7 @@ func svcNamed(name string) *Service { return &Service{Name: name} }
 
 func TestRoutesMatch(t *testing.T) {
 	db1, db2, tenants, web, pg17, def := svcNamed("db1"), svcNamed("db2"), svcNamed("tenants"), svcNamed("web"), svcNamed("pg17"), svcNamed("default")
+	db1h2, db1any := svcNamed("db1h2"), svcNamed("db1any")
 	rs, err := NewRoutes([]Route{
 		{Service: db1, Names: []string{"db1.example.com"}},
 		{Service: db2, Names: []string{"DB2.example.com", "db2.internal"}},
@@ -16,6 +17,8 @@ func TestRoutesMatch(t *testing.T) {
 		{Service: web, Names: []string{"app.example.com"}, ALPN: []string{"h2", "http/1.1"}},
 		{Service: pg17, Names: []string{"app.example.com"}, ALPN: []string{"postgresql"}},
 		{Service: def, Names: []string{"*"}},
+		{Service: db1h2, Names: []string{"db1h2.example.com"}, ALPN: []string{"h2"}},
+		{Service: db1any, Names: []string{"db1h2.example.com"}}, // a name shared by a route with ALPN and one without
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +46,10 @@ func TestRoutesMatch(t *testing.T) {
 		{"unknown.example.com", nil, def},
 		{"", nil, def},
 		{"", []string{"h2"}, def},
+		{"db1h2.example.com", []string{"h2"}, db1h2},
+		{"db1h2.example.com", []string{"http/1.1", "h2"}, db1h2},
+		{"db1h2.example.com", []string{"http/1.1"}, db1any},
+		{"db1h2.example.com", nil, db1any},
 	} {
 		if got := rs.Match(tc.sni, tc.alpn); got != tc.want {
 			t.Errorf("Match(%q, %q) = %v; want %v", tc.sni, tc.alpn, name(got), name(tc.want))
@@ -84,8 +91,8 @@ func TestRoutesInvalid(t *testing.T) {
 			`services "a" and "b" both claim name "*.example.com"`},
 		{"same name and protocol", []Route{{Service: a, Names: []string{"x.example.com"}, ALPN: []string{"h2"}}, {Service: b, Names: []string{"x.example.com"}, ALPN: []string{"http/1.1", "h2"}}},
 			`both claim name "x.example.com" with ALPN "h2"`},
-		{"same name, one any protocol", []Route{{Service: a, Names: []string{"x.example.com"}, ALPN: []string{"h2"}}, {Service: b, Names: []string{"x.example.com"}}},
-			`both claim name "x.example.com"`},
+		{"same name, neither with ALPN", []Route{{Service: a, Names: []string{"x.example.com"}}, {Service: b, Names: []string{"x.example.com"}, ALPN: nil}},
+			`services "a" and "b" both claim name "x.example.com"`},
 		{"two defaults", []Route{{Service: a, Names: []string{"*"}}, {Service: b, Names: []string{"*"}}},
 			`services "a" and "b" are both the default`},
 		{"plain service", []Route{{Service: a, Names: []string{"x.example.com"}}, {Service: b}},
