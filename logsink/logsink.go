@@ -44,9 +44,8 @@ type Writer struct {
 	out  io.Writer
 	size int
 
-	mu      sync.Mutex // protects queue, queued, pending and closed
-	queue   [][]byte   // lines not yet written, oldest first
-	queued  int        // bytes in queue
+	mu      sync.Mutex // protects buf, pending and closed
+	buf     []byte     // lines not yet written, whole, oldest first
 	pending uint64     // dropped since OnDrop was last called
 	closed  bool
 
@@ -71,15 +70,14 @@ func New(out io.Writer, size int) *Writer {
 // always reports success: a log line is never worth an error to its caller.
 func (w *Writer) Write(p []byte) (int, error) {
 	w.mu.Lock()
-	if w.closed || w.queued+len(p) > w.size {
+	if w.closed || len(w.buf)+len(p) > w.size {
 		w.pending++
 		w.mu.Unlock()
 		w.dropped.Add(1)
 		w.stalled.Store(true)
 		return len(p), nil
 	}
-	w.queue = append(w.queue, append([]byte(nil), p...))
-	w.queued += len(p)
+	w.buf = append(w.buf, p...)
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
@@ -95,26 +93,28 @@ func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
 // output has not taken a write since.
 func (w *Writer) Stalled() bool { return w.stalled.Load() }
 
-// run writes the queue out until Close, then what is left.
+// run writes the queue out until Close, then what is left. Two buffers
+// take turns: Write fills one while run writes the other out in one call,
+// so that a busy log costs one write(2) per batch and no allocation per
+// line.
 func (w *Writer) run() {
 	defer close(w.done)
+	var out []byte
 	for {
 		<-w.wake
 		for {
 			w.mu.Lock()
-			lines, closed := w.queue, w.closed
-			w.queue, w.queued = nil, 0
+			out, w.buf = w.buf, out[:0]
+			closed := w.closed
 			w.mu.Unlock()
-			if len(lines) == 0 {
+			if len(out) == 0 {
 				if closed {
 					return
 				}
 				break
 			}
-			for _, l := range lines {
-				w.out.Write(l) // blocks while nobody reads: only this goroutine waits
-				w.stalled.Store(false)
-			}
+			w.out.Write(out) // blocks while nobody reads: only this goroutine waits
+			w.stalled.Store(false)
 			w.mu.Lock()
 			n := w.pending
 			w.pending = 0
