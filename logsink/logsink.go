@@ -27,10 +27,11 @@ import (
 	"time"
 )
 
-// DefaultSize is the buffer's default bound: some 800 access lines, a
-// burst's worth; a reader gone for longer loses lines rather than the
-// daemon its memory.
-const DefaultSize = 256 << 10
+// DefaultSize is the buffer's default bound: some 3,500 access lines, a
+// burst's worth at any rate the daemon serves while its goroutine waits
+// for a turn; a reader gone for longer loses lines rather than the daemon
+// its memory.
+const DefaultSize = 1 << 20
 
 // Writer is an io.Writer that queues each Write (one log line: zerolog
 // writes each event with one call) and never blocks on the output.

@@ -109,3 +109,28 @@ func TestCloseBounded(t *testing.T) {
 type devNull struct{}
 
 func (devNull) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkWrite: what a log line costs its writer, the output a file.
+//
+//	go test -run '^$' -bench . -benchmem ./logsink/
+func BenchmarkWrite(b *testing.B) {
+	f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	line := []byte(`{"level":"info","component":"listener","service":"pg","client":"10.0.0.7:51234","backend":"pg-b","backend_addr":"10.0.1.12:5432","queue_ms":0.012,"connect_ms":0.41,"retries":1,"bytes_in":1832,"bytes_out":90211,"duration_ms":5123.8,"end":"client close","message":"connection"}` + "\n")
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			f.Write(line)
+		}
+	})
+	b.Run("logsink", func(b *testing.B) {
+		w := New(f, 0)
+		for b.Loop() {
+			w.Write(line)
+		}
+		w.Close(5 * time.Second)
+		b.ReportMetric(float64(w.Dropped()), "dropped")
+	})
+}
