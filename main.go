@@ -165,7 +165,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	mlog := log.With().Str("component", "main").Logger() // main's own lines
 	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).Msg("starting")
-	ctx, stop := signalContext(func() { mlog.Warn().Msg("second signal, exiting now") })
+	ctx, stop := signalContext(func() {
+		mlog.Warn().Msg("second signal, exiting now")
+		sink.Close(time.Second) // os.Exit follows: write out what is queued, this line included
+	})
 	defer stop()
 	var ptr atomic.Pointer[listener.Snapshot] // written by reload only
 	srv := listener.New(&ptr, log)
