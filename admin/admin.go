@@ -20,10 +20,10 @@
 // slow request gets 5 s for its headers. Nor can other clients keep a
 // health checker out: at the cap a new connection takes the place of the
 // one that has waited longest for a request (silent, trickling its
-// headers, or idle), and Accept waits only while every one is being served. It serves
-// only requests whose Host names the listen address, localhost or one of
-// [admin] hosts, so that a web page cannot reach it by rebinding its own
-// DNS name to the admin address.
+// headers, or idle), and Accept waits only while every one is being
+// served. It serves only requests whose Host names the listen address,
+// localhost or one of [admin] hosts, so that a web page cannot reach it by
+// rebinding its own DNS name to the admin address.
 package admin
 
 import (
@@ -364,13 +364,12 @@ type limitListener struct {
 	freed chan struct{}       // a connection closed; buffered 1
 	done  chan struct{}       // closed by Close: Accept stops waiting
 	once  sync.Once
-	now   func() time.Time // time.Now; a seam for tests
-	open  atomic.Int64     // len(conns), for full without the lock
+	open  atomic.Int64 // len(conns), for full without the lock
 }
 
 func newLimitListener(ln net.Listener, cap int) *limitListener {
 	return &limitListener{Listener: ln, cap: cap, conns: map[*limitConn]bool{}, freed: make(chan struct{}, 1),
-		done: make(chan struct{}), now: time.Now}
+		done: make(chan struct{})}
 }
 
 // full reports whether the cap is reached.
@@ -382,7 +381,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	lc := &limitConn{Conn: c, l: l}
-	lc.wait(l.now())
+	lc.wait(time.Now())
 	for {
 		l.mu.Lock()
 		if len(l.conns) < l.cap {
@@ -433,7 +432,7 @@ func (l *limitListener) track(c net.Conn, st http.ConnState) {
 	}
 	switch st {
 	case http.StateIdle:
-		lc.wait(l.now())
+		lc.wait(time.Now())
 	case http.StateActive:
 		lc.since.Store(0)
 	}
