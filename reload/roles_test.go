@@ -184,8 +184,8 @@ func TestSplitBrain(t *testing.T) {
 			})
 			snap := r.ptr.Load()
 			s := snap.Service("rw")
-			if refuse := snap.Policy(s).RefuseSplitBrain; len(s.SplitBrain) != 2 || refuse != (mode == "refuse") {
-				t.Fatalf("SplitBrain = %v, refuse %v", s.SplitBrain, refuse)
+			if refuse := s.SplitWriter == ""; len(s.SplitBrain) != 2 || refuse != (mode == "refuse") {
+				t.Fatalf("SplitBrain = %v, writer %q", s.SplitBrain, s.SplitWriter)
 			}
 			var req sched.Request
 			i, err := s.Picker.Pick(&req)
