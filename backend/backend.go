@@ -260,6 +260,7 @@ func (b *Backend) Cut(end string) int {
 	for s := range b.sessions {
 		open = append(open, s)
 	}
+	clear(b.sessions) // each is cut once, counted once, however many reasons follow
 	b.mu.Unlock()
 	b.cutClosed.Add(uint64(len(open)))
 	for _, s := range open {
