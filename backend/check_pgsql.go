@@ -77,7 +77,7 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	}
 	a := Answer{Role: RoleReplica}
 	if p.MaxLag > 0 && p.Role == RoleReplica {
-		lag, known := p.WAL.Lag(time.Now(), wal)
+		lag, known := p.WAL.Lag(time.Now(), wal, p.MaxLag) // a primary unseen for max_lag (dead) measures nothing
 		if !known || row[1] == nil { // no primary seen yet: the replica's own view
 			own, err := strconv.ParseFloat(string(row[3]), 64)
 			if err != nil {

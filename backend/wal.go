@@ -72,15 +72,18 @@ func (c *WALClock) Primary(at time.Time, timeline, pos uint64) {
 // Lag returns how far behind the primary a replica that has replayed up to
 // pos is at now: 0 when it has all the primary had at its last check, else
 // how long ago the primary was at pos (interpolated between the two marks
-// around it). known is false while no primary has been recorded.
-func (c *WALClock) Lag(now time.Time, pos uint64) (lag time.Duration, known bool) {
+// around it). known is false while no primary has been recorded, or none
+// within fresh: a primary that has not answered for that long (dead, cut
+// off) is no measure of what the replica misses, since nothing is written
+// meanwhile, and replicas must not all leave the pool because it died.
+func (c *WALClock) Lag(now time.Time, pos uint64, fresh time.Duration) (lag time.Duration, known bool) {
 	if c == nil {
 		return 0, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := len(c.marks)
-	if n == 0 {
+	if n == 0 || now.Sub(c.marks[n-1].last) > fresh {
 		return 0, false
 	}
 	if pos >= c.marks[n-1].pos {

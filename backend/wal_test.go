@@ -10,17 +10,18 @@ import (
 // is 0, however long the primary has been idle; stuck while the primary
 // moves on, it grows with the clock; between two positions it is
 // interpolated. A higher timeline starts the clock again and a lower one
-// is not recorded.
+// is not recorded; a primary not seen lately measures nothing.
 func TestWALClock(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	var c WALClock
-	if _, known := c.Lag(at(0), 100); known {
+	const fresh = time.Hour
+	if _, known := c.Lag(at(0), 100, fresh); known {
 		t.Fatal("a clock with no primary knows a lag")
 	}
 	var nilClock *WALClock
 	nilClock.Primary(at(0), 1, 100) // records nothing, and does not panic
-	if _, known := nilClock.Lag(at(0), 100); known {
+	if _, known := nilClock.Lag(at(0), 100, fresh); known {
 		t.Fatal("a nil clock knows a lag")
 	}
 
@@ -28,7 +29,7 @@ func TestWALClock(t *testing.T) {
 	c.Primary(at(60), 1, 100) // idle for a minute
 	want := func(now float64, pos uint64, lag time.Duration) {
 		t.Helper()
-		if got, known := c.Lag(at(now), pos); !known || got != lag {
+		if got, known := c.Lag(at(now), pos, fresh); !known || got != lag {
 			t.Errorf("Lag(%v, %d) = %v, %v; want %v", now, pos, got, known, lag)
 		}
 	}
@@ -49,4 +50,9 @@ func TestWALClock(t *testing.T) {
 	want(71, 305, 71*time.Second-70*time.Second)
 	c.Primary(at(72), 1, 5000) // the old primary of a split brain: ignored
 	want(72, 310, 0)
+	// A primary not seen for longer than fresh (it died) measures nothing:
+	// the replica's own view decides.
+	if lag, known := c.Lag(at(80), 305, 5*time.Second); known {
+		t.Errorf("10s after the primary's last check, with fresh 5s: lag %v, known", lag)
+	}
 }

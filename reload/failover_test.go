@@ -370,7 +370,7 @@ func TestHeldRedialsNotPassive(t *testing.T) {
 	host, _, _ := net.SplitHostPort(addr)
 	check := testkit.NewServerAt(t, host+":0", testkit.Greeter("check"))
 	_, checkPort, _ := net.SplitHostPort(check.Addr)
-	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 3\n"
+	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 1\nfall = 5\n"
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra: "hold_timeout = \"10s\"\nmax_fails = 3\nfail_timeout = \"10s\"\n" + health, backends: []be{{"b", addr, 1, "health = { port = " + checkPort + " }"}}}))
 	awaitState(t, r, "s", "b", backend.StateUp, 5*time.Second)
@@ -405,7 +405,9 @@ func TestHeldRedialsNotPassive(t *testing.T) {
 // still says streaming and has replayed all it received) while the primary
 // writes goes down under max_lag, measured against the primary's position;
 // a replica of an idle primary stays up however old its last transaction,
-// and the stalled one comes back once the stream moves again.
+// the stalled one comes back once the stream moves again; one left behind
+// without an upstream is down while the primary writes, and back once the
+// primary is dead (unseen for max_lag).
 func TestMaxLagSilentStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two PostgreSQL servers")
@@ -472,4 +474,22 @@ func TestMaxLagSilentStream(t *testing.T) {
 	}
 	resume()
 	awaitState(t, r, "ro", "b", backend.StateUp, 20*time.Second)
+
+	// The replica's stream is cut on its side (no upstream: receive =
+	// replay) while the primary writes: behind by the clock. Then the
+	// primary dies: once it has not been seen for max_lag it measures
+	// nothing, and the replica, the freshest copy left, is back in the
+	// pool by its own view.
+	b.Exec(t, "ALTER SYSTEM SET primary_conninfo = ''")
+	b.Exec(t, "SELECT pg_reload_conf()")
+	awaitState(t, r, "ro", "b", backend.StateDown, maxLag+10*time.Second)
+	cancel()
+	<-writes
+	a.Stop(t, "immediate")
+	died := time.Now()
+	took = awaitState(t, r, "ro", "b", backend.StateUp, maxLag+10*time.Second)
+	t.Logf("primary dead: the replica it had left behind was back in the pool %v later", took.Round(time.Millisecond))
+	if d := time.Since(died); d < maxLag/2 {
+		t.Errorf("the replica was back %v after the primary died; want once the primary was unseen for about max_lag (%v)", d, maxLag)
+	}
 }
