@@ -77,8 +77,10 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	}
 	a := Answer{Role: RoleReplica}
 	if p.MaxLag > 0 && p.Role == RoleReplica {
-		lag, known := p.WAL.Lag(time.Now(), wal, p.MaxLag) // a primary unseen for max_lag (dead) measures nothing
-		if !known || row[1] == nil { // no primary seen yet: the replica's own view
+		// Against the primary; with no primary seen (lately: a dead one
+		// measures nothing), or nothing replayed, the replica's own view.
+		lag, known := p.WAL.Lag(time.Now(), wal, p.MaxLag)
+		if !known || row[1] == nil {
 			own, err := strconv.ParseFloat(string(row[3]), 64)
 			if err != nil {
 				return a, fmt.Errorf("pgsql: replication lag %q: %w", row[3], err)
