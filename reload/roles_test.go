@@ -111,8 +111,9 @@ func TestRolesRedis(t *testing.T) {
 	}
 	r.logs.Wait(t, 5*time.Second, "the cut", func(m map[string]any) bool {
 		// By the split brain, when b's promotion is seen before a's
-		// demotion; else by on_down.
-		return (m["message"] == "sessions cut (on_down = close)" || m["message"] == "sessions cut (split brain)") && m["backend"] == "a"
+		// demotion; else by on_role_change (the default), which comes
+		// before on_down.
+		return (m["message"] == "sessions cut (on_role_change = close)" || m["message"] == "sessions cut (split brain)") && m["backend"] == "a"
 	})
 	old.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := old.Read(make([]byte, 1)); err == nil {
