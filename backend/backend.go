@@ -39,7 +39,7 @@ type Backend struct {
 	bytesOut     atomic.Uint64 // backend → client
 	connectFails atomic.Uint64
 	drainClosed  atomic.Uint64 // sessions closed at a drain deadline
-	cutClosed    atomic.Uint64 // sessions closed by Cut (on_down, on_up)
+	cutClosed    atomic.Uint64 // sessions closed by Cut (on_down, on_role_change, on_up, split brain)
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 	drainAt      atomic.Int64  // unix nanoseconds when the current drain began; 0 when not draining
@@ -232,21 +232,43 @@ func (b *Backend) closeAll() int {
 	return len(open)
 }
 
-// Cut closes every open session at once and returns how many it closed:
-// on_down = "close" when the backend goes down or into the wrong role, and
-// on_up = "close-backups" on a backup when a primary backend comes back.
-// New connections are unaffected; the schedulers stop picking a backend
-// that is down on their own.
-func (b *Backend) Cut() int {
+// Why Cut ended a backend's sessions: the access log's end for them.
+const (
+	CutDown       = "backend down" // on_down = "close": it went down or into the wrong role
+	CutRoleChange = "role change"  // on_role_change = "close": it answered in another role than before
+	CutSplitBrain = "split brain"  // a split brain began, and it is a claimant that is not the one writer
+	CutBackup     = "primary back" // on_up = "close-backups": a primary backend came back
+)
+
+// Cutter is a tracked session that can say why it was closed: Cut passes
+// its reason (one of the Cut* constants) to such a session instead of
+// calling Close.
+type Cutter interface {
+	Cut(end string)
+}
+
+// Cut closes every open session at once and returns how many it closed,
+// each with end as its reason (see Cutter): on_down = "close" when the
+// backend goes down or into the wrong role, on_role_change = "close" when
+// it changes role, a split brain it claims in, and on_up = "close-backups"
+// on a backup when a primary backend comes back. New connections are
+// unaffected; the schedulers stop picking a backend that is down on their
+// own.
+func (b *Backend) Cut(end string) int {
 	b.mu.Lock()
 	open := make([]io.Closer, 0, len(b.sessions))
 	for s := range b.sessions {
 		open = append(open, s)
 	}
+	clear(b.sessions) // each is cut once, counted once, however many reasons follow
 	b.mu.Unlock()
 	b.cutClosed.Add(uint64(len(open)))
 	for _, s := range open {
-		s.Close() // teardown: the session logs its own end
+		if c, ok := s.(Cutter); ok {
+			c.Cut(end) // teardown: the session logs its own end
+		} else {
+			s.Close()
+		}
 	}
 	return len(open)
 }

@@ -146,7 +146,7 @@ func TestCut(t *testing.T) {
 		b.Acquire(0)
 		b.Track(s)
 	}
-	if n := b.Cut(); n != 3 {
+	if n := b.Cut(CutDown); n != 3 {
 		t.Fatalf("Cut = %d; want 3", n)
 	}
 	for i, s := range sessions {

@@ -64,6 +64,11 @@ type Probe struct {
 	PasswordFile string
 	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
 	MaxLag       time.Duration // pgsql, role "replica": a replica further behind than this is down; 0 = no limit
+	// WAL (pgsql) is where the checks of one service keep the positions
+	// their primaries were seen at, and replicas' lag is measured against
+	// (see WALClock); reload gives every probe of a service its group's.
+	// nil: a replica's lag is its own view (see pgRoleQuery).
+	WAL *WALClock
 
 	dialer *net.Dialer // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
 }
@@ -111,6 +116,17 @@ func (p *Probe) Run(ctx context.Context) error {
 	return p.verdict(role, err)
 }
 
+// Answer is what one check learned about a server that answered.
+type Answer struct {
+	Role string // RolePrimary, RoleReplica, or "" when the check tells none
+	// Timeline (pgsql, a primary) is the timeline the server writes WAL
+	// on, read from the name of its current WAL file, which a promotion
+	// moves at once (pg_control_checkpoint() lags until the next
+	// checkpoint). split_brain = "newest" keeps the claimant on the
+	// highest. 0 = not known.
+	Timeline uint64
+}
+
 // password reads PasswordFile; "" when none is set.
 func (p *Probe) password() (string, error) {
 	if p.PasswordFile == "" {
@@ -129,9 +145,15 @@ func (p *Probe) password() (string, error) {
 // in ("" when the check does not tell roles apart). A nil error means it
 // answered as a working server of its kind, whatever its role.
 func (p *Probe) Check(ctx context.Context) (role string, err error) {
+	a, err := p.Ask(ctx)
+	return a.Role, err
+}
+
+// Ask is Check with all the check learned (see Answer).
+func (p *Probe) Ask(ctx context.Context) (a Answer, err error) {
 	cctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
-	role, err = p.check(cctx)
+	a, err = p.check(cctx)
 	if err != nil && ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)) {
 		// The probe's deadline closed the socket under a read or a dial:
 		// say so, not "use of closed network connection".
@@ -140,7 +162,7 @@ func (p *Probe) Check(ctx context.Context) (role string, err error) {
 			err = &TimeoutError{Kind: p.Kind, After: p.Timeout}
 		}
 	}
-	return role, err
+	return a, err
 }
 
 // TimeoutError is a check that got no (full) answer within its timeout.
@@ -156,13 +178,20 @@ func (e *TimeoutError) Error() string {
 // Timeout reports true, as net.Error's timeouts do.
 func (e *TimeoutError) Timeout() bool { return true }
 
-func (p *Probe) check(ctx context.Context) (role string, err error) {
+func (p *Probe) check(ctx context.Context) (Answer, error) {
 	switch {
 	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != ""):
 		return p.pgsqlLogin(ctx)
 	case p.Kind == CheckMySQL:
-		return p.mysqlLogin(ctx)
+		role, err := p.mysqlLogin(ctx)
+		return Answer{Role: role}, err
 	}
+	role, err := p.checkConn(ctx)
+	return Answer{Role: role}, err
+}
+
+// checkConn is a check over one plain connection.
+func (p *Probe) checkConn(ctx context.Context) (role string, err error) {
 	c, err := p.netDialer().DialContext(ctx, "tcp", p.Addr)
 	if err != nil {
 		return "", err

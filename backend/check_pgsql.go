@@ -12,13 +12,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// pgRoleQuery tells a primary from a replica and, on a replica, how far
-// behind it is. A replica that has replayed all it received is caught up
-// (lag 0) however long ago the last transaction was: an idle primary makes
-// now() - pg_last_xact_replay_timestamp() grow without any lag. Otherwise
-// the lag is the age of the last replayed transaction, or -1 when nothing
-// was replayed yet (unknown).
+// pgRoleQuery tells a primary from a replica and reads where each is in
+// its WAL: a primary's current position and, from the name of its current
+// WAL file, its timeline (a promotion moves it at once); a replica's
+// replay position. Those positions measure a replica's lag against its
+// primary (WALClock), which a replica whose stream went silent cannot
+// fake. The last column is the replica's own view, used only while no
+// primary has been seen: 0 when it has replayed everything it received
+// (however long ago the last transaction was: an idle primary makes
+// now() - pg_last_xact_replay_timestamp() grow without any lag), else the
+// age of the last replayed transaction, or -1 when nothing was replayed
+// yet (unknown). A replica that receives nothing looks caught up in that
+// view: hence the primary's position.
 const pgRoleQuery = `SELECT pg_is_in_recovery(),
+  CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() - '0/0' ELSE pg_current_wal_lsn() - '0/0' END,
+  CASE WHEN NOT pg_is_in_recovery() THEN pg_walfile_name(pg_current_wal_lsn()) END,
   CASE WHEN NOT pg_is_in_recovery() THEN 0
        WHEN pg_last_wal_receive_lsn() IS NOT NULL AND pg_last_wal_receive_lsn() <= pg_last_wal_replay_lsn() THEN 0
        ELSE COALESCE(EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()), -1)
@@ -27,10 +35,10 @@ const pgRoleQuery = `SELECT pg_is_in_recovery(),
 // pgsqlLogin logs in for real with pgconn (which does trust, md5 and
 // SCRAM-SHA-256, and TLS when the server offers it) and asks for the role.
 // pgconn's Close sends Terminate, so the server logs nothing per probe.
-func (p *Probe) pgsqlLogin(ctx context.Context) (string, error) {
+func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	pw, err := p.password()
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	user, db := p.User, p.Database
 	if user == "" {
@@ -43,39 +51,63 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (string, error) {
 		RawQuery: "sslmode=prefer&application_name=fulcrum-health"}
 	cfg, err := pgconn.ParseConfig(u.String())
 	if err != nil {
-		return "", fmt.Errorf("pgsql: %w", err)
+		return Answer{}, fmt.Errorf("pgsql: %w", err)
 	}
 	cfg.Password = pw
 	cfg.DialFunc = p.netDialer().DialContext
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return "", fmt.Errorf("pgsql login as %s: %w", user, pgCause(err))
+		return Answer{}, fmt.Errorf("pgsql login as %s: %w", user, pgCause(err))
 	}
 	defer conn.Close(ctx)
+	asked := time.Now() // the primary was at least where it answers from here on
 	res, err := conn.Exec(ctx, pgRoleQuery).ReadAll()
 	if err != nil {
-		return "", fmt.Errorf("pgsql: %w", pgCause(err))
+		return Answer{}, fmt.Errorf("pgsql: %w", pgCause(err))
 	}
-	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 2 {
-		return "", fmt.Errorf("pgsql: unexpected answer to the role query")
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 4 {
+		return Answer{}, fmt.Errorf("pgsql: unexpected answer to the role query")
 	}
 	row := res[0].Rows[0]
+	wal, _ := strconv.ParseUint(string(row[1]), 10, 64) // NULL (nothing replayed yet): 0
 	if string(row[0]) != "t" {
-		return RolePrimary, nil
+		a := Answer{Role: RolePrimary, Timeline: walTimeline(string(row[2]))}
+		p.WAL.Primary(asked, a.Timeline, wal)
+		return a, nil
 	}
+	a := Answer{Role: RoleReplica}
 	if p.MaxLag > 0 && p.Role == RoleReplica {
-		lag, err := strconv.ParseFloat(string(row[1]), 64)
-		if err != nil {
-			return RoleReplica, fmt.Errorf("pgsql: replication lag %q: %w", row[1], err)
+		// Against the primary; with no primary seen (lately: a dead one
+		// measures nothing), or nothing replayed, the replica's own view.
+		lag, known := p.WAL.Lag(time.Now(), wal, p.MaxLag)
+		if !known || row[1] == nil {
+			own, err := strconv.ParseFloat(string(row[3]), 64)
+			if err != nil {
+				return a, fmt.Errorf("pgsql: replication lag %q: %w", row[3], err)
+			}
+			if own < 0 || row[1] == nil {
+				return a, fmt.Errorf("replication lag unknown: nothing replayed yet")
+			}
+			lag = time.Duration(own * float64(time.Second))
 		}
-		if lag < 0 {
-			return RoleReplica, fmt.Errorf("replication lag unknown: nothing replayed yet")
-		}
-		if d := time.Duration(lag * float64(time.Second)); d > p.MaxLag {
-			return RoleReplica, fmt.Errorf("replication lag %s is over max_lag %s", d.Round(time.Millisecond), p.MaxLag)
+		if lag > p.MaxLag {
+			return a, fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), p.MaxLag)
 		}
 	}
-	return RoleReplica, nil
+	return a, nil
+}
+
+// walTimeline reads the timeline from a WAL file name (its first 8 hex
+// digits); 0 when the name is not one.
+func walTimeline(name string) uint64 {
+	if len(name) != 24 {
+		return 0
+	}
+	tl, err := strconv.ParseUint(name[:8], 16, 32)
+	if err != nil {
+		return 0
+	}
+	return tl
 }
 
 // pgCause shortens pgconn's errors to what an operator needs: the server's

@@ -309,20 +309,18 @@ func TestRunChecksStops(t *testing.T) {
 	}
 }
 
-// TestWrongRole: fall answers in the wrong role make the backend
-// StateWrongRole, not down, and never eligible; a failure that follows
-// makes it down; rise answers in the right role bring it back. Each change
-// of state is reported.
+// TestWrongRole: the first answer in the wrong role makes the backend
+// StateWrongRole at once (not after fall), not down, and never eligible;
+// fall failures make it down; rise answers in the right role bring it
+// back. Each change of state is reported.
 func TestWrongRole(t *testing.T) {
 	changes := make(chan *Backend, 10)
 	p := Pool{Changes: changes}
 	b := p.Get("s", "a")
 	now := time.Now()
 	wrong := &WrongRoleError{Observed: RoleReplica, Want: RolePrimary}
-	b.observed(RoleReplica)
-	for range 3 {
-		b.checked(wrong, 2, 3, now)
-	}
+	b.observed(Answer{Role: RoleReplica}, true)
+	b.checked(wrong, 2, 3, now) // one answer decides: fall is 3
 	if st, role := b.State(); st != StateWrongRole || role != RoleReplica || !b.Down() {
 		t.Fatalf("State = %v, %q, Down %v; want wrong role, replica, true", st, role, b.Down())
 	}
@@ -339,7 +337,9 @@ func TestWrongRole(t *testing.T) {
 		}
 	}
 	report("up → wrong role")
-	b.checked(fmt.Errorf("connection refused"), 2, 3, now)
+	for range 2 {
+		b.checked(fmt.Errorf("connection refused"), 2, 3, now)
+	}
 	if st, _ := b.State(); st != StateDown {
 		t.Fatalf("State after a failure = %v; want down", st)
 	}
@@ -349,7 +349,7 @@ func TestWrongRole(t *testing.T) {
 		t.Fatalf("State after a wrong-role answer = %v; want wrong role", st)
 	}
 	report("down → wrong role")
-	b.observed(RolePrimary)
+	b.observed(Answer{Role: RolePrimary}, true)
 	b.checked(nil, 2, 3, now)
 	b.checked(nil, 2, 3, now)
 	if st, role := b.State(); st != StateUp || role != RolePrimary || b.Down() {
@@ -371,7 +371,7 @@ func TestAwaitRole(t *testing.T) {
 	if !b.Down() {
 		t.Fatal("an unchecked backend is eligible")
 	}
-	b.observed(RolePrimary)
+	b.observed(Answer{Role: RolePrimary}, true)
 	b.checked(nil, 3, 3, time.Now())
 	if b.Down() {
 		t.Fatal("the first passing role check did not bring it up at once")
@@ -386,14 +386,14 @@ func TestAwaitRole(t *testing.T) {
 	if !b.Down() {
 		t.Error("a node last seen as primary stays eligible for a replica service")
 	}
-	b.observed(RolePrimary)
+	b.observed(Answer{Role: RolePrimary}, true)
 	b.checked(&WrongRoleError{Observed: RolePrimary, Want: RoleReplica}, 3, 3, time.Now())
 	if st, _ := b.State(); st != StateWrongRole {
 		t.Errorf("after the next check: %v; want wrong role at once", st)
 	}
 	c := p.Get("s", "c")
 	c.AwaitRole(RolePrimary)
-	c.observed(RoleReplica)
+	c.observed(Answer{Role: RoleReplica}, true)
 	c.checked(&WrongRoleError{Observed: RoleReplica, Want: RolePrimary}, 3, 3, time.Now())
 	if st, _ := c.State(); st != StateWrongRole {
 		t.Errorf("first check in the wrong role: %v; want wrong role at once", st)
@@ -407,7 +407,7 @@ func TestAwaitRoleQuiet(t *testing.T) {
 	p := Pool{Changes: changes}
 	b := p.Get("s", "a")
 	b.AwaitRole(RoleReplica)
-	b.observed(RolePrimary)
+	b.observed(Answer{Role: RolePrimary}, true)
 	b.checked(&WrongRoleError{Observed: RolePrimary, Want: RoleReplica}, 3, 3, time.Now())
 	for len(changes) > 0 {
 		(<-changes).Seen()
@@ -416,7 +416,7 @@ func TestAwaitRoleQuiet(t *testing.T) {
 	if st, _ := b.State(); st != StateWrongRole || len(changes) != 0 {
 		t.Errorf("after AwaitRole again: %v with %d reports; want wrong role, none", st, len(changes))
 	}
-	b.observed(RoleReplica)
+	b.observed(Answer{Role: RoleReplica}, true)
 	b.checked(nil, 3, 3, time.Now())
 	if st, _ := b.State(); st != StateUp {
 		t.Errorf("after one check in the right role: %v; want up at once", st)

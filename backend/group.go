@@ -36,7 +36,12 @@ type Group struct {
 
 	limits limits
 	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
+	wal    WALClock  // pgsql: where the service's primaries were, for its replicas' max_lag
 }
+
+// WAL is the clock the service's pgsql checks share (see WALClock): its
+// primaries' positions, against which its replicas' lag is measured.
+func (g *Group) WAL() *WALClock { return &g.wal }
 
 func newGroup(service string) *Group {
 	g := &Group{Service: service}

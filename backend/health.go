@@ -85,6 +85,11 @@ type healthState struct {
 	role         string     // the role the last successful check observed; "" if none did
 	roleChecked  bool       // a check has observed a role at least once
 	awaiting     bool       // set by AwaitRole: the first check result decides at once
+	lastRole     string     // the last role any check observed, kept across failed checks; "" if none
+	roleFrom     string     // a role change not yet taken by TakeRoleChange: the role before; "" if none
+	timeline     uint64     // pgsql: the timeline the last check saw it write on as a primary; 0 if none
+	logged       State      // the state the health controller last logged (see Announce)
+	loggedAny    bool       // it has logged one
 }
 
 // Down reports whether the backend is down, by checks or by passive
@@ -243,7 +248,7 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 		case <-t.C:
 		}
 		start := time.Now()
-		role, err := spec.Probe.Check(ctx)
+		a, err := spec.Probe.Ask(ctx)
 		if ctx.Err() != nil {
 			return // stopped mid-probe: the result means nothing
 		}
@@ -253,24 +258,86 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 			// the backend: neither a failure nor a pass, but in view.
 			b.checks.recordLocal(start, now.Sub(start), err)
 		} else {
-			b.observed(role)
-			err = spec.Probe.verdict(role, err)
+			moved := b.observed(a, spec.Probe.roleWanted())
+			err = spec.Probe.verdict(a.Role, err)
 			b.checks.record(start, now.Sub(start), err)
 			b.checked(err, spec.Rise, spec.Fall, now)
+			if moved {
+				b.changed() // a role change is news even where the state stays (see TakeRoleChange)
+			}
+			if err == nil && b.group != nil {
+				b.group.Kick() // held connections try again: a node back within fall × interval never changed state
+			}
 		}
 		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
 		t.Reset(spec.Interval + jitter)
 	}
 }
 
-// observed records the role a check saw ("" when it tells none).
-func (b *Backend) observed(role string) {
-	b.health.mu.Lock()
-	b.health.role = role
-	if role != "" {
-		b.health.roleChecked = true
+// observed records what a check saw (a role of "" when it tells none, or
+// failed) and reports whether, with a role wanted, the node answers in
+// another role than the last check that saw one: it was promoted or
+// demoted.
+func (b *Backend) observed(a Answer, wanted bool) (moved bool) {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.role = a.Role
+	if a.Role == "" {
+		return false
 	}
-	b.health.mu.Unlock()
+	h.roleChecked = true
+	if a.Role == RolePrimary {
+		h.timeline = a.Timeline
+	} else {
+		h.timeline = 0
+	}
+	if wanted && h.lastRole != "" && h.lastRole != a.Role {
+		if h.roleFrom == "" {
+			h.roleFrom = h.lastRole
+		} else if h.roleFrom == a.Role {
+			h.roleFrom = "" // back before anyone looked: no change
+		}
+		moved = h.roleFrom != ""
+	}
+	h.lastRole = a.Role
+	return moved
+}
+
+// TakeRoleChange reports, once, that the backend's checks saw it change
+// role (from the role it had to the one it has) since the last call: the
+// health controller cuts its sessions then (on_role_change). Only checks
+// that want a role report one.
+func (b *Backend) TakeRoleChange() (from, to string, ok bool) {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.roleFrom == "" {
+		return "", "", false
+	}
+	from, h.roleFrom = h.roleFrom, ""
+	return from, h.lastRole, true
+}
+
+// Announce records st as the state the health controller logs for b now
+// and reports whether that is news: a state other than the last one
+// logged, or the first. A report that carries only a role change logs no
+// second "backend up".
+func (b *Backend) Announce(st State) bool {
+	h := &b.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	news := !h.loggedAny || h.logged != st
+	h.logged, h.loggedAny = st, true
+	return news
+}
+
+// Timeline is the PostgreSQL timeline the backend's last check saw it
+// write on as a primary (see Answer.Timeline); 0 when none is known.
+func (b *Backend) Timeline() uint64 {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	return b.health.timeline
 }
 
 // AwaitRole keeps a backend whose checks now want role, and that no check
@@ -299,10 +366,12 @@ func (b *Backend) awaitingRole() bool {
 	return b.health.awaiting
 }
 
-// checked applies one check result. An error that is a *WrongRoleError
-// counts toward fall like any failure, but the state it leads to is
-// StateWrongRole, not StateDown; whichever kind of failure comes last
-// decides between the two once fall is reached.
+// checked applies one check result. A *WrongRoleError decides at once,
+// without waiting for fall: an answer in the other role is the server's
+// own word, not a flaky failure (a promoted replica must leave a replica
+// pool before new readers reach it, an old master that turned replica must
+// end a split brain now). Other failures count toward fall; the state they
+// lead to is StateDown.
 func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	h := &b.health
 	h.mu.Lock()
@@ -322,15 +391,15 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	}
 	h.checkFail++
 	h.checkOK = 0
+	var wr *WrongRoleError
+	if errors.As(err, &wr) {
+		b.setBits(downRole, downActive, err.Error(), now)
+		return
+	}
 	if h.checkFail < fall {
 		return
 	}
-	var wr *WrongRoleError
-	if errors.As(err, &wr) {
-		b.setBits(downRole, downActive, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
-	} else {
-		b.setBits(downActive, downRole, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
-	}
+	b.setBits(downActive, downRole, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
 }
 
 // SetAddressError marks the backend down while its host name has no
@@ -363,6 +432,7 @@ func (b *Backend) ClearActive() {
 	defer b.health.mu.Unlock()
 	b.health.checkOK, b.health.checkFail = 0, 0
 	b.health.role, b.health.awaiting = "", false
+	b.health.lastRole, b.health.roleFrom, b.health.timeline = "", "", 0
 	b.setBits(0, downActive|downRole, "checks off", time.Now())
 }
 

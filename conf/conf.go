@@ -130,7 +130,8 @@ type Settings struct {
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
 	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
 	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
-	SplitBrain   string        // "refuse" (default) | "first": what a service whose checks want role "primary" does when more than one backend claims it
+	OnRoleChange string        // "close" (default) | "keep": end a backend's sessions when its checks see it change role (promoted, demoted); a backend may override
+	SplitBrain   string        // "refuse" (default) | "first" | "newest": what a service whose checks want role "primary" does when more than one backend claims it
 	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
 	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
@@ -244,13 +245,14 @@ type Backend struct {
 	ProxyProtocol int            // from the service unless set here
 	OnDown        string         // from the service unless set here
 	OnUp          string         // from the service unless set here
+	OnRoleChange  string         // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: backend.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
 }
@@ -491,7 +493,8 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
 		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
 		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
-		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, "refuse", "first"),
+		OnRoleChange: t.oneOf("on_role_change", base.OnRoleChange, OnRoleChanges...),
+		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, SplitBrains...),
 		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
 		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
@@ -532,10 +535,13 @@ func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) t
 	return d
 }
 
-// OnDowns and OnUps are the values of on_down and on_up.
+// OnDowns, OnUps, OnRoleChanges and SplitBrains are the values of
+// on_down, on_up, on_role_change and split_brain.
 var (
-	OnDowns = []string{"keep", "close"}
-	OnUps   = []string{"keep", "close-backups"}
+	OnDowns       = []string{"keep", "close"}
+	OnUps         = []string{"keep", "close-backups"}
+	OnRoleChanges = []string{"close", "keep"}
+	SplitBrains   = []string{"refuse", "first", "newest"}
 )
 
 // ProxyVersions are the values of proxy_protocol, by PROXY version.
@@ -735,6 +741,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			ProxyProtocol: proxyVersion(bt, s.ProxyProtocol),
 			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
 			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
+			OnRoleChange:  bt.oneOf("on_role_change", s.OnRoleChange, OnRoleChanges...),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
@@ -764,6 +771,10 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != backend.CheckPgSQL) {
 			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
+		}
+		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != backend.CheckPgSQL {
+			// Only PostgreSQL's timelines say which claimant is newer.
+			w.errorf(bt.key("health.check"), `split_brain = "newest" needs check = "pgsql" (it compares timelines); have check = %q`, h.Check)
 		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")

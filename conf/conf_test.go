@@ -149,7 +149,7 @@ backends = [{address = "127.0.0.1:2"}]
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
-		ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", SplitBrain: "refuse",
+		ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute, PrereadTimeout: 5 * time.Second,
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"}}
 	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
@@ -247,7 +247,7 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:3: services.a.fallback: fallbacks form a cycle: a → b → a`, `f.toml:7: services.b.fallback: fallbacks form a cycle: b → a → b`}},
 		{"fallback to itself", ok + "fallback = \"s\"\n", []string{`f.toml:4: services.s.fallback: fallbacks form a cycle: s → s`}},
 		{"fallback in defaults", "[defaults]\nfallback = \"s\"\n" + ok, []string{`f.toml:2: defaults.fallback: unknown key`}},
-		{"bad split_brain", ok + "split_brain = \"both\"\n", []string{`f.toml:4: services.s.split_brain: "both" is not one of refuse, first`}},
+		{"bad split_brain", ok + "split_brain = \"both\"\n", []string{`f.toml:4: services.s.split_brain: "both" is not one of refuse, first, newest`}},
 		{"negative hold", ok + "hold_timeout = \"-1s\"\n", []string{`f.toml:4: services.s.hold_timeout: must not be negative`}},
 		{"cluster typo", "[cluster]\nfreebnd = true\n" + ok, []string{`f.toml:2: cluster.freebnd: unknown key`}},
 		{"cluster freebind type", "[cluster]\nfreebind = \"yes\"\n" + ok, []string{`f.toml:2: cluster.freebind: want true or false`}},
@@ -329,6 +329,7 @@ address = "127.0.0.1:2"
 [[services.rw.backends]]
 address = "127.0.0.1:3"
 on_down = "keep"
+on_role_change = "keep"
 health = { role = "primary", max_lag = "0s" }
 `))
 	if err != nil {
@@ -347,8 +348,25 @@ health = { role = "primary", max_lag = "0s" }
 	if h != want {
 		t.Errorf("health = %+v; want %+v", h, want)
 	}
-	if b := s.Backends[1]; b.OnDown != "keep" || b.OnUp != "close-backups" || b.Health.Role != "primary" || b.Health.PasswordFile != want.PasswordFile {
+	if b := s.Backends[1]; b.OnDown != "keep" || b.OnUp != "close-backups" || b.OnRoleChange != "keep" || b.Health.Role != "primary" || b.Health.PasswordFile != want.PasswordFile {
 		t.Errorf("backend 1 = %+v", b)
+	}
+	if b := s.Backends[0]; b.OnRoleChange != "close" {
+		t.Errorf("backend 0 on_role_change = %q; want the default close", b.OnRoleChange)
+	}
+}
+
+// TestSplitBrainNewest: split_brain = "newest" compares PostgreSQL
+// timelines, so it needs the pgsql check on a primary service.
+func TestSplitBrainNewest(t *testing.T) {
+	const head = "[services.rw]\nlisten = [\"127.0.0.1:1\"]\nsplit_brain = \"newest\"\nbackends = [{address = \"127.0.0.1:2\"}]\n"
+	cfg, err := Parse("f.toml", []byte(head+"health = { check = \"pgsql\", role = \"primary\" }\n"))
+	if err != nil || cfg.Services[0].SplitBrain != "newest" {
+		t.Fatalf("Parse = %v; want split_brain newest", err)
+	}
+	_, err = Parse("f.toml", []byte(head+"health = { check = \"redis\", role = \"primary\" }\n"))
+	if err == nil || !strings.Contains(err.Error(), `split_brain = "newest" needs check = "pgsql"`) {
+		t.Errorf("newest over redis: %v; want an error", err)
 	}
 }
 

@@ -2,7 +2,8 @@
 // goroutines of the running configuration, lifts passive marks when their
 // fail_timeout passes, steps slow-start weights up, and turns each backend
 // transition into a table rebuild, one log line and the session cuts the
-// configuration asks for (on_down, on_up). The state itself (up, down,
+// configuration asks for (on_down, on_up, on_role_change, and a split
+// brain's claimants: cut.go). The state itself (up, down,
 // wrong role, passive counts) lives with each backend.Backend, so it
 // survives reloads; the controller only drives it.
 //
@@ -179,73 +180,22 @@ func (c *Controller) Run(ctx context.Context) {
 	}
 }
 
-// transition logs one backend's change, once, and applies its on_down or
-// on_up (see cut).
+// transition logs one backend's change, once, and applies its
+// on_role_change, on_down or on_up (see cut.go).
 func (c *Controller) transition(b *backend.Backend) {
 	_, reason, _ := b.Health()
 	st, role := b.State()
-	switch st {
-	case backend.StateUp:
-		c.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend up")
-	case backend.StateWrongRole:
-		c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
-	default:
-		c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
+	if b.Announce(st) {
+		switch st {
+		case backend.StateUp:
+			c.log.Info().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend up")
+		case backend.StateWrongRole:
+			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
+		default:
+			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
+		}
 	}
 	c.cut(b, st)
-}
-
-// cut applies on_down and on_up after backend b changed to state st: a
-// backend with on_down = "close" that is no longer up has its sessions
-// ended at once (HAProxy's on-marked-down shutdown-sessions), and a primary
-// backend with on_up = "close-backups" that came up ends the sessions on
-// its service's backups (on-marked-up shutdown-backup-sessions), so that
-// clients reconnect to it. Each cut is counted on the backend and logged
-// with its reason.
-func (c *Controller) cut(b *backend.Backend, st backend.State) {
-	t := c.table()
-	if t == nil {
-		return
-	}
-	svc := t.Service(b.Service)
-	if svc == nil {
-		return
-	}
-	tg, backup := findTarget(svc, b)
-	if tg == nil {
-		return
-	}
-	if st != backend.StateUp && tg.CutOnDown {
-		if n := b.Cut(); n > 0 {
-			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Int("sessions", n).
-				Str("reason", "backend "+st.String()).Msg("sessions cut (on_down = close)")
-		}
-		return
-	}
-	if st == backend.StateUp && !backup && tg.CutBackupsOnUp {
-		for i := range svc.Backups {
-			bb := svc.Backups[i].B
-			if n := bb.Cut(); n > 0 {
-				c.log.Warn().Str("service", b.Service).Str("backend", bb.Name).Int("sessions", n).
-					Str("reason", "primary backend "+b.Name+" came up").Msg("sessions cut (on_up = close-backups)")
-			}
-		}
-	}
-}
-
-// findTarget finds b among a service's targets, and whether it is a backup.
-func findTarget(s *sched.Service, b *backend.Backend) (*sched.Target, bool) {
-	for i := range s.Targets {
-		if s.Targets[i].B == b {
-			return &s.Targets[i], false
-		}
-	}
-	for i := range s.Backups {
-		if s.Backups[i].B == b {
-			return &s.Backups[i], true
-		}
-	}
-	return nil, false
 }
 
 // AwaitRoles keeps each backend whose check wants a role, and that no check

@@ -328,7 +328,9 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 			return -1, nil, tries, err
 		}
 		t.B.ConnectFailed()
-		t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
+		if !tm.held {
+			t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
+		}
 		tries++
 		last = err
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
@@ -394,6 +396,7 @@ type timing struct {
 	connect time.Duration // the successful dial (Tc)
 	retries int           // dials that failed before it
 	dialled int8          // 1 once a dial began: queue is set
+	held    bool          // the connection is held (hold_timeout): its redials are no passive failures (hold.go)
 }
 
 func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {

@@ -16,13 +16,15 @@ import (
 )
 
 // errSplitBrain: the service refuses while more than one backend claims
-// the primary role (split_brain = "refuse").
+// the primary role and none is kept as the writer (split_brain =
+// "refuse", or "newest" with a tie).
 var errSplitBrain = fmt.Errorf("split brain: more than one backend claims the primary role (%w)", sched.ErrNoBackend)
 
-// refusesSplitBrain reports whether svc, of policy pol, turns new
-// connections away now.
-func refusesSplitBrain(svc *sched.Service, pol *Policy) bool {
-	return pol.RefuseSplitBrain && len(svc.SplitBrain) > 0
+// refusesSplitBrain reports whether svc turns new connections away now: a
+// split brain with no writer kept (sched.Service.SplitWriter). The table
+// says so; the policy has no part in it.
+func refusesSplitBrain(svc *sched.Service, _ *Policy) bool {
+	return len(svc.SplitBrain) > 0 && svc.SplitWriter == ""
 }
 
 // maxFallbacks bounds a chain of fallbacks (conf refuses cycles).
@@ -60,35 +62,49 @@ func eligibleNow(svc *sched.Service) bool {
 // connectHeld is connect for a service with hold_timeout once connect found
 // no eligible backend, or dialled every one it could and failed (a node
 // that just died, before its checks say so): nothing has been sent to a
-// backend yet, so it waits in the service's hold queue for a table in which
-// a backend is eligible (a check passed, a passive mark, a reload added
-// one), up to hold_timeout from start, then connects through that table's
-// service, which it returns with its policy. The connection keeps the service slot it
-// holds, so max_conns bounds the waiting too. A listener removed meanwhile
-// ends the wait.
+// backend yet, so it waits in the service's hold queue, up to hold_timeout
+// from start, and tries again each time it is woken with a backend
+// eligible: by a new table (a check changed a state, a passive mark
+// lapsed, a reload added a backend) or by any passing check of one of the
+// service's backends (backend.RunChecks kicks the queue), since a node
+// back within fall × interval never changes state and no table would
+// wake it. It connects through the current table's service, which it
+// returns with its policy. The connection keeps the service slot it holds,
+// so max_conns bounds the waiting too. A listener removed meanwhile ends
+// the wait.
+//
+// Its redials are not passive failures (tm.held): they are the same
+// client trying the same nodes again at the pace of the checks, not new
+// evidence, and counting them marked a node down that was coming back,
+// adding rise × interval to its return. The first dial of every connection
+// still counts, so new clients still mark a dead node down.
 func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
 	g := svc.Group
 	g.HoldBegan()
+	tm.held = true
 	deadline := start.Add(pol.HoldTimeout)
-	tried := svc // the table (its service) the last connect failed in
+	tried := svc  // the table (its service) the last connect failed in
+	woke := false // woken since that connect failed: a new table or a passing check
 	for {
 		h := g.Hold()
-		snap := s.tbl.Load() // after Hold: a table swapped in from here on kicks us
+		snap := s.tbl.Load() // after Hold: a table swapped in, or a check passing, from here on kicks us
 		cur := serviceAt(snap.Table, key, svc.Name)
 		if cur == nil {
 			h.Leave()
 			return -1, nil, 0, sched.ErrNoBackend, svc, pol
 		}
 		curPol := snap.Policy(cur)
-		// Wait while nothing is eligible, or while the table is the one
-		// whose backends just failed. A split brain ends the wait at once.
-		if (cur == tried || !eligibleNow(cur)) && !refusesSplitBrain(cur, curPol) {
+		// Wait while nothing is eligible, or until something happened
+		// since the backends of this table just failed. A split brain
+		// ends the wait at once.
+		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur, curPol) {
 			ok := h.Wait(deadline)
 			h.Leave()
 			if !ok {
 				g.HoldExpired()
 				return -1, nil, 0, errHoldExpired, svc, pol
 			}
+			woke = true
 			continue
 		}
 		h.Leave()
@@ -96,12 +112,12 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy
 		if refusesSplitBrain(svc, pol) {
 			return -1, nil, 0, errSplitBrain, svc, pol
 		}
-		*r = sched.Request{Client: r.Client} // a new table: new indices, and a backend that failed may be back
+		*r = sched.Request{Client: r.Client} // a new table, or a backend that failed may be back
 		bc, t, tries, err := s.connect(svc, pol, r, ready, start, tm, nil)
 		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc, pol
 		}
-		tried = svc
+		tried, woke = svc, false
 	}
 }
 

@@ -26,9 +26,6 @@ type Policy struct {
 	// HoldTimeout is how long a new connection waits for an eligible
 	// backend when none is; 0 = close at once.
 	HoldTimeout time.Duration
-	// RefuseSplitBrain turns new connections away while the table names a
-	// split brain in the service (sched.Service.SplitBrain).
-	RefuseSplitBrain bool
 
 	IdleTimeout time.Duration // no byte either way for this long ends a session; 0 = never
 	// HalfCloseTimeout ends a session one direction of which has closed

@@ -57,6 +57,7 @@ type session struct {
 	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
 	stopping atomic.Bool  // both sockets are being shut down: errors and EOFs from now on are its echo
 	drained  atomic.Bool
+	cutEnd   atomic.Pointer[string] // why backend.Cut ended it (backend.Cut*); nil: it was not cut
 }
 
 var (
@@ -93,6 +94,14 @@ func (ss *session) Close() error {
 	ss.drained.Store(true)
 	ss.stop()
 	return nil
+}
+
+// Cut makes both directions end now, as backend.Cut does to a backend's
+// sessions (on_down, on_role_change, a split brain): the session then ends
+// with end as its access line's end.
+func (ss *session) Cut(end string) {
+	ss.cutEnd.Store(&end)
+	ss.stop()
 }
 
 // stop shuts down both sockets both ways. That wakes a half waiting on
@@ -200,6 +209,9 @@ func (ss *session) firstErr() error {
 
 // end says how the session ended.
 func (ss *session) end() string {
+	if e := ss.cutEnd.Load(); e != nil {
+		return *e
+	}
 	if ss.drained.Load() {
 		return endDrained
 	}

@@ -359,7 +359,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: b.ProxyProtocol,
-				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups"}
+				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups", CutOnRole: b.OnRoleChange == "close"}
 			if aerr != nil {
 				t.Weight = 0 // no address: never picked, whatever its health says
 			}
@@ -369,7 +369,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prim = append(prim, t)
 			}
 			if b.Health.Check != backend.CheckNone {
-				p.jobs = append(p.jobs, health.Job{B: bk, Spec: checkSpec(b, dns)})
+				spec := checkSpec(b, dns)
+				spec.Probe.WAL = p.draft.Group(cs.Name).WAL() // the service's checks share where its primary is
+				p.jobs = append(p.jobs, health.Job{B: bk, Spec: spec})
 			}
 		}
 		svc := &sched.Service{
@@ -388,7 +390,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
-		svc.SplitBrain = singleWriter(cs, prim, back)
+		svc.SplitBrain, svc.SplitWriter = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
 			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
@@ -437,7 +439,6 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 		ConnectTimeout:    cs.ConnectTimeout,
 		Retries:           cs.Retries,
 		HoldTimeout:       cs.HoldTimeout,
-		RefuseSplitBrain:  cs.SplitBrain == "refuse",
 		IdleTimeout:       cs.IdleTimeout,
 		HalfCloseTimeout:  cs.HalfCloseTimeout,
 		KeepAliveIdle:     cs.KeepAliveIdle,

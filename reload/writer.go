@@ -12,13 +12,17 @@ import (
 
 // singleWriter applies split_brain to a service whose checks want a
 // primary: when more than one of its backends is up and answered as
-// primary, it must never spread writes across them. With "refuse" every
+// primary, it must never spread writes across them. With "first" only the
+// first claimant in file order keeps its weight; with "newest" only the
+// claimant on the highest PostgreSQL timeline (a promotion raises it, so
+// that is the node promoted last; a tie, or a timeline not known, is no
+// answer); otherwise ("refuse", or "newest" without an answer) every
 // target gets weight 0 (nothing is eligible, and admission refuses with
-// reason split-brain); with "first" only the first claimant in file order
-// keeps its weight. It returns the claimants (nil when at most one). It
-// changes only the targets' weights in the slices it is given, which the
-// caller builds the pickers from.
-func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []string) {
+// reason split-brain). It returns the claimants in file order (nil when at
+// most one) and the writer kept ("" when it refuses). It changes only the
+// targets' weights in the slices it is given, which the caller builds the
+// pickers from.
+func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []string, writer string) {
 	wantsPrimary := map[string]bool{}
 	for _, b := range cs.Backends {
 		if b.Health.Role == backend.RolePrimary {
@@ -26,7 +30,7 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 		}
 	}
 	if len(wantsPrimary) < 2 {
-		return nil
+		return nil, ""
 	}
 	// File order: conf lists backends, primaries and backups mixed.
 	order := map[string]int{}
@@ -43,55 +47,97 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 		}
 	}
 	if len(claim) < 2 {
-		return nil
+		return nil, ""
 	}
 	slices.SortFunc(claim, func(a, b *sched.Target) int { return order[a.B.Name] - order[b.B.Name] })
 	for _, t := range claim {
 		claimants = append(claimants, t.B.Name)
 	}
-	if cs.SplitBrain == "first" {
-		for _, t := range claim[1:] {
-			t.Weight = 0
+	var keep *sched.Target
+	switch cs.SplitBrain {
+	case "first":
+		keep = claim[0]
+	case "newest":
+		keep = newest(claim)
+	}
+	if keep != nil {
+		for _, t := range claim {
+			if t != keep {
+				t.Weight = 0
+			}
 		}
-		return claimants
+		return claimants, keep.B.Name
 	}
 	for _, ts := range [][]sched.Target{prim, back} {
 		for i := range ts {
 			ts[i].Weight = 0
 		}
 	}
-	return claimants
+	return claimants, ""
+}
+
+// newest returns the claimant on the highest timeline, or nil when two
+// share it or one's is not known (0): then nobody can say which is the
+// promoted one.
+func newest(claim []*sched.Target) *sched.Target {
+	var best *sched.Target
+	var top uint64
+	tie := false
+	for _, t := range claim {
+		tl := t.B.Timeline()
+		if tl == 0 {
+			return nil
+		}
+		switch {
+		case tl > top:
+			best, top, tie = t, tl, false
+		case tl == top:
+			tie = true
+		}
+	}
+	if tie {
+		return nil
+	}
+	return best
 }
 
 // swapped runs after each swap of the table (reload or health rebuild):
 // it wakes the connections held for an eligible backend (hold_timeout) to
 // look at the new table, and logs each service's split brain once as it
-// starts and once as it ends, and counts it.
+// starts and once as it ends, and counts it. As a split brain begins, or
+// its claimants or writer change, the health controller cuts the sessions
+// of the claimants not kept as the writer (health's CutSplitBrain).
 func (m *Manager) swapped(old *sched.Table, next *listener.Snapshot) {
 	for _, s := range next.Services {
 		s.Group.Kick()
 	}
 	for _, s := range next.Services {
 		var was []string
+		var wasWriter string
 		if old != nil {
 			if os := old.Service(s.Name); os != nil {
-				was = os.SplitBrain
+				was, wasWriter = os.SplitBrain, os.SplitWriter
 			}
 		}
+		changed := !slices.Equal(s.SplitBrain, was) || s.SplitWriter != wasWriter
 		switch {
 		case len(s.SplitBrain) > 0 && len(was) == 0:
 			s.Group.SplitBrainBegan()
-			action := "keeping only the first (split_brain = first)"
-			if next.Policy(s).RefuseSplitBrain {
-				action = "refusing new connections (split_brain = refuse)"
+			action := "refusing new connections"
+			if s.SplitWriter != "" {
+				action = "keeping only " + s.SplitWriter
 			}
-			m.log.Error().Str("service", s.Name).Str("backends", strings.Join(s.SplitBrain, ", ")).
+			m.log.Error().Str("service", s.Name).Str("backends", strings.Join(s.SplitBrain, ", ")).Str("writer", s.SplitWriter).
 				Msg("split brain: more than one backend claims the primary role; " + action)
 		case len(s.SplitBrain) == 0 && len(was) > 0:
 			m.log.Warn().Str("service", s.Name).Str("backends_were", strings.Join(was, ", ")).
 				Msg("split brain over: at most one backend claims the primary role")
-		case len(s.SplitBrain) > 0 && !slices.Equal(s.SplitBrain, was):
-			m.log.Error().Str("service", s.Name).Str("backends", strings.Join(s.SplitBrain, ", ")).Msg("split brain: the claimants changed")
+		case len(s.SplitBrain) > 0 && changed:
+			m.log.Error().Str("service", s.Name).Str("backends", strings.Join(s.SplitBrain, ", ")).Str("writer", s.SplitWriter).
+				Msg("split brain: the claimants changed")
+		}
+		if len(s.SplitBrain) > 0 && changed {
+			m.health.CutSplitBrain(s)
 		}
 	}
 }

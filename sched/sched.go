@@ -74,6 +74,7 @@ type Target struct {
 	SlowStart     time.Duration // after it comes up its weight ramps from 10% of Base to Base over this; 0 = at once
 
 	CutOnDown      bool // on_down = "close": its sessions end when it goes down or into the wrong role
+	CutOnRole      bool // on_role_change = "close": its sessions end when its checks see it change role
 	CutBackupsOnUp bool // on_up = "close-backups": when it (a primary target) comes up, sessions on the backups end
 }
 
@@ -302,12 +303,15 @@ type Service struct {
 	DrainTimeout time.Duration    // a removed backend's sessions are closed after this; 0 = never
 
 	// SplitBrain names the backends that claim the primary role at once in
-	// a service whose checks want a primary; nil when at most one does.
-	// While it is set, a service with split_brain = "refuse" has every
-	// target at weight 0 and turns new connections away (listener.Policy);
-	// otherwise only the first claimant in file order keeps its weight.
-	SplitBrain []string
-	Fallback   *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
+	// a service whose checks want a primary, in file order; nil when at
+	// most one does. SplitWriter is the one of them kept as the writer
+	// (split_brain = "first": the first; "newest": the one on the highest
+	// timeline), which alone keeps its weight; "" while the split refuses
+	// ("refuse", or a tie): every target is at weight 0 and new connections
+	// are turned away.
+	SplitBrain  []string
+	SplitWriter string
+	Fallback    *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // All returns the primary and backup targets in one new slice (not for the

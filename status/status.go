@@ -89,6 +89,7 @@ type Service struct {
 	// SplitBrain names the backends claiming primary at once; absent when
 	// at most one does. SplitBrains counts how often that began.
 	SplitBrain  []string `json:"split_brain,omitempty"`
+	SplitWriter string   `json:"split_writer,omitempty"` // the claimant kept as the writer (split_brain first or newest); absent while it refuses
 	SplitBrains uint64   `json:"split_brains"`
 	// Holding is how many connections wait for an eligible backend now
 	// (hold_timeout); Held how many had to, HoldExpired how many of those
@@ -204,7 +205,7 @@ func Of(src Source) Status {
 	}
 	if t != nil {
 		for _, s := range t.Services {
-			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain}
+			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
