@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
 # bench/run.sh: fulcrum side by side with a direct connection, HAProxy, nginx
-# and a naive Go io.Copy proxy, all on 127.0.0.1 (issue 7). It prints one
-# Markdown table of medians and ratios and appends it to bench/RESULTS.md.
+# and a naive Go io.Copy proxy, all on 127.0.0.1 (issues 7 and 26). It prints
+# Markdown tables of medians and ratios and appends them to bench/RESULTS.md.
 #
-#   bench/run.sh              full run: 3 repetitions, 5 s per workload, 9,000 idle connections (~15 min)
-#   QUICK=1 bench/run.sh      the same in under 3 minutes: 1 s per workload, 4,000 idle connections
+#   bench/run.sh              full run: both passes (pinned, then unpinned), 3 repetitions each, 5 s per workload
+#   QUICK=1 bench/run.sh      the same, shorter: 1 s per workload, 4,000 idle connections
+#   PIN=1 bench/run.sh        the pinned pass only (the one the targets are read from)
 #
 # Environment (all optional):
 #   REPS=3  DUR=5 (whole seconds)  WARM=1 (seconds, may be fractional)  IDLE=9000
+#   PIN=both | 1 | 0: the passes. 1, pinned: each proxy alone on PROXY_CPUS with one thread per CPU there
+#     (HAProxy nbthread, nginx worker_processes, fulcrum GOMAXPROCS and so its loops), and every client,
+#     backend and server on LOAD_CPUS (taskset), so that a proxy gets exactly its cores. 0, unpinned: as
+#     before issue 26, everything shares every CPU, HAProxy and nginx with 2 threads, fulcrum with its
+#     loops as the old default gave them (one per two CPUs). both (the default): pinned, then unpinned.
+#   PROXY_CPUS=1  LOAD_CPUS=0 (taskset -c lists; on a larger host e.g. PROXY_CPUS=8-15 LOAD_CPUS=0-7)
+#   SYSCALLS=1: after the repetitions of a pass, one more of every workload with the proxy's system calls
+#     counted (perf stat on the raw_syscalls tracepoint, else strace -c -f), kept out of the medians
+#     because counting slows the proxy; 0: no syscall counts
 #   TARGETS="direct haproxy nginx naive fulcrum"
 #     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
-#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale"
+#   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg pgprep pgrows maria rget rpipe rnew rlist rhash scale"
 #     open50, open80: 64 B messages on 32 connections offered at a fixed rate (open loop, latency from
 #     each message's due time), 50% and 80% of the best of HAProxy's and nginx's pp32 rate in the same
 #     repetition (so they come after pp32)
 #     pg: pgbench -S, 16 persistent clients, against a PostgreSQL 15 it initdb's and starts itself;
+#     pgprep: pgbench -S -M prepared (the extended protocol, prepared statements), 32 clients;
+#     pgrows: a pgbench script that reads 100 rows of pgbench_accounts (about 12 KB a reply), 100 clients;
+#     maria: sysbench oltp_read_only, 16 threads, against a MariaDB it installs and starts itself;
 #     rget: redis-benchmark -t get -c 50; rpipe: the same with -P 32 -d 1024; rnew: with -k 0
-#     (a new connection per request), against a redis-server it starts itself
+#     (a new connection per request); rlist: LRANGE of a 100-element list of 64 B values (about 7 KB a
+#     reply), 100 clients; rhash: HGETALL of a 32-field hash of 64 B values (about 2.5 KB), 100 clients;
+#     against a redis-server it starts itself
 #     scale: fulcrum only (fulcrum, other): the connection-rate run again in a fulcrum of its own with
 #     3, 1,000 and 10,000 backends, and with 3 while SCALE_IDLE idle connections are held (the cost as
 #     the work grows; a table of its own)
 #   SCALE_IDLE=8900 (QUICK 4000): idle connections held during one of the scale runs
-#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+505; all below 32768)   RECORD=0 (do not append to RESULTS.md)
+#   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+506; all below 32768)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
 #
 # Everything it starts runs in its own process group and is stopped on exit,
-# Ctrl-C or failure. Missing HAProxy, nginx (with its stream module), iperf3
-# or jq are installed with apt-get (as root).
+# Ctrl-C or failure. Missing HAProxy, nginx (with its stream module), iperf3,
+# jq, PostgreSQL, Redis, MariaDB or sysbench are installed with apt-get (as root).
 set -euo pipefail
 export LC_ALL=C
 
@@ -35,7 +50,7 @@ cd "$ROOT"
 
 # The command as given, for RESULTS.md: the knobs set in the environment, then the script.
 CMDLINE=""
-for v in QUICK REPS DUR WARM IDLE SCALE_IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
+for v in QUICK PIN PROXY_CPUS LOAD_CPUS SYSCALLS REPS DUR WARM IDLE SCALE_IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
 	if [[ -n ${!v:-} ]]; then
 		printf -v q '%q' "${!v}"
 		CMDLINE+="$v=$q "
@@ -49,9 +64,17 @@ else
 	: "${REPS:=3}" "${DUR:=5}" "${WARM:=1}" "${IDLE:=9000}" "${SETTLE:=2}" "${OPEN_BUDGET:=90}" "${SCALE_IDLE:=8900}"
 fi
 read -r -a TARGETS <<<"${TARGETS:-direct haproxy nginx naive fulcrum}"
-read -r -a WORKLOADS <<<"${WORKLOADS:-bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale}"
+ALL_WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg pgprep pgrows maria rget rpipe rnew rlist rhash scale"
+read -r -a WORKLOADS <<<"${WORKLOADS:-$ALL_WORKLOADS}"
 PORT_BASE=${PORT_BASE:-21000}
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
+PIN=${PIN:-both} PROXY_CPUS=${PROXY_CPUS:-1} LOAD_CPUS=${LOAD_CPUS:-0} SYSCALLS=${SYSCALLS:-1}
+case $PIN in
+both) PASSES=(pinned unpinned) ;;
+1) PASSES=(pinned) ;;
+0) PASSES=(unpinned) ;;
+*) echo "bench: PIN must be both, 1 or 0, got $PIN" >&2; exit 2 ;;
+esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/fulcrum-bench.XXXXXX")
 BIN=$WORK/bin RAW=$WORK/raw LOG=$WORK/log
@@ -60,7 +83,10 @@ SAMPLES=$WORK/samples.tsv
 : >"$SAMPLES"
 declare -A PID=() # name → pid of a process we started; each leads its own process group
 CLIENT=""         # the load client running in the foreground, if any
-REP=0
+REP=0             # the repetition, 1 … REPS; 0 in the syscall pass
+RL=0              # its label in the samples: 1, 2, … pinned, u1, u2, … unpinned; s and us the syscall passes
+LOADPIN=()        # the taskset prefix of clients and backends in this pass, if pinned
+PROXYPIN=()       # the same for the proxies
 
 say() { printf '%s %s\n' "$(date +%T)" "$*" >&2; }
 warn() { say "WARNING: $*"; }
@@ -77,6 +103,7 @@ cleanup() {
 	local rc=$? name
 	trap - EXIT INT TERM
 	[[ -n $CLIENT ]] && kill -TERM "$CLIENT" 2>/dev/null
+	[[ -n ${SYS_PID:-} ]] && kill -INT "$SYS_PID" 2>/dev/null
 	for name in "${!PID[@]}"; do stop "$name"; done
 	[[ -n ${TW_SET:-} ]] && { echo "$TW_SET" >"$TW_FILE" || warn "could not restore net.ipv4.tcp_max_tw_buckets to $TW_SET"; }
 	if [[ ${KEEP:-0} == 1 || ($rc != 0 && $rc != 130 && $rc != 143) ]]; then
@@ -145,7 +172,7 @@ wait_listen() {
 client() {
 	local out=$1 limit=$2 rc=0
 	shift 2
-	timeout -k 2 "$limit" "$@" >"$out" 2>>"$LOG/clients.err" &
+	timeout -k 2 "$limit" "${LOADPIN[@]}" "$@" >"$out" 2>>"$LOG/clients.err" &
 	CLIENT=$!
 	wait "$CLIENT" || rc=$?
 	CLIENT=""
@@ -193,6 +220,38 @@ for t in go ss setsid timeout pgrep getconf; do
 	have "$t" || fail "$t is needed and missing"
 done
 
+# cpu_count LIST: how many CPUs a taskset -c list names (0-3,8 → 5).
+cpu_count() {
+	local n=0 r parts=()
+	IFS=, read -r -a parts <<<"$1"
+	for r in "${parts[@]}"; do
+		if [[ $r == *-* ]]; then n=$((n + ${r#*-} - ${r%-*} + 1)); else n=$((n + 1)); fi
+	done
+	echo "$n"
+}
+CORES=$(nproc)
+NPROXY=$(cpu_count "$PROXY_CPUS")
+if [[ " ${PASSES[*]} " == *" pinned "* ]]; then
+	have taskset || fail "PIN needs taskset (util-linux)"
+	taskset -c "$PROXY_CPUS" true 2>/dev/null || fail "PROXY_CPUS=$PROXY_CPUS is not a CPU list this machine can run on"
+	taskset -c "$LOAD_CPUS" true 2>/dev/null || fail "LOAD_CPUS=$LOAD_CPUS is not a CPU list this machine can run on"
+fi
+
+# The syscall pass counts with perf stat on the raw_syscalls tracepoint
+# (cheap: the kernel counts), else with strace -c -f (every syscall stops the
+# proxy: only the counts mean anything then), else not at all.
+SYS_TOOL=""
+SYS_WAITS=syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait
+if [[ $SYSCALLS == 1 ]]; then
+	if have perf && perf stat -x, -o /dev/null -e raw_syscalls:sys_enter -e "$SYS_WAITS" true 2>/dev/null; then
+		SYS_TOOL=perf
+	elif have strace; then
+		SYS_TOOL=strace
+	else
+		warn "SYSCALLS=1 but neither perf (with the raw_syscalls tracepoint) nor strace works here: no syscall counts"
+	fi
+fi
+
 nginx_stream() { # how nginx has its stream module: static, dynamic or none
 	local v
 	v=$(nginx -V 2>&1)
@@ -206,6 +265,8 @@ nginx_modules() { nginx -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p'; 
 
 PG_BIN=/usr/lib/postgresql/15/bin
 wants() { [[ " ${WORKLOADS[*]} " == *" $1 "* ]]; }
+wants_pg() { wants pg || wants pgprep || wants pgrows; }
+wants_redis() { wants rget || wants rpipe || wants rnew || wants rlist || wants rhash; }
 
 install_missing() {
 	local pkgs=()
@@ -216,13 +277,18 @@ install_missing() {
 	fi
 	have iperf3 || pkgs+=(iperf3)
 	have jq || pkgs+=(jq)
-	if wants pg; then
+	if wants_pg; then
 		have pgbench || pkgs+=(postgresql-client-15)
 		[[ -x $PG_BIN/initdb ]] || pkgs+=(postgresql-15)
 	fi
-	if wants rget || wants rpipe || wants rnew; then
+	if wants_redis; then
 		have redis-server || pkgs+=(redis-server)
 		have redis-benchmark || pkgs+=(redis-tools)
+	fi
+	if wants maria; then
+		have mariadbd || [[ -x /usr/sbin/mariadbd ]] || pkgs+=(mariadb-server)
+		have mariadb || pkgs+=(mariadb-client)
+		have sysbench || pkgs+=(sysbench)
 	fi
 	((${#pkgs[@]})) || return 0
 	[[ $(id -u) == 0 ]] || fail "missing ${pkgs[*]}; install them (apt-get install -y ${pkgs[*]}) or run as root"
@@ -244,7 +310,6 @@ REV=$(git describe --always --dirty 2>/dev/null || echo unknown) # GOFLAGS may h
 go build -ldflags "-X main.version=$REV" -o "$BIN/" . ./bench/tcpload ./bench/naive ./bench/report || fail "go build failed"
 
 CPU_MODEL=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
-CORES=$(nproc)
 MEM_GIB=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo)
 KERNEL=$(uname -r)
 GO_V=$(go env GOVERSION)
@@ -283,7 +348,8 @@ P_ECHO=($((PORT_BASE + 1)) $((PORT_BASE + 2)) $((PORT_BASE + 3)))
 P_IPERF=$((PORT_BASE + 10))
 P_PG=$((PORT_BASE + 20))
 P_REDIS=$((PORT_BASE + 21))
-declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() SFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis, scale
+P_MARIA=$((PORT_BASE + 22))
+declare -A FRONT=() IFRONT=() PGFRONT=() RFRONT=() SFRONT=() MFRONT=() # a proxy's ports for the echo backends, iperf3, PostgreSQL, Redis, scale, MariaDB
 for t in haproxy nginx naive fulcrum other; do
 	case $t in haproxy) p=$((PORT_BASE + 101)) ;; nginx) p=$((PORT_BASE + 201)) ;; naive) p=$((PORT_BASE + 301)) ;; fulcrum) p=$((PORT_BASE + 401)) ;; other) p=$((PORT_BASE + 501)) ;; esac
 	FRONT[$t]=$p
@@ -291,6 +357,7 @@ for t in haproxy nginx naive fulcrum other; do
 	PGFRONT[$t]=$((p + 2))
 	RFRONT[$t]=$((p + 3))
 	SFRONT[$t]=$((p + 4)) # scale: fulcrum's own process with many backends
+	MFRONT[$t]=$((p + 5))
 done
 ECHO_ADDRS="127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}"
 
@@ -298,21 +365,24 @@ echo_addr() { if [[ $1 == direct ]]; then echo "$ECHO_ADDRS"; else echo "127.0.0
 iperf_port() { if [[ $1 == direct ]]; then echo "$P_IPERF"; else echo "${IFRONT[$1]}"; fi; }
 pg_port() { if [[ $1 == direct ]]; then echo "$P_PG"; else echo "${PGFRONT[$1]}"; fi; }
 redis_port() { if [[ $1 == direct ]]; then echo "$P_REDIS"; else echo "${RFRONT[$1]}"; fi; }
+maria_port() { if [[ $1 == direct ]]; then echo "$P_MARIA"; else echo "${MFRONT[$1]}"; fi; }
 
 for t in "${TARGETS[@]}"; do
 	[[ $t == direct || -n ${FRONT[$t]:-} ]] || fail "unknown target $t (direct haproxy nginx naive fulcrum other)"
 	[[ $t != other || -x ${OTHER:-} ]] || fail "target other needs OTHER=path to a fulcrum binary"
 done
-for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}" "${SFRONT[@]}"; do
+for p in "${P_ECHO[@]}" "$P_IPERF" "$P_PG" "$P_REDIS" "$P_MARIA" "${FRONT[@]}" "${IFRONT[@]}" "${PGFRONT[@]}" "${RFRONT[@]}" "${SFRONT[@]}" "${MFRONT[@]}"; do
 	listening "$p" && fail "port $p is already in use; choose other ports with PORT_BASE"
 done
 
-# HAProxy: two threads, kernel splicing when it pays, connection limits that
-# fit the descriptor limit: 2 per connection plus 2 per pipe must stay under
-# $NOFILE (9,900 × 2 + 64 × 2 + listeners = 19,938 < 20,000).
-cat >"$WORK/haproxy.cfg" <<EOF
+# haproxy_cfg THREADS: HAProxy with THREADS threads, kernel splicing when it
+# pays, connection limits that fit the descriptor limit: 2 per connection plus
+# 2 per pipe must stay under $NOFILE (9,900 × 2 + 64 × 2 + listeners = 19,938
+# < 20,000).
+haproxy_cfg() {
+	cat <<EOF
 global
-    nbthread 2
+    nbthread $1
     maxconn 9900
     maxpipes 64
     pidfile $WORK/pid/haproxy.pidfile
@@ -346,17 +416,24 @@ frontend redis
     default_backend redis
 backend redis
     server redis 127.0.0.1:$P_REDIS
+frontend maria
+    bind 127.0.0.1:${MFRONT[haproxy]}
+    default_backend maria
+backend maria
+    server maria 127.0.0.1:$P_MARIA
 EOF
+}
 
-# nginx: the stream module, two workers, one listening socket per worker
-# (reuseport); a worker counts client and upstream connections against
-# worker_connections, and each worker has its own $NOFILE descriptors.
-{
+# nginx_conf WORKERS: the stream module, WORKERS workers, one listening
+# socket per worker (reuseport); a worker counts client and upstream
+# connections against worker_connections, and each worker has its own
+# $NOFILE descriptors.
+nginx_conf() {
 	[[ $(nginx_stream) == dynamic ]] && echo "load_module $(nginx_modules)/ngx_stream_module.so;"
 	cat <<EOF
 daemon off;
 master_process on;
-worker_processes 2;
+worker_processes $1;
 worker_rlimit_nofile $NOFILE;
 pid $WORK/pid/nginx.pidfile;
 error_log stderr warn;
@@ -390,9 +467,13 @@ stream {
         listen 127.0.0.1:${RFRONT[nginx]} reuseport;
         proxy_pass 127.0.0.1:$P_REDIS;
     }
+    server {
+        listen 127.0.0.1:${MFRONT[nginx]} reuseport;
+        proxy_pass 127.0.0.1:$P_MARIA;
+    }
 }
 EOF
-} >"$WORK/nginx.conf"
+}
 
 # fulcrum_toml TARGET [LINE]: round robin, no access log, the same backends,
 # on TARGET's ports; LINE is added to [defaults].
@@ -430,14 +511,26 @@ backends = [{ name = "pg", address = "127.0.0.1:$P_PG" }]
 [services.redis]
 listen   = ["127.0.0.1:${RFRONT[$t]}"]
 backends = [{ name = "redis", address = "127.0.0.1:$P_REDIS" }]
+
+[services.maria]
+listen   = ["127.0.0.1:${MFRONT[$t]}"]
+backends = [{ name = "maria", address = "127.0.0.1:$P_MARIA" }]
 EOF
 }
 fulcrum_toml fulcrum >"$WORK/fulcrum.toml"
 # other: the same for another fulcrum binary, on its own ports.
 fulcrum_toml other >"$WORK/other.toml"
 
-haproxy -c -f "$WORK/haproxy.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
-nginx -t -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
+# One configuration of each per pass: pinned, a thread per proxy CPU; unpinned,
+# two threads as in every run before issue 26.
+for pass in "${PASSES[@]}"; do
+	n=2
+	[[ $pass == pinned ]] && n=$NPROXY
+	haproxy_cfg "$n" >"$WORK/haproxy-$pass.cfg"
+	nginx_conf "$n" >"$WORK/nginx-$pass.conf"
+	haproxy -c -f "$WORK/haproxy-$pass.cfg" >"$LOG/haproxy-check.log" 2>&1 || fail "haproxy -c: $(tail -n 5 "$LOG/haproxy-check.log")"
+	nginx -t -c "$WORK/nginx-$pass.conf" -p "$WORK/nginx/" -e stderr >"$LOG/nginx-check.log" 2>&1 || fail "nginx -t: $(tail -n 5 "$LOG/nginx-check.log")"
+done
 for f in fulcrum other; do
 	"$BIN/fulcrum" -check -config "$WORK/$f.toml" >"$LOG/$f-check.log" 2>&1 || fail "fulcrum -check $f.toml: $(cat "$LOG/$f-check.log")"
 done
@@ -445,14 +538,41 @@ done
 start_proxy() {
 	local t=$1 e=127.0.0.1:${P_ECHO[0]},127.0.0.1:${P_ECHO[1]},127.0.0.1:${P_ECHO[2]}
 	case $t in
-	haproxy) start haproxy haproxy -db -f "$WORK/haproxy.cfg" ;;
-	nginx) start nginx nginx -c "$WORK/nginx.conf" -p "$WORK/nginx/" -e stderr ;;
-	naive) start naive "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" "127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" \
-		"127.0.0.1:${PGFRONT[naive]}=127.0.0.1:$P_PG" "127.0.0.1:${RFRONT[naive]}=127.0.0.1:$P_REDIS" ;;
-	fulcrum) start fulcrum "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
-	other) start other "$OTHER" -config "$WORK/other.toml" ;;
+	haproxy) start haproxy "${PROXYPIN[@]}" haproxy -db -f "$WORK/haproxy-$PASS.cfg" ;;
+	nginx) start nginx "${PROXYPIN[@]}" nginx -c "$WORK/nginx-$PASS.conf" -p "$WORK/nginx/" -e stderr ;;
+	naive) start naive env GOMAXPROCS="$PROCS" "${PROXYPIN[@]}" "$BIN/naive" "127.0.0.1:${FRONT[naive]}=$e" \
+		"127.0.0.1:${IFRONT[naive]}=127.0.0.1:$P_IPERF" "127.0.0.1:${PGFRONT[naive]}=127.0.0.1:$P_PG" \
+		"127.0.0.1:${RFRONT[naive]}=127.0.0.1:$P_REDIS" "127.0.0.1:${MFRONT[naive]}=127.0.0.1:$P_MARIA" ;;
+	fulcrum) start fulcrum env GOMAXPROCS="$PROCS" "${PROXYPIN[@]}" "$BIN/fulcrum" -config "$WORK/fulcrum.toml" ;;
+	other) start other env GOMAXPROCS="$PROCS" "${PROXYPIN[@]}" "$OTHER" -config "$WORK/other.toml" ;;
 	esac
-	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}" "${PGFRONT[$t]}" "${RFRONT[$t]}"
+	wait_listen "$t" "${FRONT[$t]}" "${IFRONT[$t]}" "${PGFRONT[$t]}" "${RFRONT[$t]}" "${MFRONT[$t]}"
+}
+
+# set_pass PASS: the pinning, thread counts and sample labels of PASS (pinned or
+# unpinned). fulcrum (and the naive proxy) get GOMAXPROCS, and fulcrum an
+# event loop per P: pinned, one per proxy CPU; unpinned, one per two CPUs,
+# the default of every run before issue 26 (fulcrum's default is now a loop
+# per usable CPU: docs/operations.md), so that the unpinned table goes on
+# from the earlier ones.
+set_pass() {
+	PASS=$1
+	if [[ $PASS == pinned ]]; then
+		LOADPIN=(taskset -c "$LOAD_CPUS") PROXYPIN=(taskset -c "$PROXY_CPUS") PROCS=$NPROXY LP="" PCPUS=$NPROXY
+	else
+		LOADPIN=() PROXYPIN=() PROCS=$((CORES / 2 > 0 ? CORES / 2 : 1)) LP=u PCPUS=$CORES
+	fi
+}
+
+# repin: the backends (and all their threads) to LOAD_CPUS when pinned, to
+# every CPU when not; the processes they fork later inherit it.
+repin() {
+	local name p cpus=0-$((CORES - 1))
+	[[ $PASS == pinned ]] && cpus=$LOAD_CPUS
+	for name in echo1 echo2 echo3 iperf3 pg redis maria; do
+		[[ -n ${PID[$name]:-} ]] || continue
+		for p in $(pids "$name"); do taskset -a -p -c "$cpus" "$p" >/dev/null 2>&1 || true; done
+	done
 }
 
 # smoke TARGET: one connection must echo before anything is measured.
@@ -477,7 +597,7 @@ start_pg() {
 	"${as[@]}" "$PG_BIN/initdb" -D "$WORK/pg/data" -A trust -U postgres --no-sync >"$LOG/initdb.log" 2>&1 ||
 		fail "initdb: $(tail -n 5 "$LOG/initdb.log")"
 	start pg "${as[@]}" "$PG_BIN/postgres" -D "$WORK/pg/data" -p "$P_PG" -c listen_addresses=127.0.0.1 \
-		-c unix_socket_directories="$WORK/pg" -c fsync=off -c synchronous_commit=off -c max_connections=100 \
+		-c unix_socket_directories="$WORK/pg" -c fsync=off -c synchronous_commit=off -c max_connections=200 \
 		-c shared_buffers=128MB
 	wait_listen pg "$P_PG"
 	local i
@@ -488,24 +608,9 @@ start_pg() {
 	fail "pgbench -i: $(tail -n 5 "$LOG/pgbench-init.log")"
 }
 
-say "starting 3 echo backends, an iperf3 server and ${TARGETS[*]}"
-for i in 0 1 2; do start "echo$((i + 1))" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"; done
-start iperf3 iperf3 -s -B 127.0.0.1 -p "$P_IPERF"
-for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
-wait_listen iperf3 "$P_IPERF"
-wants pg && start_pg
-if wants rget || wants rpipe || wants rnew; then
-	start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
-	wait_listen redis "$P_REDIS"
-fi
-for t in "${TARGETS[@]}"; do
-	[[ $t == direct ]] || start_proxy "$t"
-	smoke "$t"
-done
-
 # ---------------------------------------------------------------- workloads
 
-sample() { printf '%s\t%s\t%s\t%s\n' "$REP" "$1" "$2" "$3" >>"$SAMPLES"; }
+sample() { printf '%s\t%s\t%s\t%s\n' "$RL" "$1" "$2" "$3" >>"$SAMPLES"; }
 
 # record TARGET PREFIX FILE KEY=JSONFIELD…: samples from a tcpload JSON line,
 # plus one PREFIX_error:KIND sample per kind of failure (one jq call).
@@ -519,21 +624,80 @@ record() {
 		while IFS=$'\t' read -r key v; do sample "$t" "$key" "$v"; done
 }
 
+# meter_start NAME: NAME's CPU ticks and the time, before a measured run; in
+# a syscall pass it also starts counting NAME's system calls.
+meter_start() {
+	M_NAME=$1 M_C0=$(cpu_ticks_of "$1") M_T0=${EPOCHREALTIME/./}
+	[[ $RL == *s ]] && sys_start "$1"
+	return 0
+}
+
+# meter_stop TARGET KEY: after the run, samples KEY_cpu_ticks and KEY_wall_us
+# (for the CPU per operation and how busy the proxy's CPUs were), and in a
+# syscall pass KEY_sys and KEY_sysw (all system calls, and the epoll waits
+# among them).
+meter_stop() {
+	local t=$1 k=$2 c1 t1
+	c1=$(cpu_ticks_of "$M_NAME") t1=${EPOCHREALTIME/./}
+	sys_stop "$t" "$k"
+	[[ $t == direct ]] && return 0
+	sample "$t" "${k}_cpu_ticks" $((c1 - M_C0))
+	sample "$t" "${k}_wall_us" $((t1 - M_T0))
+}
+
+# sys_start NAME: count the system calls of NAME's processes (every thread
+# they have now) until sys_stop.
+sys_start() {
+	local list p args=()
+	SYS_PID=""
+	[[ $1 == direct || -z $SYS_TOOL ]] && return 0
+	list=$(pids "$1" | paste -sd, -)
+	[[ -n $list ]] || return 0
+	case $SYS_TOOL in
+	perf) perf stat -x, -o "$WORK/sys.out" -e raw_syscalls:sys_enter -e "$SYS_WAITS" -p "$list" 2>>"$LOG/perf.err" & ;;
+	strace)
+		for p in ${list//,/ }; do args+=(-p "$p"); done
+		strace -c -f -q -o "$WORK/sys.out" "${args[@]}" 2>>"$LOG/strace.err" &
+		;;
+	esac
+	SYS_PID=$!
+	sleep 0.3 # neither says when it has attached; the client has not started yet
+}
+
+# sys_stop TARGET KEY: stop counting; samples KEY_sys and KEY_sysw.
+sys_stop() {
+	local total waits
+	[[ -n ${SYS_PID:-} ]] || return 0
+	case $SYS_TOOL in perf) kill -INT "$SYS_PID" ;; strace) kill -TERM "$SYS_PID" ;; esac 2>/dev/null
+	wait "$SYS_PID" 2>/dev/null || true
+	SYS_PID=""
+	case $SYS_TOOL in
+	perf) read -r total waits < <(awk -F, '$3 == "raw_syscalls:sys_enter" {t = $1} $3 ~ /sys_enter_epoll_p?wait$/ {w += $1} END {print t + 0, w + 0}' "$WORK/sys.out") ;;
+	strace) read -r total waits < <(awk '$NF == "total" {t = $4} $NF ~ /^epoll_(p?wait|pwait2)$/ {w += $4} END {print t + 0, w + 0}' "$WORK/sys.out") ;;
+	esac
+	if ((total > 0)); then
+		sample "$1" "${2}_sys" "$total"
+		sample "$1" "${2}_sysw" "$waits"
+	fi
+}
+
 # bulk TARGET STREAMS KEY: iperf3 through TARGET; proxy CPU over the run.
 bulk() {
-	local t=$1 n=$2 k=$3 out=$RAW/$REP-$1-$3.json c0 c1
+	local t=$1 n=$2 k=$3 out=$RAW/$RL-$1-$3.json ok
 	for _ in 1 2; do
-		c0=$(cpu_ticks_of "$t")
-		if client "$out" $((DUR + 30)) iperf3 -c 127.0.0.1 -p "$(iperf_port "$t")" -t "$DUR" -P "$n" -J --connect-timeout 5000; then
-			c1=$(cpu_ticks_of "$t")
+		meter_start "$t"
+		ok=0
+		client "$out" $((DUR + 30)) iperf3 -c 127.0.0.1 -p "$(iperf_port "$t")" -t "$DUR" -P "$n" -J --connect-timeout 5000 && ok=1
+		if ((ok)); then
+			meter_stop "$t" "$k"
 			jq -r '.end.sum_received | "\(.bits_per_second) \(.bytes)"' "$out" | {
 				read -r bps bytes
 				sample "$t" "${k}_bps" "$bps"
 				sample "$t" "${k}_bytes" "$bytes"
 			}
-			[[ $t == direct ]] || sample "$t" "${k}_cpu_ticks" $((c1 - c0))
 			return 0
 		fi
+		sys_stop "$t" "$k"
 		# The iperf3 server takes a moment to be ready for the next test.
 		grep -q busy "$out" 2>/dev/null && sleep 1 && continue
 		break
@@ -546,12 +710,12 @@ cpu_ticks_of() { if [[ $1 == direct ]]; then echo 0; else cpu_ticks "$1"; fi; }
 
 # conn TARGET: connection rate with 32 clients; proxy CPU over the run.
 conn() {
-	local t=$1 out=$RAW/$REP-$1-conn.json c0 c1
-	c0=$(cpu_ticks_of "$t")
-	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "$(echo_addr "$t")" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
-		c1=$(cpu_ticks_of "$t")
+	local t=$1 out=$RAW/$RL-$1-conn.json rc=0
+	meter_start "$t"
+	client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "$(echo_addr "$t")" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s" || rc=$?
+	meter_stop "$t" conn
+	if ((rc == 0)); then
 		record "$t" conn "$out" conn_rate=ops_per_s conn_total=ops_total
-		[[ $t == direct ]] || sample "$t" conn_cpu_ticks $((c1 - c0))
 	else
 		warn "$t conn: tcpload failed"
 		sample "$t" conn_failed 1
@@ -560,9 +724,12 @@ conn() {
 
 # pp TARGET CONNS KEY: 64 B request/response on CONNS persistent connections.
 pp() {
-	local t=$1 c=$2 k=$3 out=$RAW/$REP-$1-$3.json
-	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$t")" -c "$c" -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
-		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
+	local t=$1 c=$2 k=$3 out=$RAW/$RL-$1-$3.json rc=0
+	meter_start "$t"
+	client "$out" $((DUR + 40)) "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$t")" -c "$c" -size 64 -d "${DUR}s" -warmup "${WARM}s" || rc=$?
+	meter_stop "$t" "$k"
+	if ((rc == 0)); then
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_total=ops_total" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
 	else
 		warn "$t $k: tcpload failed"
 		sample "$t" "${k}_failed" 1
@@ -572,14 +739,14 @@ pp() {
 # peak: the best closed-loop pp32 rate of HAProxy and nginx in this
 # repetition (of any proxy if neither ran), or nothing.
 peak() {
-	awk -F'\t' -v rep="$REP" '$1 == rep && $3 == "pp32_rate" && $2 != "direct" {
+	awk -F'\t' -v rep="$RL" '$1 == rep && $3 == "pp32_rate" && $2 != "direct" {
 		if ($2 == "haproxy" || $2 == "nginx") { if ($4 > peer) peer = $4 } else if ($4 > any) any = $4 }
 		END { r = peer ? peer : any; if (r) printf "%d\n", r }' "$SAMPLES"
 }
 
 # open TARGET PERCENT KEY: the open loop at PERCENT of peak.
 open() {
-	local t=$1 pct=$2 k=$3 out=$RAW/$REP-$1-$3.json rate
+	local t=$1 pct=$2 k=$3 out=$RAW/$RL-$1-$3.json rate rc=0
 	rate=$(peak)
 	if [[ -z $rate ]]; then
 		warn "$t $k: no pp32 rate in this repetition to take $pct% of (run pp32 first)"
@@ -587,51 +754,74 @@ open() {
 		return 0
 	fi
 	rate=$((rate * pct / 100))
-	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode openloop -addr "$(echo_addr "$t")" -c 32 -rate "$rate" -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
-		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_offered=offered_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
+	meter_start "$t"
+	client "$out" $((DUR + 40)) "$BIN/tcpload" -mode openloop -addr "$(echo_addr "$t")" -c 32 -rate "$rate" -size 64 -d "${DUR}s" -warmup "${WARM}s" || rc=$?
+	meter_stop "$t" "$k"
+	if ((rc == 0)); then
+		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_total=ops_total" "${k}_offered=offered_per_s" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us" "${k}_p999_us=p999_us"
 	else
 		warn "$t $k: tcpload failed"
 		sample "$t" "${k}_failed" 1
 	fi
 }
 
-# pg TARGET: pgbench -S (select only) on 16 persistent connections; proxy
-# CPU over the run.
+# pg TARGET KEY ARGS…: pgbench with ARGS for DUR seconds; tps, transactions
+# and proxy CPU over the run under KEY.
 pg() {
-	local t=$1 out=$RAW/$REP-$1-pg.txt c0 c1 tps n
-	c0=$(cpu_ticks_of "$t")
-	if client "$out" $((DUR + 30)) pgbench -S -n -c 16 -j 2 -T "$DUR" -h 127.0.0.1 -p "$(pg_port "$t")" -U postgres postgres; then
-		c1=$(cpu_ticks_of "$t")
+	local t=$1 k=$2 out=$RAW/$RL-$1-$2.txt tps n rc=0
+	shift 2
+	meter_start "$t"
+	client "$out" $((DUR + 30)) pgbench -n -T "$DUR" -h 127.0.0.1 -p "$(pg_port "$t")" -U postgres "$@" postgres || rc=$?
+	meter_stop "$t" "$k"
+	if ((rc == 0)); then
 		tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out" | tail -n 1)
 		n=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
 		if [[ -n $tps && -n $n ]]; then
-			sample "$t" pg_tps "$tps"
-			sample "$t" pg_ops "$n"
-			[[ $t == direct ]] || sample "$t" pg_cpu_ticks $((c1 - c0))
+			sample "$t" "${k}_tps" "$tps"
+			sample "$t" "${k}_ops" "$n"
 			return 0
 		fi
 	fi
-	warn "$t pg: pgbench failed: $(tail -n 2 "$out" "$LOG/clients.err" 2>/dev/null | head -c 300)"
-	sample "$t" pg_failed 1
+	warn "$t $k: pgbench failed: $(tail -n 2 "$out" "$LOG/clients.err" 2>/dev/null | head -c 300)"
+	sample "$t" "${k}_failed" 1
 }
 
-# redis TARGET KEY VALUE_BYTES REQUESTS ARGS…: redis-benchmark -t get with
-# ARGS, after setting the key it reads to VALUE_BYTES bytes; proxy CPU over
-# the run. REQUESTS is per second of DUR (redis-benchmark runs a count, not
-# a duration).
+# maria TARGET: sysbench oltp_read_only (14 queries a transaction: point
+# selects, ranges, a sum, an order by, a distinct) with 16 threads for DUR
+# seconds; transactions per second and proxy CPU over the run.
+maria() {
+	local t=$1 out=$RAW/$RL-$1-maria.txt tps n rc=0
+	meter_start "$t"
+	client "$out" $((DUR + 30)) sysbench oltp_read_only "${SYSBENCH[@]}" --mysql-port="$(maria_port "$t")" \
+		--threads=16 --time="$DUR" --report-interval=0 run || rc=$?
+	meter_stop "$t" maria
+	if ((rc == 0)); then
+		read -r n tps < <(sed -n 's/^ *transactions: *\([0-9]*\) *(\([0-9.]*\) per sec.*/\1 \2/p' "$out")
+		if [[ -n ${tps:-} && -n ${n:-} ]]; then
+			sample "$t" maria_tps "$tps"
+			sample "$t" maria_ops "$n"
+			return 0
+		fi
+	fi
+	warn "$t maria: sysbench failed: $(tail -n 3 "$out" 2>/dev/null | head -c 300)"
+	sample "$t" maria_failed 1
+}
+
+# redis TARGET KEY REQUESTS ARGS…: redis-benchmark with ARGS (options, then
+# -t tests or a command); its first test's requests/s and proxy CPU over the
+# run. REQUESTS is per second of DUR (redis-benchmark runs a count, not a
+# duration).
 redis() {
-	local t=$1 k=$2 size=$3 n=$(($4 * DUR)) out=$RAW/$REP-$1-$2.csv c0 c1 rps
-	shift 4
-	redis-cli -h 127.0.0.1 -p "$P_REDIS" set key:__rand_int__ "$(head -c "$size" /dev/zero | tr '\0' x)" >/dev/null ||
-		fail "redis-cli set failed"
-	c0=$(cpu_ticks_of "$t")
-	if client "$out" $((DUR * 5 + 30)) redis-benchmark -h 127.0.0.1 -p "$(redis_port "$t")" -t get -n "$n" --csv "$@"; then
-		c1=$(cpu_ticks_of "$t")
-		rps=$(awk -F'"' '$2 == "GET" {print $4}' "$out")
+	local t=$1 k=$2 n=$(($3 * DUR)) out=$RAW/$RL-$1-$2.csv rps rc=0
+	shift 3
+	meter_start "$t"
+	client "$out" $((DUR * 5 + 30)) redis-benchmark -h 127.0.0.1 -p "$(redis_port "$t")" -n "$n" --csv "$@" || rc=$?
+	meter_stop "$t" "$k"
+	if ((rc == 0)); then
+		rps=$(awk -F'"' 'NR == 2 {print $4}' "$out")
 		if [[ -n $rps ]]; then
 			sample "$t" "${k}_rps" "$rps"
 			sample "$t" "${k}_ops" "$n"
-			[[ $t == direct ]] || sample "$t" "${k}_cpu_ticks" $((c1 - c0))
 			return 0
 		fi
 	fi
@@ -639,18 +829,34 @@ redis() {
 	sample "$t" "${k}_failed" 1
 }
 
+# redis_data: the values the redis workloads read, set once, directly: key
+# (GET; rget's 3 bytes, rpipe's 1,024), list (LRANGE 0 99: 100 values of 64
+# B, a reply of about 7 KB) and hash (HGETALL: 32 fields of 64 B, about 2.5 KB).
+redis_set() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@" >/dev/null || fail "redis-cli $1 failed"; }
+redis_value() { head -c "$1" /dev/zero | tr '\0' x; }
+redis_data() {
+	local v i f=()
+	v=$(redis_value 64)
+	redis_set del list hash
+	for ((i = 0; i < 100; i++)); do f+=("$v"); done
+	redis_set rpush list "${f[@]}"
+	f=()
+	for ((i = 0; i < 32; i++)); do f+=("field$i" "$v"); done
+	redis_set hset hash "${f[@]}"
+}
+
 # idle TARGET: a fresh proxy, then $IDLE connections opened, pinged and held;
 # RSS and descriptors before and $SETTLE s after all are up; a final ping of
 # each. The proxy is restarted again afterwards so that the next workload
 # does not run among the remains of thousands of connections.
 idle() {
-	local t=$1 name=idle-$REP-$1 ready=$WORK/idle.ready r0 f0 r1 f1 deadline out rc=0
+	local t=$1 name=idle-$RL-$1 ready=$WORK/idle.ready r0 f0 r1 f1 deadline out rc=0
 	[[ $t == direct ]] && return 0
 	stop "$t"
 	start_proxy "$t"
 	r0=$(rss_kib "$t") f0=$(fds "$t")
 	rm -f "$ready"
-	start "$name" "$BIN/tcpload" -mode idle -addr "$(echo_addr "$t")" -c "$IDLE" -size 64 -par 512 -timeout 1s \
+	start "$name" "${LOADPIN[@]}" "$BIN/tcpload" -mode idle -addr "$(echo_addr "$t")" -c "$IDLE" -size 64 -par 512 -timeout 1s \
 		-open-budget "${OPEN_BUDGET}s" -hold 10m -ready "$ready"
 	deadline=$((SECONDS + OPEN_BUDGET + 30))
 	until [[ -e $ready ]]; do
@@ -669,7 +875,7 @@ idle() {
 	stop "$name"
 	out=$LOG/$name.out
 	if [[ -n ${r1:-} && $rc == 0 && -s $out ]]; then
-		cp "$out" "$RAW/$REP-$t-idle.json"
+		cp "$out" "$RAW/$RL-$t-idle.json"
 		record "$t" idle "$out" idle_asked=asked idle_alive=alive idle_held=held
 		sample "$t" idle_rss0_kib "$r0"
 		sample "$t" idle_rss1_kib "$r1"
@@ -728,23 +934,23 @@ scale_toml() {
 # scale_run TARGET BIN N KEY IDLE: one scale measurement, samples under KEY.
 scale_run() {
 	local t=$1 bin=$2 n=$3 k=$4 idle=$5 name=scale-$1 holder=scale-idle-$1 port=${SFRONT[$1]}
-	local out=$RAW/$REP-$1-$4.json ready=$WORK/scale-idle.ready c0 c1 deadline rc=0
+	local out=$RAW/$RL-$1-$4.json ready=$WORK/scale-idle.ready deadline rc=0 crc=0
 	scale_toml "$port" "$n" >"$WORK/scale-$t-$n.toml"
-	start "$name" "$bin" -config "$WORK/scale-$t-$n.toml"
+	start "$name" env GOMAXPROCS="$PROCS" "${PROXYPIN[@]}" "$bin" -config "$WORK/scale-$t-$n.toml"
 	wait_listen "$name" "$port"
 	if ((idle > 0)); then
 		rm -f "$ready"
-		start "$holder" "$BIN/tcpload" -mode idle -addr "127.0.0.2:$port" -c "$idle" -size 64 -par 512 -timeout 1s \
+		start "$holder" "${LOADPIN[@]}" "$BIN/tcpload" -mode idle -addr "127.0.0.2:$port" -c "$idle" -size 64 -par 512 -timeout 1s \
 			-open-budget "${OPEN_BUDGET}s" -hold 10m -ready "$ready"
 		deadline=$((SECONDS + OPEN_BUDGET + 30))
 		until [[ -e $ready ]] || ! alive "$holder" || ((SECONDS >= deadline)); do sleep 0.1; done
 		[[ -e $ready ]] || warn "$t $k: the idle connections did not open: $(tail -n 3 "$LOG/$holder.err")"
 	fi
-	c0=$(cpu_ticks "$name")
-	if client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "127.0.0.1:$port" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s"; then
-		c1=$(cpu_ticks "$name")
+	meter_start "$name"
+	client "$out" $((DUR + 40)) "$BIN/tcpload" -mode connrate -addr "127.0.0.1:$port" -c 32 -size 64 -d "${DUR}s" -warmup "${WARM}s" || crc=$?
+	meter_stop "$t" "$k"
+	if ((crc == 0)); then
 		record "$t" "$k" "$out" "${k}_rate=ops_per_s" "${k}_total=ops_total" "${k}_p50_us=p50_us" "${k}_p99_us=p99_us"
-		sample "$t" "${k}_cpu_ticks" $((c1 - c0))
 	else
 		warn "$t $k: tcpload failed"
 		sample "$t" "${k}_failed" 1
@@ -755,40 +961,125 @@ scale_run() {
 		while alive "$holder" && ((SECONDS < deadline)); do sleep 0.1; done
 		wait "${PID[$holder]}" 2>/dev/null || rc=$?
 		if [[ $rc == 0 && -s $LOG/$holder.out ]]; then
-			tail -n 1 "$LOG/$holder.out" >"$RAW/$REP-$t-$k-held.json"
-			record "$t" "$k" "$RAW/$REP-$t-$k-held.json" "${k}_held=alive"
+			tail -n 1 "$LOG/$holder.out" >"$RAW/$RL-$t-$k-held.json"
+			record "$t" "$k" "$RAW/$RL-$t-$k-held.json" "${k}_held=alive"
 		fi
 	fi
 	stop "$holder"
 	stop "$name"
 }
 
-say "measuring: ${REPS} repetitions of ${WORKLOADS[*]} (${DUR} s each after ${WARM} s warm-up; ${IDLE} idle connections)"
+# start_maria: a MariaDB of its own in $WORK/maria on 127.0.0.1:$P_MARIA, a
+# user sbtest and sysbench's table (one of 10,000 rows), InnoDB without
+# durability (as PostgreSQL runs with fsync off). As root it runs as the
+# mysql user.
+SYSBENCH=(--db-driver=mysql --mysql-host=127.0.0.1 --mysql-user=sbtest --mysql-password=sbtest --mysql-db=sbtest
+	--tables=1 --table-size=10000)
+start_maria() {
+	local d=$WORK/maria user=() auth=normal mariadbd=/usr/sbin/mariadbd i
+	have mariadbd && mariadbd=$(command -v mariadbd)
+	mkdir -p "$d"
+	if [[ $(id -u) == 0 ]]; then
+		chmod 711 "$WORK"
+		chown mysql:mysql "$d"
+		user=(--user=mysql) auth=socket
+	fi
+	mariadb-install-db --no-defaults --datadir="$d/data" "${user[@]}" --auth-root-authentication-method=$auth \
+		--skip-test-db --skip-name-resolve >"$LOG/maria-install.log" 2>&1 || fail "mariadb-install-db: $(tail -n 5 "$LOG/maria-install.log")"
+	start maria "$mariadbd" --no-defaults --datadir="$d/data" "${user[@]}" --port="$P_MARIA" --bind-address=127.0.0.1 \
+		--socket="$d/sock" --pid-file="$d/pid" --log-error="$d/err.log" --skip-log-bin --skip-name-resolve \
+		--max-connections=500 --innodb-buffer-pool-size=128M --skip-innodb-doublewrite --innodb-flush-log-at-trx-commit=0
+	wait_listen maria "$P_MARIA"
+	for ((i = 0; i < 100; i++)); do
+		mariadb --no-defaults -S "$d/sock" -u root -e "CREATE DATABASE IF NOT EXISTS sbtest; CREATE USER IF NOT EXISTS sbtest@'%' IDENTIFIED BY 'sbtest'; GRANT ALL ON sbtest.* TO sbtest@'%'" \
+			>"$LOG/maria-init.log" 2>&1 && break
+		sleep 0.1 # listening before it accepts logins
+	done
+	sysbench oltp_read_only "${SYSBENCH[@]}" --mysql-port="$P_MARIA" prepare >>"$LOG/maria-init.log" 2>&1 ||
+		fail "sysbench prepare: $(tail -n 5 "$LOG/maria-init.log")"
+}
+
+say "starting 3 echo backends, an iperf3 server and the servers the workloads need"
+for i in 0 1 2; do start "echo$((i + 1))" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"; done
+start iperf3 iperf3 -s -B 127.0.0.1 -p "$P_IPERF"
+for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
+wait_listen iperf3 "$P_IPERF"
+wants_pg && start_pg
+if wants_redis; then
+	start redis redis-server --port "$P_REDIS" --bind 127.0.0.1 --save '' --appendonly no --protected-mode no
+	wait_listen redis "$P_REDIS"
+	redis_data
+fi
+wants maria && start_maria
+
+# pgrows: 100 rows of pgbench_accounts a transaction (at scale 1 it has
+# 100,000), about 12 KB of DataRow messages.
+cat >"$WORK/pgrows.sql" <<'EOF'
+\set a random(1, 99900)
+SELECT * FROM pgbench_accounts WHERE aid BETWEEN :a AND :a + 99;
+EOF
+
+# run_workload W TARGET: one workload against one target.
+run_workload() {
+	local w=$1 t=$2
+	case $w in
+	bulk1) bulk "$t" 1 bulk1 ;;
+	bulk4) bulk "$t" 4 bulk4 ;;
+	conn) conn "$t" ;;
+	pp1) pp "$t" 1 pp1 ;;
+	pp32) pp "$t" 32 pp32 ;;
+	open50) open "$t" 50 open50 ;;
+	open80) open "$t" 80 open80 ;;
+	idle) idle "$t" ;;
+	pg) pg "$t" pg -S -c 16 -j 2 ;;
+	pgprep) pg "$t" pgprep -S -M prepared -c 32 -j 2 ;;
+	pgrows) pg "$t" pgrows -f "$WORK/pgrows.sql" -M prepared -c 100 -j 2 ;;
+	maria) maria "$t" ;;
+	rget)
+		redis_set set key:__rand_int__ "$(redis_value 3)"
+		redis "$t" rget 30000 -c 50 -t get
+		;;
+	rpipe)
+		redis_set set key:__rand_int__ "$(redis_value 1024)"
+		redis "$t" rpipe 400000 -c 50 -P 32 -t get
+		;;
+	rnew)
+		redis_set set key:__rand_int__ "$(redis_value 3)"
+		redis "$t" rnew 5000 -c 50 -k 0 -t get
+		;;
+	rlist) redis "$t" rlist 8000 -c 100 lrange list 0 99 ;;
+	rhash) redis "$t" rhash 15000 -c 100 hgetall hash ;;
+	scale) scale "$t" ;;
+	*) fail "unknown workload $w ($ALL_WORKLOADS)" ;;
+	esac
+}
+
+for w in "${WORKLOADS[@]}"; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || fail "unknown workload $w ($ALL_WORKLOADS)"; done
+say "measuring: passes ${PASSES[*]}, ${REPS} repetitions each of ${WORKLOADS[*]} (${DUR} s each after ${WARM} s warm-up; ${IDLE} idle connections)${SYS_TOOL:+, then one with syscalls counted by $SYS_TOOL}"
 START=$SECONDS
-for ((REP = 1; REP <= REPS; REP++)); do
-	# Round robin over the targets within each workload, starting one further
-	# along each repetition, so that no target always runs first or last.
-	order=("${TARGETS[@]:REP % ${#TARGETS[@]}}" "${TARGETS[@]:0:REP % ${#TARGETS[@]}}")
-	for w in "${WORKLOADS[@]}"; do
-		say "repetition $REP/$REPS: $w"
-		for t in "${order[@]}"; do
-			case $w in
-			bulk1) bulk "$t" 1 bulk1 ;;
-			bulk4) bulk "$t" 4 bulk4 ;;
-			conn) conn "$t" ;;
-			pp1) pp "$t" 1 pp1 ;;
-			pp32) pp "$t" 32 pp32 ;;
-			open50) open "$t" 50 open50 ;;
-			open80) open "$t" 80 open80 ;;
-			idle) idle "$t" ;;
-			pg) pg "$t" ;;
-			rget) redis "$t" rget 3 30000 -c 50 ;;
-			rpipe) redis "$t" rpipe 1024 400000 -c 50 -P 32 ;;
-			rnew) redis "$t" rnew 3 5000 -c 50 -k 0 ;;
-			scale) scale "$t" ;;
-			*) fail "unknown workload $w (bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg rget rpipe rnew scale)" ;;
-			esac
+for p in "${PASSES[@]}"; do
+	set_pass "$p"
+	for t in "${TARGETS[@]}"; do [[ $t == direct ]] || stop "$t"; done
+	repin
+	for t in "${TARGETS[@]}"; do
+		[[ $t == direct ]] || start_proxy "$t"
+		smoke "$t"
+	done
+	last=$REPS
+	[[ -n $SYS_TOOL ]] && last=$((REPS + 1))
+	for ((REP = 1; REP <= last; REP++)); do
+		RL=$LP$REP
+		((REP > REPS)) && RL=${LP}s REP=0 # the syscall pass, kept out of the medians
+		for t in "${TARGETS[@]}"; do sample "$t" proxy_cpus "$PCPUS"; done
+		# Round robin over the targets within each workload, starting one further
+		# along each repetition, so that no target always runs first or last.
+		order=("${TARGETS[@]:REP % ${#TARGETS[@]}}" "${TARGETS[@]:0:REP % ${#TARGETS[@]}}")
+		for w in "${WORKLOADS[@]}"; do
+			[[ $RL == *s && ($w == idle || $w == scale) ]] && continue
+			say "$PASS, repetition $RL of $REPS: $w"
+			for t in "${order[@]}"; do run_workload "$w" "$t"; done
 		done
+		((REP == 0)) && break
 	done
 done
 ELAPSED=$((SECONDS - START))

@@ -78,6 +78,53 @@ func parseTargets(s string) ([]column, error) {
 type samples struct {
 	reps []string // in order of first appearance
 	by   map[string]map[string]map[string]float64
+	sys  string // of one pass (split): the label of its syscall repetition, "" if none
+}
+
+// The passes of a run (run.sh's PIN): repetitions are labelled 1, 2, … in
+// the pinned pass and u1, u2, … in the unpinned one; s and us are the
+// syscall repetitions of each, which no median includes.
+const (
+	pinnedSys   = "s"
+	unpinnedSys = "us"
+)
+
+// split returns the pinned and the unpinned pass of s, each with its own
+// repetitions and syscall repetition (nil: the pass did not run).
+func (s *samples) split() (pinned, unpinned *samples) {
+	p := &samples{by: s.by}
+	u := &samples{by: s.by}
+	for _, rep := range s.reps {
+		switch {
+		case rep == pinnedSys:
+			p.sys = rep
+		case rep == unpinnedSys:
+			u.sys = rep
+		case strings.HasPrefix(rep, "u"):
+			u.reps = append(u.reps, rep)
+		default:
+			p.reps = append(p.reps, rep)
+		}
+	}
+	if len(p.reps) == 0 && p.sys == "" {
+		p = nil
+	}
+	if len(u.reps) == 0 && u.sys == "" {
+		u = nil
+	}
+	return p, u
+}
+
+// cpus is the number of CPUs the pass's proxies could use, 0 if unknown.
+func (s *samples) cpus() float64 {
+	for _, rep := range s.reps {
+		for _, m := range s.by[rep] {
+			if v, ok := m["proxy_cpus"]; ok {
+				return v
+			}
+		}
+	}
+	return 0
 }
 
 func (s *samples) get(rep, target string) map[string]float64 { return s.by[rep][target] }
@@ -119,6 +166,12 @@ type row struct {
 	lower bool   // lower is better
 	value func(m map[string]float64, clkTck float64) (float64, bool)
 	show  func(v float64, m map[string]float64) string
+	// sys: the figure comes from the syscall repetition alone (samples.sys),
+	// not a median over the others.
+	sys bool
+	// noRatio: no ratio to a base nor to the best peer (a share of the CPUs
+	// is no better for being smaller).
+	noRatio bool
 }
 
 // key is a figure that is a sample as it is, scaled.
@@ -154,41 +207,139 @@ func delta(a0, a1, b string) func(map[string]float64, float64) (float64, bool) {
 	}
 }
 
-var rows = []row{
-	{label: "bulk, 1 stream (iperf3), Gbit/s", base: "direct", value: key("bulk1_bps", 1e-9), show: fixed(1)},
-	{label: "bulk, 4 streams (iperf3 -P 4), Gbit/s", base: "direct", value: key("bulk4_bps", 1e-9), show: fixed(1)},
-	{label: "new connections/s (connect, 64 B echo, close; 32 clients)", base: "direct", value: key("conn_rate", 1), show: count},
-	{label: "64 B request/response, 1 connection, ops/s", base: "direct", value: key("pp1_rate", 1), show: count},
-	{label: "… 1 connection, p50 µs ↓", base: "direct", lower: true, value: key("pp1_p50_us", 1), show: micros},
-	{label: "… 1 connection, p99 µs ↓", base: "direct", lower: true, value: key("pp1_p99_us", 1), show: micros},
-	{label: "… 1 connection, p99.9 µs ↓", base: "direct", lower: true, value: key("pp1_p999_us", 1), show: micros},
-	{label: "64 B request/response, 32 persistent connections, ops/s", base: "direct", value: key("pp32_rate", 1), show: count},
-	{label: "… 32 connections, p50 µs ↓", base: "direct", lower: true, value: key("pp32_p50_us", 1), show: micros},
-	{label: "… 32 connections, p99 µs ↓", base: "direct", lower: true, value: key("pp32_p99_us", 1), show: micros},
-	{label: "… 32 connections, p99.9 µs ↓", base: "direct", lower: true, value: key("pp32_p999_us", 1), show: micros},
-	{label: "64 B open loop, 32 connections at 50% of the best peer's pp32 rate: achieved ops/s", base: "direct", value: key("open50_rate", 1), show: count},
-	{label: "… 50%, p50 µs ↓ (from each message's due time)", base: "direct", lower: true, value: key("open50_p50_us", 1), show: micros},
-	{label: "… 50%, p99 µs ↓", base: "direct", lower: true, value: key("open50_p99_us", 1), show: micros},
-	{label: "… 50%, p99.9 µs ↓", base: "direct", lower: true, value: key("open50_p999_us", 1), show: micros},
-	{label: "64 B open loop at 80%: achieved ops/s", base: "direct", value: key("open80_rate", 1), show: count},
-	{label: "… 80%, p50 µs ↓", base: "direct", lower: true, value: key("open80_p50_us", 1), show: micros},
-	{label: "… 80%, p99 µs ↓", base: "direct", lower: true, value: key("open80_p99_us", 1), show: micros},
-	{label: "… 80%, p99.9 µs ↓", base: "direct", lower: true, value: key("open80_p999_us", 1), show: micros},
-	{label: "idle connections held (alive at the end, of those asked)", base: "haproxy", value: key("idle_alive", 1), show: ofAsked},
-	{label: "proxy descriptors per idle connection ↓", base: "haproxy", lower: true, value: delta("idle_fds0", "idle_fds1", "idle_alive"), show: fixed(2)},
-	{label: "proxy RSS per idle connection, KiB ↓", base: "haproxy", lower: true, value: delta("idle_rss0_kib", "idle_rss1_kib", "idle_alive"), show: fixed(1)},
-	{label: "proxy CPU per new connection, µs ↓", base: "haproxy", lower: true,
-		value: per("conn_cpu_ticks", "conn_total", func(hz float64) float64 { return 1e6 / hz }), show: fixed(1)},
-	{label: "proxy CPU per GB, bulk 4 streams, ms ↓", base: "haproxy", lower: true,
-		value: per("bulk4_cpu_ticks", "bulk4_bytes", func(hz float64) float64 { return 1e3 * 1e9 / hz }), show: count},
-	{label: "`pgbench -S`, 16 persistent clients, tps", base: "direct", value: key("pg_tps", 1), show: count},
-	{label: "… proxy CPU per transaction, µs ↓", base: "haproxy", lower: true, value: per("pg_cpu_ticks", "pg_ops", perMicro), show: fixed(1)},
-	{label: "`redis-benchmark -t get -c 50`, req/s", base: "direct", value: key("rget_rps", 1), show: count},
-	{label: "… proxy CPU per request, µs ↓", base: "haproxy", lower: true, value: per("rget_cpu_ticks", "rget_ops", perMicro), show: fixed(1)},
-	{label: "`redis-benchmark -t get -c 50 -P 32 -d 1024`, req/s", base: "direct", value: key("rpipe_rps", 1), show: count},
-	{label: "… proxy CPU per request, µs ↓", base: "haproxy", lower: true, value: per("rpipe_cpu_ticks", "rpipe_ops", perMicro), show: fixed(2)},
-	{label: "`redis-benchmark -t get -c 50 -k 0` (a connection per request), req/s", base: "direct", value: key("rnew_rps", 1), show: count},
-	{label: "… proxy CPU per connection and request, µs ↓", base: "haproxy", lower: true, value: per("rnew_cpu_ticks", "rnew_ops", perMicro), show: fixed(1)},
+// The rows of the table, workload by workload: what the client measured,
+// then what the proxy spent on it: CPU per operation, how busy its CPUs were
+// over the run (a core at 95% or more is saturated: the rate is then the
+// proxy's), and, from the syscall repetition, system calls per operation.
+var rows = concat(
+	[]row{
+		{label: "bulk, 1 stream (iperf3), Gbit/s", base: "direct", value: key("bulk1_bps", 1e-9), show: fixed(1)},
+		{label: "… proxy CPU per GB, ms ↓", base: "haproxy", lower: true, value: per("bulk1_cpu_ticks", "bulk1_bytes", perGB), show: count},
+	},
+	proxyRows("bulk1", "bulk1_bytes", "per MB", 1e6),
+	[]row{
+		{label: "bulk, 4 streams (iperf3 -P 4), Gbit/s", base: "direct", value: key("bulk4_bps", 1e-9), show: fixed(1)},
+		{label: "… proxy CPU per GB, ms ↓", base: "haproxy", lower: true, value: per("bulk4_cpu_ticks", "bulk4_bytes", perGB), show: count},
+	},
+	proxyRows("bulk4", "bulk4_bytes", "per MB", 1e6),
+	[]row{
+		{label: "new connections/s (connect, 64 B echo, close; 32 clients)", base: "direct", value: key("conn_rate", 1), show: count},
+		{label: "… proxy CPU per new connection, µs ↓", base: "haproxy", lower: true, value: per("conn_cpu_ticks", "conn_total", perMicro), show: fixed(1)},
+	},
+	proxyRows("conn", "conn_total", "per connection", 1),
+	[]row{
+		{label: "64 B request/response, 1 connection, ops/s", base: "direct", value: key("pp1_rate", 1), show: count},
+		{label: "… 1 connection, p50 µs ↓", base: "direct", lower: true, value: key("pp1_p50_us", 1), show: micros},
+		{label: "… 1 connection, p99 µs ↓", base: "direct", lower: true, value: key("pp1_p99_us", 1), show: micros},
+		{label: "… 1 connection, p99.9 µs ↓", base: "direct", lower: true, value: key("pp1_p999_us", 1), show: micros},
+		{label: "… proxy CPU per round trip, µs ↓", base: "haproxy", lower: true, value: per("pp1_cpu_ticks", "pp1_total", perMicro), show: fixed(1)},
+	},
+	proxyRows("pp1", "pp1_total", "per round trip", 1),
+	[]row{
+		{label: "64 B request/response, 32 persistent connections, ops/s", base: "direct", value: key("pp32_rate", 1), show: count},
+		{label: "… 32 connections, p50 µs ↓", base: "direct", lower: true, value: key("pp32_p50_us", 1), show: micros},
+		{label: "… 32 connections, p99 µs ↓", base: "direct", lower: true, value: key("pp32_p99_us", 1), show: micros},
+		{label: "… 32 connections, p99.9 µs ↓", base: "direct", lower: true, value: key("pp32_p999_us", 1), show: micros},
+		{label: "… proxy CPU per round trip, µs ↓", base: "haproxy", lower: true, value: per("pp32_cpu_ticks", "pp32_total", perMicro), show: fixed(1)},
+	},
+	proxyRows("pp32", "pp32_total", "per round trip", 1),
+	[]row{
+		{label: "64 B open loop, 32 connections at 50% of the best peer's pp32 rate: achieved ops/s", base: "direct", value: key("open50_rate", 1), show: count},
+		{label: "… 50%, p50 µs ↓ (from each message's due time)", base: "direct", lower: true, value: key("open50_p50_us", 1), show: micros},
+		{label: "… 50%, p99 µs ↓", base: "direct", lower: true, value: key("open50_p99_us", 1), show: micros},
+		{label: "… 50%, p99.9 µs ↓", base: "direct", lower: true, value: key("open50_p999_us", 1), show: micros},
+		{label: "… proxy CPU per message, µs ↓", base: "haproxy", lower: true, value: per("open50_cpu_ticks", "open50_total", perMicro), show: fixed(1)},
+	},
+	proxyRows("open50", "open50_total", "per message", 1),
+	[]row{
+		{label: "64 B open loop at 80%: achieved ops/s", base: "direct", value: key("open80_rate", 1), show: count},
+		{label: "… 80%, p50 µs ↓", base: "direct", lower: true, value: key("open80_p50_us", 1), show: micros},
+		{label: "… 80%, p99 µs ↓", base: "direct", lower: true, value: key("open80_p99_us", 1), show: micros},
+		{label: "… 80%, p99.9 µs ↓", base: "direct", lower: true, value: key("open80_p999_us", 1), show: micros},
+		{label: "… proxy CPU per message, µs ↓", base: "haproxy", lower: true, value: per("open80_cpu_ticks", "open80_total", perMicro), show: fixed(1)},
+	},
+	proxyRows("open80", "open80_total", "per message", 1),
+	[]row{
+		{label: "idle connections held (alive at the end, of those asked)", base: "haproxy", value: key("idle_alive", 1), show: ofAsked},
+		{label: "proxy descriptors per idle connection ↓", base: "haproxy", lower: true, value: delta("idle_fds0", "idle_fds1", "idle_alive"), show: fixed(2)},
+		{label: "proxy RSS per idle connection, KiB ↓", base: "haproxy", lower: true, value: delta("idle_rss0_kib", "idle_rss1_kib", "idle_alive"), show: fixed(1)},
+	},
+	dbRows("pg", "`pgbench -S`, 16 persistent clients, tps", "transaction", "tps"),
+	dbRows("pgprep", "`pgbench -S -M prepared` (extended protocol), 32 clients, tps", "transaction", "tps"),
+	dbRows("pgrows", "`pgbench -M prepared`, 100 rows a query (about 12 KB), 100 clients, tps", "transaction", "tps"),
+	dbRows("maria", "MariaDB `sysbench oltp_read_only`, 16 threads, transactions/s", "transaction", "tps"),
+	dbRows("rget", "`redis-benchmark -t get -c 50`, req/s", "request", "rps"),
+	dbRows("rpipe", "`redis-benchmark -t get -c 50 -P 32 -d 1024`, req/s", "request", "rps"),
+	dbRows("rnew", "`redis-benchmark -t get -c 50 -k 0` (a connection per request), req/s", "connection and request", "rps"),
+	dbRows("rlist", "`redis-benchmark -c 100 lrange` of 100 × 64 B (about 7 KB a reply), req/s", "request", "rps"),
+	dbRows("rhash", "`redis-benchmark -c 100 hgetall` of 32 × 64 B (about 2.5 KB a reply), req/s", "request", "rps"),
+)
+
+func concat(rs ...[]row) []row { return slices.Concat(rs...) }
+
+// dbRows are a real client's rows: its rate (KEY_RATE), the proxy's CPU per
+// operation (KEY_ops of them), how busy its CPUs were, its syscalls per op.
+func dbRows(k, label, op, rate string) []row {
+	digits := 1
+	if k == "rpipe" {
+		digits = 2
+	}
+	return append([]row{
+		{label: label, base: "direct", value: key(k+"_"+rate, 1), show: count},
+		{label: "… proxy CPU per " + op + ", µs ↓", base: "haproxy", lower: true, value: per(k+"_cpu_ticks", k+"_ops", perMicro), show: fixed(digits)},
+	}, proxyRows(k, k+"_ops", "per "+op, 1)...)
+}
+
+// proxyRows are the rows every measured run has besides its CPU per op: how
+// busy the proxy's CPUs were (KEY_cpu_ticks over KEY_wall_us and the
+// proxy_cpus it may use), and the syscalls per op (of OPS ÷ unit, from the
+// syscall repetition), with the epoll waits among them after the slash.
+func proxyRows(k, ops, per string, unit float64) []row {
+	return []row{
+		{label: "… proxy CPUs busy, % (≥ 95: saturated)", noRatio: true, value: busy(k), show: fixed(0)},
+		{label: "… proxy syscalls " + per + " / of them epoll waits ↓", base: "haproxy", lower: true, sys: true,
+			value: syscalls(k+"_sys", ops, unit), show: withWaits(k+"_sysw", ops, unit)},
+	}
+}
+
+// perGB scales clock ticks per byte to milliseconds per GB.
+func perGB(hz float64) float64 { return 1e3 * 1e9 / hz }
+
+// busy is the share of its CPUs the proxy used over run k, in percent.
+func busy(k string) func(map[string]float64, float64) (float64, bool) {
+	return func(m map[string]float64, clkTck float64) (float64, bool) {
+		ticks, ok1 := m[k+"_cpu_ticks"]
+		wall, ok2 := m[k+"_wall_us"]
+		cpus, ok3 := m["proxy_cpus"]
+		if !ok1 || !ok2 || !ok3 || wall <= 0 || cpus <= 0 {
+			return 0, false
+		}
+		return 100 * (ticks / clkTck) / (wall / 1e6) / cpus, true
+	}
+}
+
+// syscalls is sys ÷ (ops ÷ unit): system calls per operation (or per MB).
+func syscalls(sys, ops string, unit float64) func(map[string]float64, float64) (float64, bool) {
+	return func(m map[string]float64, _ float64) (float64, bool) {
+		n, ok1 := m[sys]
+		o, ok2 := m[ops]
+		if !ok1 || !ok2 || o <= 0 {
+			return 0, false
+		}
+		return n * unit / o, true
+	}
+}
+
+// withWaits shows syscalls per op, then the epoll waits per op of the same
+// repetition: "9.7 / 3.0".
+func withWaits(waits, ops string, unit float64) func(float64, map[string]float64) string {
+	return func(v float64, m map[string]float64) string {
+		s := strconv.FormatFloat(v, 'f', 1, 64)
+		if w, ok := syscalls(waits, ops, unit)(m, 0); ok {
+			s += " / " + strconv.FormatFloat(w, 'f', 1, 64)
+		}
+		return s
+	}
 }
 
 // perMicro scales clock ticks to microseconds.
@@ -236,7 +387,14 @@ type cell struct {
 func (r *row) cell(s *samples, target string, clkTck float64) cell {
 	var vs []float64
 	var last map[string]float64
-	for _, rep := range s.reps {
+	reps := s.reps
+	if r.sys {
+		reps = nil
+		if s.sys != "" {
+			reps = []string{s.sys}
+		}
+	}
+	for _, rep := range reps {
 		m := s.get(rep, target)
 		if v, ok := r.value(m, clkTck); ok && !math.IsNaN(v) && !math.IsInf(v, 0) {
 			vs = append(vs, v)
@@ -258,8 +416,39 @@ func median(vs []float64) float64 {
 	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
 }
 
-// render writes the table, then its footnotes.
+// render writes a table for each pass of the run: the pinned one (the one
+// the targets are read from) first.
 func render(w io.Writer, s *samples, cols []column, clkTck float64) {
+	pinned, unpinned := s.split()
+	for i, p := range []*samples{pinned, unpinned} {
+		if p == nil {
+			continue
+		}
+		if i == 0 {
+			fmt.Fprintf(w, "**Pinned**: each proxy alone on %s with a thread (fulcrum: an event loop) per CPU; every client, backend and server on the other CPUs. The targets are read from this table.\n\n", cpuWords(p.cpus()))
+		} else {
+			if pinned != nil {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintf(w, "**Unpinned**: proxies, clients, backends and servers share all %s.\n\n", cpuWords(p.cpus()))
+		}
+		renderTable(w, p, cols, clkTck)
+	}
+}
+
+// cpuWords: "1 CPU", "2 CPUs", "its CPUs" when unknown.
+func cpuWords(n float64) string {
+	switch {
+	case n == 1:
+		return "1 CPU"
+	case n > 1:
+		return count(n, nil) + " CPUs"
+	}
+	return "its CPUs"
+}
+
+// renderTable writes the table of one pass, then its footnotes.
+func renderTable(w io.Writer, s *samples, cols []column, clkTck float64) {
 	has := func(id string) bool { return slices.ContainsFunc(cols, func(c column) bool { return c.id == id }) }
 	var peers []string // the C balancers fulcrum is held to
 	for _, id := range []string{"haproxy", "nginx"} {
@@ -286,6 +475,9 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 	short := false
 	for i := range rows {
 		r := &rows[i]
+		if !slices.ContainsFunc(cols, func(c column) bool { return r.cell(s, c.id, clkTck).n > 0 }) {
+			continue // a workload that did not run, or a figure no target has
+		}
 		base := r.cell(s, r.base, clkTck)
 		fmt.Fprintf(w, "| %s |", r.label)
 		for _, c := range cols {
@@ -294,18 +486,20 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 			case x.n == 0:
 				fmt.Fprint(w, " — |")
 				continue
-			case base.n > 0 && base.v != 0:
+			case !r.noRatio && base.n > 0 && base.v != 0:
 				fmt.Fprintf(w, " %s (%.2f)", r.show(x.v, x.last), x.v/base.v)
 			default:
 				fmt.Fprintf(w, " %s", r.show(x.v, x.last))
 			}
-			if x.n < len(s.reps) {
+			if !r.sys && x.n < len(s.reps) {
 				fmt.Fprintf(w, " †%d", x.n)
 				short = true
 			}
 			fmt.Fprint(w, " |")
 		}
-		if ratio {
+		if ratio && r.noRatio {
+			fmt.Fprint(w, " |")
+		} else if ratio {
 			f := r.cell(s, "fulcrum", clkTck)
 			best := math.NaN()
 			for _, id := range peers {
@@ -332,6 +526,9 @@ func render(w io.Writer, s *samples, cols []column, clkTck float64) {
 		fmt.Fprintf(w, "; in brackets its ratio %s", strings.Join(bases, ", "))
 	}
 	fmt.Fprint(w, ". ↓: lower is better.")
+	if s.sys != "" {
+		fmt.Fprint(w, " The syscall rows are from one more repetition with the proxy's system calls counted, in no median.")
+	}
 	if ratio {
 		fmt.Fprintf(w, " The last column is fulcrum's median over the best median of %s on the row.", strings.Join(peers, " and "))
 	}

@@ -69,14 +69,17 @@ func TestRender(t *testing.T) {
 		// (31000-1000)/9000 = 3.3; (53000-5000)/3000 = 16
 		{"proxy RSS per idle connection, KiB ↓", "| — | 3.3 (1.00) †1 | 16.0 (4.80) †1 | 4.80 |"},
 		// 300 ticks at 100 Hz = 3 s over 30,000 connections = 100 µs
-		{"proxy CPU per new connection, µs ↓", "| — | 100.0 (1.00) †1 | — | — |"},
-		{"new connections/s (connect, 64 B echo, close; 32 clients)", "| — | — | — | — |"},
+		{"… proxy CPU per new connection, µs ↓", "| — | 100.0 (1.00) †1 | — | — |"},
 	} {
 		if got := rowOf(t, out, c.label); !strings.HasSuffix(got, c.want) {
 			t.Errorf("row %q = %q; want it to end %q", c.label, got, c.want)
 		}
 	}
+	if strings.Contains(out, "| new connections/s") {
+		t.Errorf("a row no target has a figure for is in the table:\n%s", out)
+	}
 	for _, want := range []string{
+		"**Pinned**: each proxy alone on its CPUs",
 		"| workload | direct | HAProxy | fulcrum | fulcrum ÷ best peer |",
 		"median of 3 repetitions; in brackets its ratio to direct for the data rows, to HAProxy for the per-proxy rows.",
 		"- HAProxy, conn: 1 (run failed 1)",
@@ -155,5 +158,70 @@ func TestScaleTable(t *testing.T) {
 	}
 	if strings.Contains(renderString(t, sampleTSV), "the cost as the work grows") {
 		t.Error("a run without scale samples has a scale table")
+	}
+}
+
+// TestPasses: a run of both passes makes two tables, pinned first; each
+// figure is the median of its own pass's repetitions, the busy row is CPU
+// time over wall time over the proxy's CPUs, and the syscall rows come from
+// the syscall repetition (s, us) alone, which no median includes.
+func TestPasses(t *testing.T) {
+	var tsv strings.Builder
+	add := func(rep, target, key string, v float64) {
+		tsv.WriteString(rep + "\t" + target + "\t" + key + "\t" + strconv.FormatFloat(v, 'f', -1, 64) + "\n")
+	}
+	for i, rep := range []string{"1", "2", "3"} {
+		for _, tg := range []string{"haproxy", "fulcrum"} {
+			add(rep, tg, "proxy_cpus", 1)
+			add(rep, tg, "rget_rps", float64(1000+100*i))
+			add(rep, tg, "rget_ops", 10000)
+			add(rep, tg, "rget_wall_us", 2e6) // 2 s
+		}
+		add(rep, "haproxy", "rget_cpu_ticks", 190) // 1.9 s of 2 s on 1 CPU: 95%, 190 µs per request
+		add(rep, "fulcrum", "rget_cpu_ticks", 100) // 50%, 100 µs
+		add("u"+rep, "haproxy", "proxy_cpus", 2)
+		add("u"+rep, "haproxy", "rget_rps", float64(5000+i))
+		add("u"+rep, "haproxy", "rget_ops", 10000)
+		add("u"+rep, "haproxy", "rget_wall_us", 1e6)
+		add("u"+rep, "haproxy", "rget_cpu_ticks", 50) // 0.5 s of 1 s on 2 CPUs: 25%
+	}
+	// The syscall repetitions: rates there (slowed by the counting) must not
+	// reach a median.
+	for _, tg := range []string{"haproxy", "fulcrum"} {
+		add("s", tg, "proxy_cpus", 1)
+		add("s", tg, "rget_rps", 1)
+		add("s", tg, "rget_ops", 1000)
+	}
+	add("s", "haproxy", "rget_sys", 6000)
+	add("s", "haproxy", "rget_sysw", 1000)
+	add("s", "fulcrum", "rget_sys", 9700)
+	add("s", "fulcrum", "rget_sysw", 3000)
+	add("us", "haproxy", "rget_ops", 1000)
+	add("us", "haproxy", "rget_sys", 8000)
+	add("us", "haproxy", "rget_sysw", 2000)
+	out := renderString(t, tsv.String())
+	pinned, unpinned, ok := strings.Cut(out, "**Unpinned**")
+	if !ok || !strings.Contains(pinned, "**Pinned**: each proxy alone on 1 CPU") || !strings.Contains(unpinned, "share all 2 CPUs") {
+		t.Fatalf("want a pinned table on 1 CPU, then an unpinned one on 2:\n%s", out)
+	}
+	for _, c := range []struct{ part, label, want string }{
+		{pinned, "`redis-benchmark -t get -c 50`, req/s", "| — | 1,100 | 1,100 | 1.00 |"},
+		{pinned, "… proxy CPU per request, µs ↓", "| — | 190.0 (1.00) | 100.0 (0.53) | 0.53 |"},
+		{pinned, "… proxy CPUs busy, % (≥ 95: saturated)", "| — | 95 | 50 | |"},
+		// 6,000 syscalls over 1,000 requests, 1,000 of them waits; fulcrum 9.7 and 3.0
+		{pinned, "… proxy syscalls per request / of them epoll waits ↓", "| — | 6.0 / 1.0 (1.00) | 9.7 / 3.0 (1.62) | 1.62 |"},
+		{unpinned, "`redis-benchmark -t get -c 50`, req/s", "| — | 5,001 | — | — |"},
+		{unpinned, "… proxy CPUs busy, % (≥ 95: saturated)", "| — | 25 | — | |"},
+		{unpinned, "… proxy syscalls per request / of them epoll waits ↓", "| — | 8.0 / 2.0 (1.00) | — | — |"},
+	} {
+		if got := rowOf(t, c.part, c.label); !strings.HasSuffix(got, c.want) {
+			t.Errorf("row %q = %q; want it to end %q", c.label, got, c.want)
+		}
+	}
+	if strings.Contains(out, "†") {
+		t.Errorf("the syscall repetition counts as a repetition (a † mark):\n%s", out)
+	}
+	if !strings.Contains(pinned, "median of 3 repetitions") || !strings.Contains(unpinned, "median of 3 repetitions") {
+		t.Errorf("each pass is a median of its own 3 repetitions:\n%s", out)
 	}
 }
