@@ -59,29 +59,7 @@ func init() {
 }
 
 func main() {
-	setProcs()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// setProcs gives the Go runtime one P per two CPUs the process may use
-// (GOMAXPROCS, which follows the cgroup's CPU limit), at least one, unless
-// $GOMAXPROCS says otherwise; the listener runs one event loop per P. It
-// is read once: setting it stops the runtime's own updates when the
-// cgroup's limit changes later, so such a change takes a restart.
-//
-// A P with nothing to run is not free: each time a loop's goroutine becomes
-// ready while a P is idle, the scheduler wakes a thread to look for work,
-// which finds none and sleeps again, two context switches that take the
-// CPU from the backends and clients on the same host. One P per loop, and
-// a loop per two CPUs, leaves the other half to the kernel's network work
-// and the peers. On the 2-vCPU bench (bench/README.md) it cost 44.5 against
-// 62.8 µs of CPU per new connection and served 33% more of them a second;
-// what it gives up is a second loop copying in parallel: 50 redis-benchmark
-// clients got 7-12% fewer GETs a second, at the same CPU per request.
-func setProcs() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)/2))
-	}
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -136,11 +114,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum: %v\n", configError(*path, err))
 		return 1
 	}
+	// The event loops, one per P: set once, before anything runs on them.
+	// Setting it stops the runtime's own updates when the cgroup's limit
+	// changes later, so such a change takes a restart (docs/operations.md).
+	loops, loopsFrom := chooseLoops(cfg.Process.Loops, os.Getenv("GOMAXPROCS"), readBudget())
 	if *check {
 		// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
 		// DNS lookups to slow them (the daemon resolves and logs on its own).
 		if !*quiet {
 			cfg.WriteSummary(stdout)
+			fmt.Fprintf(stdout, "\nprocess: %d event loop%s (%s)\n", loops, plural(loops), loopsFrom)
 			if why := conf.Exposed(*path); why != "" {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
 			}
@@ -154,6 +137,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	usr := make(chan os.Signal, 2)
 	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(usr)
+	runtime.GOMAXPROCS(loops)
 	// Every line goes through a bounded buffer: a log reader that stops
 	// reading must not stop the daemon (package logsink).
 	sink := logsink.New(stderr, logsink.DefaultSize)
@@ -164,7 +148,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		llog.Warn().Uint64("dropped", n).Uint64("dropped_total", sink.Dropped()).Msgf("log output was stalled: %d lines dropped", n)
 	}
 	mlog := log.With().Str("component", "main").Logger() // main's own lines
-	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).Msg("starting")
+	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).
+		Int("loops", loops).Str("loops_from", loopsFrom).Msg("starting")
 	ctx, stop := signalContext(func() {
 		mlog.Warn().Msg("second signal, exiting now")
 		sink.Close(time.Second) // os.Exit follows: write out what is queued, this line included

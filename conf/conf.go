@@ -54,6 +54,7 @@ type Config struct {
 	Reload   Reload    // the [reload] table
 	Admin    Admin     // the [admin] table
 	Cluster  Cluster   // the [cluster] table
+	Process  Process   // the [process] table
 	Services []Service // in file order
 }
 
@@ -90,6 +91,20 @@ type Admin struct {
 func (a Admin) Equal(b Admin) bool {
 	return a.Listen == b.Listen && a.AllowRemote == b.AllowRemote && slices.Equal(a.Hosts, b.Hosts) && a.StateFile == b.StateFile && a.StateDamaged == b.StateDamaged
 }
+
+// Process is the [process] table: how the daemon runs on its host. It is
+// read at start; a reload that changes it warns and keeps the running one.
+type Process struct {
+	// Loops is how many event loops move the proxied bytes, each with a P
+	// of the Go runtime (GOMAXPROCS) of its own. 0 (the default): one per
+	// CPU the process may use when it starts (its affinity mask and its
+	// cgroup's CPU quota, rounded up), or $GOMAXPROCS when that is set.
+	Loops int
+}
+
+// MaxLoops bounds [process] loops: far more than any host's CPUs, and few
+// enough that a typing error cannot start a million threads.
+const MaxLoops = 1024
 
 // Cluster is the [cluster] table: what an instance that shares a floating
 // (keepalived) or anycast (BGP) address with others needs.
@@ -429,6 +444,10 @@ func (w *walker) config(root *table) *Config {
 	ct := root.sub("cluster")
 	cfg.Cluster.Freebind = ct.boolean("freebind", false)
 	ct.done()
+
+	pt := root.sub("process")
+	cfg.Process.Loops = int(pt.integer("loops", 0, 0, MaxLoops))
+	pt.done()
 
 	dt := root.sub("defaults")
 	defaults := w.settings(dt, builtinSettings())

@@ -288,6 +288,10 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
 	}
+	if m.cur != nil && m.cur.Process != cfg.Process {
+		m.log.Warn().Int("running", m.cur.Process.Loops).Int("file", cfg.Process.Loops).
+			Msg("[process] changes only at restart; keeping the running event loops")
+	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
 		m.log.Warn().Str("running", m.cur.Log.Format).Str("file", cfg.Log.Format).
 			Msg("log.format changes only at restart; keeping the running format")
