@@ -15,6 +15,7 @@
 #     before issue 26, everything shares every CPU, HAProxy and nginx with 2 threads, fulcrum with its
 #     loops as the old default gave them (one per two CPUs). both (the default): pinned, then unpinned.
 #   PROXY_CPUS=1  LOAD_CPUS=0 (taskset -c lists; on a larger host e.g. PROXY_CPUS=8-15 LOAD_CPUS=0-7)
+#   UNPINNED_LOOPS=(CPUs / 2): fulcrum's (and the naive proxy's) GOMAXPROCS in the unpinned pass
 #   SYSCALLS=1: after the repetitions of a pass, one more of every workload with the proxy's system calls
 #     counted (perf stat on the raw_syscalls tracepoint, else strace -c -f), kept out of the medians
 #     because counting slows the proxy; 0: no syscall counts
@@ -50,7 +51,7 @@ cd "$ROOT"
 
 # The command as given, for RESULTS.md: the knobs set in the environment, then the script.
 CMDLINE=""
-for v in QUICK PIN PROXY_CPUS LOAD_CPUS SYSCALLS REPS DUR WARM IDLE SCALE_IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
+for v in QUICK PIN PROXY_CPUS LOAD_CPUS UNPINNED_LOOPS SYSCALLS REPS DUR WARM IDLE SCALE_IDLE TARGETS WORKLOADS PORT_BASE OTHER_LABEL; do
 	if [[ -n ${!v:-} ]]; then
 		printf -v q '%q' "${!v}"
 		CMDLINE+="$v=$q "
@@ -69,6 +70,8 @@ read -r -a WORKLOADS <<<"${WORKLOADS:-$ALL_WORKLOADS}"
 PORT_BASE=${PORT_BASE:-21000}
 [[ $DUR =~ ^[1-9][0-9]*$ ]] || { echo "bench: DUR must be whole seconds (iperf3 -t), got $DUR" >&2; exit 2; }
 PIN=${PIN:-both} PROXY_CPUS=${PROXY_CPUS:-1} LOAD_CPUS=${LOAD_CPUS:-0} SYSCALLS=${SYSCALLS:-1}
+UNPINNED_LOOPS=${UNPINNED_LOOPS:-$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))}
+[[ $UNPINNED_LOOPS =~ ^[1-9][0-9]*$ ]] || { echo "bench: UNPINNED_LOOPS must be a positive count, got $UNPINNED_LOOPS" >&2; exit 2; }
 case $PIN in
 both) PASSES=(pinned unpinned) ;;
 1) PASSES=(pinned) ;;
@@ -560,7 +563,7 @@ set_pass() {
 	if [[ $PASS == pinned ]]; then
 		LOADPIN=(taskset -c "$LOAD_CPUS") PROXYPIN=(taskset -c "$PROXY_CPUS") PROCS=$NPROXY LP="" PCPUS=$NPROXY
 	else
-		LOADPIN=() PROXYPIN=() PROCS=$((CORES / 2 > 0 ? CORES / 2 : 1)) LP=u PCPUS=$CORES
+		LOADPIN=() PROXYPIN=() PROCS=$UNPINNED_LOOPS LP=u PCPUS=$CORES
 	fi
 }
 
@@ -829,9 +832,10 @@ redis() {
 	sample "$t" "${k}_failed" 1
 }
 
-# redis_data: the values the redis workloads read, set once, directly: key
-# (GET; rget's 3 bytes, rpipe's 1,024), list (LRANGE 0 99: 100 values of 64
-# B, a reply of about 7 KB) and hash (HGETALL: 32 fields of 64 B, about 2.5 KB).
+# redis_data: the values rlist and rhash read, set once, directly: list
+# (LRANGE 0 99: 100 values of 64 B, a reply of about 7 KB) and hash (HGETALL:
+# 32 fields of 64 B, about 2.5 KB). GET's key is set before each GET
+# workload, to 3 bytes (rget, rnew) or 1,024 (rpipe).
 redis_set() { redis-cli -h 127.0.0.1 -p "$P_REDIS" "$@" >/dev/null || fail "redis-cli $1 failed"; }
 redis_value() { head -c "$1" /dev/zero | tr '\0' x; }
 redis_data() {
