@@ -5,7 +5,7 @@ import (
 	"context"
 	"strings"
 	"sync"
-	stdatomic "sync/atomic"
+	"sync/atomic"
 	"testing"
 
 	"fulcrum/conf"
@@ -37,7 +37,7 @@ func (l *lockedBuffer) String() string {
 // the loops stay as they are.
 func TestApplyWarnsProcessAtRestart(t *testing.T) {
 	var logs lockedBuffer
-	var ptr stdatomic.Pointer[listener.Snapshot]
+	var ptr atomic.Pointer[listener.Snapshot]
 	log := zerolog.New(&logs)
 	srv := listener.New(&ptr, log)
 	m := New("", &ptr, srv, log)
