@@ -18,7 +18,7 @@
 #   UNPINNED_LOOPS=(CPUs / 2): fulcrum's (and the naive proxy's) GOMAXPROCS in the unpinned pass
 #   SYSCALLS=1: after the repetitions of a pass, one more of every workload with the proxy's system calls
 #     counted (perf stat on the raw_syscalls tracepoint, else strace -c -f), kept out of the medians
-#     because counting slows the proxy; 0: no syscall counts
+#     because counting slows the proxy; perf or strace: that tool; 0: no syscall counts
 #   TARGETS="direct haproxy nginx naive fulcrum"
 #     (also "other": another fulcrum binary, OTHER=path, labelled OTHER_LABEL, for an A/B run)
 #   WORKLOADS="bulk1 bulk4 conn pp1 pp32 open50 open80 idle pg pgprep pgrows maria rget rpipe rnew rlist rhash scale"
@@ -240,21 +240,6 @@ if [[ " ${PASSES[*]} " == *" pinned "* ]]; then
 	taskset -c "$LOAD_CPUS" true 2>/dev/null || fail "LOAD_CPUS=$LOAD_CPUS is not a CPU list this machine can run on"
 fi
 
-# The syscall pass counts with perf stat on the raw_syscalls tracepoint
-# (cheap: the kernel counts), else with strace -c -f (every syscall stops the
-# proxy: only the counts mean anything then), else not at all.
-SYS_TOOL=""
-SYS_WAITS=syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait
-if [[ $SYSCALLS == 1 ]]; then
-	if have perf && perf stat -x, -o /dev/null -e raw_syscalls:sys_enter -e "$SYS_WAITS" true 2>/dev/null; then
-		SYS_TOOL=perf
-	elif have strace; then
-		SYS_TOOL=strace
-	else
-		warn "SYSCALLS=1 but neither perf (with the raw_syscalls tracepoint) nor strace works here: no syscall counts"
-	fi
-fi
-
 nginx_stream() { # how nginx has its stream module: static, dynamic or none
 	local v
 	v=$(nginx -V 2>&1)
@@ -288,6 +273,8 @@ install_missing() {
 		have redis-server || pkgs+=(redis-server)
 		have redis-benchmark || pkgs+=(redis-tools)
 	fi
+	# The syscall counts: perf with its tracepoints where it works, strace otherwise.
+	[[ $SYSCALLS == 1 || $SYSCALLS == strace ]] && ! have perf && ! have strace && pkgs+=(strace)
 	if wants maria; then
 		have mariadbd || [[ -x /usr/sbin/mariadbd ]] || pkgs+=(mariadb-server)
 		have mariadb || pkgs+=(mariadb-client)
@@ -307,6 +294,28 @@ install_missing() {
 install_missing
 for t in haproxy nginx iperf3 jq; do have "$t" || fail "$t is still missing after installing"; done
 [[ $(nginx_stream) != none ]] || fail "this nginx has no stream module (nginx -V shows no --with-stream)"
+
+# The syscall pass counts with perf stat on the raw_syscalls tracepoint
+# (cheap: the kernel counts), else with strace -c -f (every syscall stops the
+# proxy: only the counts mean anything then), else not at all.
+SYS_TOOL=""
+SYS_WAITS=syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait
+perf_works() { have perf && perf stat -x, -o /dev/null -e raw_syscalls:sys_enter -e "$SYS_WAITS" true 2>/dev/null; }
+case $SYSCALLS in
+0) ;;
+1)
+	if perf_works; then
+		SYS_TOOL=perf
+	elif have strace; then
+		SYS_TOOL=strace
+	else
+		warn "SYSCALLS=1 but neither perf (with the raw_syscalls tracepoint) nor strace works here: no syscall counts"
+	fi
+	;;
+perf) perf_works && SYS_TOOL=perf || fail "SYSCALLS=perf, but perf stat -e raw_syscalls:sys_enter does not work here" ;;
+strace) have strace && SYS_TOOL=strace || fail "SYSCALLS=strace, but there is no strace" ;;
+*) fail "SYSCALLS must be 1, 0, perf or strace, got $SYSCALLS" ;;
+esac
 
 say "building fulcrum and the load tools"
 REV=$(git describe --always --dirty 2>/dev/null || echo unknown) # GOFLAGS may hold -buildvcs=false
