@@ -570,9 +570,9 @@ start_proxy() {
 set_pass() {
 	PASS=$1
 	if [[ $PASS == pinned ]]; then
-		LOADPIN=(taskset -c "$LOAD_CPUS") PROXYPIN=(taskset -c "$PROXY_CPUS") PROCS=$NPROXY LP="" PCPUS=$NPROXY
+		LOADPIN=(taskset -c "$LOAD_CPUS") PROXYPIN=(taskset -c "$PROXY_CPUS") PROCS=$NPROXY LP="" PCPUS=$NPROXY LOAD_SET=$LOAD_CPUS PROXY_SET=$PROXY_CPUS
 	else
-		LOADPIN=() PROXYPIN=() PROCS=$UNPINNED_LOOPS LP=u PCPUS=$CORES
+		LOADPIN=() PROXYPIN=() PROCS=$UNPINNED_LOOPS LP=u PCPUS=$CORES LOAD_SET=0-$((CORES - 1)) PROXY_SET=0-$((CORES - 1))
 	fi
 }
 
@@ -636,22 +636,42 @@ record() {
 		while IFS=$'\t' read -r key v; do sample "$t" "$key" "$v"; done
 }
 
-# meter_start NAME: NAME's CPU ticks and the time, before a measured run; in
-# a syscall pass it also starts counting NAME's system calls.
+# cpu_stat LIST: busy and total jiffies of the CPUs in LIST (a taskset -c
+# list) from /proc/stat; busy is all but idle and iowait.
+cpu_stat() {
+	awk -v list="$1" 'BEGIN {
+			n = split(list, parts, ",")
+			for (i = 1; i <= n; i++)
+				if (split(parts[i], r, "-") == 2) { for (c = r[1] + 0; c <= r[2] + 0; c++) want["cpu" c] = 1 } else want["cpu" parts[i]] = 1
+		}
+		$1 in want { t = 0; for (i = 2; i <= 9; i++) t += $i; busy += t - $5 - $6; total += t }
+		END { print busy + 0, total + 0 }' /proc/stat
+}
+
+# meter_start NAME: NAME's CPU ticks, the load CPUs' and the time, before a
+# measured run; in a syscall pass it also starts counting NAME's system calls.
 meter_start() {
 	M_NAME=$1 M_C0=$(cpu_ticks_of "$1") M_T0=${EPOCHREALTIME/./}
+	read -r M_LB0 M_LT0 < <(cpu_stat "$LOAD_SET")
+	read -r M_PB0 M_PT0 < <(cpu_stat "$PROXY_SET")
 	[[ $RL == *s ]] && sys_start "$1"
 	return 0
 }
 
 # meter_stop TARGET KEY: after the run, samples KEY_cpu_ticks and KEY_wall_us
-# (for the CPU per operation and how busy the proxy's CPUs were), and in a
+# (for the CPU per operation and how busy the proxy's CPUs were), KEY_load_busy
+# (the share of LOAD_SET's CPUs busy over the run, by anyone), KEY_pcpu_busy
+# (the same of PROXY_SET's: on a quiet machine, pinned, the proxy's own share), and in a
 # syscall pass KEY_sys and KEY_sysw (all system calls, and the epoll waits
 # among them).
 meter_stop() {
-	local t=$1 k=$2 c1 t1
+	local t=$1 k=$2 c1 t1 lb lt pb pt
 	c1=$(cpu_ticks_of "$M_NAME") t1=${EPOCHREALTIME/./}
+	read -r lb lt < <(cpu_stat "$LOAD_SET")
+	read -r pb pt < <(cpu_stat "$PROXY_SET")
 	sys_stop "$t" "$k"
+	((lt > M_LT0)) && sample "$t" "${k}_load_busy" "$(awk -v b=$((lb - M_LB0)) -v t=$((lt - M_LT0)) 'BEGIN { printf "%.1f", 100 * b / t }')"
+	((pt > M_PT0)) && sample "$t" "${k}_pcpu_busy" "$(awk -v b=$((pb - M_PB0)) -v t=$((pt - M_PT0)) 'BEGIN { printf "%.1f", 100 * b / t }')"
 	[[ $t == direct ]] && return 0
 	sample "$t" "${k}_cpu_ticks" $((c1 - M_C0))
 	sample "$t" "${k}_wall_us" $((t1 - M_T0))

@@ -292,13 +292,30 @@ func dbRows(k, label, op, rate string) []row {
 
 // proxyRows are the rows every measured run has besides its CPU per op: how
 // busy the proxy's CPUs were (KEY_cpu_ticks over KEY_wall_us and the
-// proxy_cpus it may use), and the syscalls per op (of OPS ÷ unit, from the
+// proxy_cpus it may use), how busy the load's CPUs were (KEY_load_busy, by
+// any process: where they are saturated and the proxy's are not, the rate
+// is the load's), and the syscalls per op (of OPS ÷ unit, from the
 // syscall repetition), with the epoll waits among them after the slash.
 func proxyRows(k, ops, per string, unit float64) []row {
 	return []row{
-		{label: "… proxy CPUs busy, % (≥ 95: saturated)", noRatio: true, value: busy(k), show: fixed(0)},
+		{label: "… proxy CPUs busy, %: the proxy's / anyone's (≥ 95 the proxy's: saturated)", noRatio: true, value: busy(k), show: withAnyone(k + "_pcpu_busy")},
+		{label: "… load CPUs busy, % (pinned: the clients' and servers'; unpinned: all, the proxy's too)", noRatio: true, value: key(k+"_load_busy", 1), show: fixed(0)},
 		{label: "… proxy syscalls " + per + " / of them epoll waits ↓", base: "haproxy", lower: true, sys: true,
 			value: syscalls(k+"_sys", ops, unit), show: withWaits(k+"_sysw", ops, unit)},
+	}
+}
+
+// withAnyone shows the proxy's share of its CPUs, then the share any process
+// had of them in the last repetition that has one (KEY_pcpu_busy, from /proc/stat): "14 /
+// 100" is a proxy that had 14% of CPUs kept busy by others too, a run on a
+// machine that was not quiet.
+func withAnyone(anyone string) func(float64, map[string]float64) string {
+	return func(v float64, m map[string]float64) string {
+		s := strconv.FormatFloat(v, 'f', 0, 64)
+		if a, ok := m[anyone]; ok {
+			s += " / " + strconv.FormatFloat(a, 'f', 0, 64)
+		}
+		return s
 	}
 }
 

@@ -178,6 +178,9 @@ func TestPasses(t *testing.T) {
 			add(rep, tg, "rget_wall_us", 2e6) // 2 s
 		}
 		add(rep, "haproxy", "rget_cpu_ticks", 190) // 1.9 s of 2 s on 1 CPU: 95%, 190 µs per request
+		add(rep, "haproxy", "rget_load_busy", float64(97+i))
+		add(rep, "haproxy", "rget_pcpu_busy", 96)
+		add(rep, "direct", "rget_load_busy", 100)
 		add(rep, "fulcrum", "rget_cpu_ticks", 100) // 50%, 100 µs
 		add("u"+rep, "haproxy", "proxy_cpus", 2)
 		add("u"+rep, "haproxy", "rget_rps", float64(5000+i))
@@ -207,11 +210,13 @@ func TestPasses(t *testing.T) {
 	for _, c := range []struct{ part, label, want string }{
 		{pinned, "`redis-benchmark -t get -c 50`, req/s", "| — | 1,100 | 1,100 | 1.00 |"},
 		{pinned, "… proxy CPU per request, µs ↓", "| — | 190.0 (1.00) | 100.0 (0.53) | 0.53 |"},
-		{pinned, "… proxy CPUs busy, % (≥ 95: saturated)", "| — | 95 | 50 | |"},
+		{pinned, "… proxy CPUs busy, %: the proxy's / anyone's (≥ 95 the proxy's: saturated)", "| — | 95 / 96 | 50 | |"},
+		// the median of 97, 98, 99; direct has one too (no proxy, the same load CPUs)
+		{pinned, "… load CPUs busy, % (pinned: the clients' and servers'; unpinned: all, the proxy's too)", "| 100 | 98 | — | |"},
 		// 6,000 syscalls over 1,000 requests, 1,000 of them waits; fulcrum 9.7 and 3.0
 		{pinned, "… proxy syscalls per request / of them epoll waits ↓", "| — | 6.0 / 1.0 (1.00) | 9.7 / 3.0 (1.62) | 1.62 |"},
 		{unpinned, "`redis-benchmark -t get -c 50`, req/s", "| — | 5,001 | — | — |"},
-		{unpinned, "… proxy CPUs busy, % (≥ 95: saturated)", "| — | 25 | — | |"},
+		{unpinned, "… proxy CPUs busy, %: the proxy's / anyone's (≥ 95 the proxy's: saturated)", "| — | 25 | — | |"},
 		{unpinned, "… proxy syscalls per request / of them epoll waits ↓", "| — | 8.0 / 2.0 (1.00) | — | — |"},
 	} {
 		if got := rowOf(t, c.part, c.label); !strings.HasSuffix(got, c.want) {
