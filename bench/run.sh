@@ -576,12 +576,13 @@ set_pass() {
 	fi
 }
 
-# repin: the backends (and all their threads) to LOAD_CPUS when pinned, to
-# every CPU when not; the processes they fork later inherit it.
+# repin: the servers (and all their threads) to LOAD_CPUS when pinned, to
+# every CPU when not; the processes and threads they start later inherit it.
+# The echo backends are restarted instead (start_echo).
 repin() {
 	local name p cpus=0-$((CORES - 1))
 	[[ $PASS == pinned ]] && cpus=$LOAD_CPUS
-	for name in echo1 echo2 echo3 iperf3 pg redis maria; do
+	for name in iperf3 pg redis maria; do
 		[[ -n ${PID[$name]:-} ]] || continue
 		for p in $(pids "$name"); do taskset -a -p -c "$cpus" "$p" >/dev/null 2>&1 || true; done
 	done
@@ -1032,10 +1033,20 @@ start_maria() {
 		fail "sysbench prepare: $(tail -n 5 "$LOG/maria-init.log")"
 }
 
-say "starting 3 echo backends, an iperf3 server and the servers the workloads need"
-for i in 0 1 2; do start "echo$((i + 1))" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"; done
+# start_echo: the three echo backends, (re)started in each pass so that the Go
+# runtime sizes itself to the CPUs they may use (taskset -p would move them,
+# but leave them with a P per CPU they no longer have).
+start_echo() {
+	local i
+	for i in 0 1 2; do
+		stop "echo$((i + 1))"
+		start "echo$((i + 1))" "${LOADPIN[@]}" "$BIN/tcpload" -mode echo -listen "127.0.0.1:${P_ECHO[i]}"
+	done
+	for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
+}
+
+say "starting an iperf3 server and the servers the workloads need"
 start iperf3 iperf3 -s -B 127.0.0.1 -p "$P_IPERF"
-for i in 0 1 2; do wait_listen "echo$((i + 1))" "${P_ECHO[i]}"; done
 wait_listen iperf3 "$P_IPERF"
 wants_pg && start_pg
 if wants_redis; then
@@ -1093,6 +1104,7 @@ START=$SECONDS
 for p in "${PASSES[@]}"; do
 	set_pass "$p"
 	for t in "${TARGETS[@]}"; do [[ $t == direct ]] || stop "$t"; done
+	start_echo
 	repin
 	for t in "${TARGETS[@]}"; do
 		[[ $t == direct ]] || start_proxy "$t"
