@@ -157,12 +157,27 @@ stop() {
 
 listening() { [[ -n $(ss -Hltn "sport = :$1") ]]; }
 
+# listening_by NAME PORT: one of NAME's processes listens on PORT (where ss
+# cannot say whose a socket is, as for another user's without root: anyone),
+# so that a socket of someone else's on the port cannot pass for NAME's. A
+# short run on a shared machine once counted 1,440 refused connects at the
+# start of a scale run, whose client (by the times in the logs) had started
+# before that fulcrum listened; whose socket ss saw then is not known.
+listening_by() {
+	local line p
+	line=$(ss -Hltnp "sport = :$2" 2>/dev/null)
+	[[ -n $line ]] || return 1
+	[[ $line == *pid=* ]] || return 0
+	for p in $(pids "$1"); do [[ $line == *"pid=$p,"* ]] && return 0; done
+	return 1
+}
+
 # wait_listen NAME PORT…: poll until NAME listens on every port (15 s at most).
 wait_listen() {
 	local name=$1 p deadline=$((SECONDS + 15))
 	shift
 	for p in "$@"; do
-		until listening "$p"; do
+		until listening_by "$name" "$p"; do
 			alive "$name" || fail "$name exited at start: $(tail -n 5 "$LOG/$name.err")"
 			((SECONDS < deadline)) || fail "$name does not listen on port $p within 15 s"
 			sleep 0.05
@@ -588,10 +603,11 @@ repin() {
 	done
 }
 
-# smoke TARGET: one connection must echo before anything is measured.
+# smoke TARGET [ADDR]: connections through TARGET (or ADDR) must echo
+# before anything is measured.
 smoke() {
 	local out=$RAW/smoke-$1.json
-	client "$out" 20 "$BIN/tcpload" -mode pingpong -addr "$(echo_addr "$1")" -c 3 -d 200ms -warmup 0s ||
+	client "$out" 20 "$BIN/tcpload" -mode pingpong -addr "${2:-$(echo_addr "$1")}" -c 3 -d 200ms -warmup 0s ||
 		fail "$1: the smoke test failed to run"
 	[[ $(jq '.errors' "$out") == 0 && $(jq '.ops' "$out") -gt 0 ]] || fail "$1 does not echo: $(cat "$out")"
 }
@@ -972,6 +988,7 @@ scale_run() {
 	scale_toml "$port" "$n" >"$WORK/scale-$t-$n.toml"
 	start "$name" env GOMAXPROCS="$PROCS" "${PROXYPIN[@]}" "$bin" -config "$WORK/scale-$t-$n.toml"
 	wait_listen "$name" "$port"
+	smoke "$name" "127.0.0.1:$port"
 	if ((idle > 0)); then
 		rm -f "$ready"
 		start "$holder" "${LOADPIN[@]}" "$BIN/tcpload" -mode idle -addr "127.0.0.2:$port" -c "$idle" -size 64 -par 512 -timeout 1s \

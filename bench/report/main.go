@@ -584,7 +584,11 @@ func failures(s *samples, cols []column) []string {
 	var out []string
 	for _, c := range cols {
 		byWork := map[string]map[string]float64{}
-		for _, rep := range s.reps {
+		reps := s.reps
+		if s.sys != "" {
+			reps = append(slices.Clone(reps), s.sys) // the syscall repetition's failures count too
+		}
+		for _, rep := range reps {
 			for k, v := range s.get(rep, c.id) {
 				work, kind, ok := failureKey(k)
 				if !ok || v == 0 {

@@ -202,6 +202,7 @@ func TestPasses(t *testing.T) {
 	add("us", "haproxy", "rget_ops", 1000)
 	add("us", "haproxy", "rget_sys", 8000)
 	add("us", "haproxy", "rget_sysw", 2000)
+	add("s", "fulcrum", "pgrows_failed", 1)
 	out := renderString(t, tsv.String())
 	pinned, unpinned, ok := strings.Cut(out, "**Unpinned**")
 	if !ok || !strings.Contains(pinned, "**Pinned**: each proxy alone on 1 CPU") || !strings.Contains(unpinned, "share all 2 CPUs") {
@@ -222,6 +223,9 @@ func TestPasses(t *testing.T) {
 		if got := rowOf(t, c.part, c.label); !strings.HasSuffix(got, c.want) {
 			t.Errorf("row %q = %q; want it to end %q", c.label, got, c.want)
 		}
+	}
+	if !strings.Contains(pinned, "- fulcrum, pgrows: 1 (run failed 1)") {
+		t.Errorf("a failure in the syscall repetition is not listed under the pinned table:\n%s", pinned)
 	}
 	if strings.Contains(out, "†") {
 		t.Errorf("the syscall repetition counts as a repetition (a † mark):\n%s", out)
