@@ -139,9 +139,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
-		ss.finish()
+		ss.release() // admission's count, the only one: finish
 		return
 	}
+	seamAt(seamTracked, ss)
 	ss.run()
 }
 

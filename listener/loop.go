@@ -127,6 +127,7 @@ func (lp *loop) run() {
 			}
 			for i := range n {
 				lp.dispatch(events[i])
+				seamAt(seamBatch, nil)
 			}
 			if n < len(events) {
 				return false
@@ -210,55 +211,84 @@ func (lp *loop) register(fd int) error {
 	return err
 }
 
-// add registers both sockets of ss. On failure nothing stays registered.
-func (lp *loop) add(ss *session) error {
-	c, b := ss.clientFD, ss.backendFD
-	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
-		return unix.EBADF
-	}
-	lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
-	lp.tab[b].Store(ss)
-	if err := lp.register(c); err != nil {
-		lp.forget(ss)
-		return err
-	}
-	if err := lp.register(b); err != nil {
-		epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
-		lp.forget(ss)
-		return err
-	}
-	return nil
-}
-
 // forget unmaps both sockets of ss; it comes before they are closed, so a
-// descriptor number reused by a new session never maps to ss. Closing the
-// sockets removes them from the epoll.
+// descriptor number reused by a new session never maps to ss.
 func (lp *loop) forget(ss *session) {
-	lp.tab[ss.clientFD].CompareAndSwap(ss, nil)
-	lp.tab[ss.backendFD].CompareAndSwap(ss, nil)
+	if c := ss.clientFD; c >= 0 && c < len(lp.tab) {
+		lp.tab[c].CompareAndSwap(ss, nil)
+	}
+	if b := ss.backendFD; b >= 0 && b < len(lp.tab) {
+		lp.tab[b].CompareAndSwap(ss, nil)
+	}
 }
 
 // begin runs ss in lp: it registers both sockets, whose readiness, if any,
-// the epoll reports at once. On failure the session has not started.
-func (ss *session) begin(lp *loop) error {
-	ss.up.sfd, ss.up.dfd = ss.clientFD, ss.backendFD
-	ss.down.sfd, ss.down.dfd = ss.backendFD, ss.clientFD
+// the epoll reports at once. begin owns both halves (stRunning) until both
+// sockets are registered: an event for the client socket that comes
+// between the two registrations only marks its half kicked, and begin runs
+// each half that was kicked once both are in. A failure ends the session
+// through stop and release, as any other end, never by a direct finish:
+// the admission's count in live (newSession) keeps the descriptors owned
+// until every count is given back, once.
+func (ss *session) begin(lp *loop) {
+	c, b := ss.clientFD, ss.backendFD
+	ss.up.sfd, ss.up.dfd = c, b
+	ss.down.sfd, ss.down.dfd = b, c
 	ss.lp = lp
-	ss.live.Store(2)
+	ss.up.state.Store(stRunning)
+	ss.down.state.Store(stRunning)
+	ss.live.Add(2) // the halves; admission holds its own count until the end of begin
 	if ss.idle > 0 {
 		ss.last.Store(mono())
 		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
 		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
 		ss.timer.Reset(ss.idle)
 	}
-	err := lp.add(ss)
-	if err != nil {
-		if ss.timer != nil {
-			ss.timer.Stop()
+	var err error
+	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
+		err = unix.EBADF
+	} else {
+		lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
+		lp.tab[b].Store(ss)
+		if err = lp.register(c); err == nil {
+			if err = seamAt(seamRegistered, ss); err == nil {
+				err = lp.register(b)
+			}
+			if err != nil {
+				// Out before the descriptors are closed: a registration
+				// outlives close while another process holds the file.
+				epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
+			}
 		}
-		ss.live.Store(0)
 	}
-	return err
+	if err != nil {
+		ss.up.err = err
+		ss.failed.CompareAndSwap(0, 1)
+		ss.stop()
+		ss.up.abandon()
+		ss.down.abandon()
+	} else {
+		ss.up.own()
+		ss.down.own()
+	}
+	ss.release() // admission's count: the session is the halves' now
+}
+
+// own gives the half begin held to the event loop: parked, or run now if
+// an event came for it meanwhile.
+func (h *half) own() {
+	if h.state.CompareAndSwap(stRunning, stIdle) {
+		return
+	}
+	h.state.Store(stRunning) // kicked while begin held it
+	h.runParked(runBudget)
+}
+
+// abandon ends a half that begin held and that never ran.
+func (h *half) abandon() {
+	h.state.Store(stDone)
+	h.x.release()
+	h.ss.release()
 }
 
 // idleCheck runs when the idle timer fires: it stops the session if no
