@@ -223,6 +223,12 @@ func writable(fd int) int {
 // connection is up or failed) or timeout passes, in one of s's loops. The
 // session later registers fd again for its own events, in whichever loop it
 // runs.
+//
+// A wake-up is looked at again (writable): an event harvested in a batch
+// for an earlier use of fd's number, closed meanwhile and its number given
+// to this socket, wakes the wait as well, and SO_ERROR is 0 in SYN_SENT.
+// While the connect is still in progress it waits again, in the same loop,
+// to the same deadline.
 func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 	lp, err := s.loop()
 	if err != nil {
@@ -233,7 +239,14 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 		deadline = time.Now().Add(timeout)
 	}
 	registered := false
-	return lp.await(fd, unix.EPOLLOUT, deadline, &registered)
+	for {
+		if err := lp.await(fd, unix.EPOLLOUT, deadline, &registered); err != nil {
+			return err
+		}
+		if writable(fd) != connPending {
+			return nil
+		}
+	}
 }
 
 // await waits until fd, a socket in no session, has one of events (or a

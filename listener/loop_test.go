@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -246,5 +247,60 @@ func TestNoDelayInherited(t *testing.T) {
 	}
 	if lv == 0 || av == 0 {
 		t.Errorf("TCP_NODELAY: listening socket %d, accepted socket %d; want both set", lv, av)
+	}
+}
+
+// TestStaleEventDoesNotCompleteConnect (C3): an event for an earlier use
+// of a descriptor's number wakes a connect still in progress on it (as a
+// stale entry of a batch does, once its number is reused by the next
+// socket). The dial looks again and goes on waiting: it returns no socket
+// that is not connected, and connect_timeout still applies.
+func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
+	testkit.CheckLeaks(t)
+	_, addr := fullQueue(t)
+	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, nil)
+	type result struct {
+		fd  int
+		err error
+	}
+	done := make(chan result, 1)
+	const timeout = 2 * time.Second
+	start := time.Now()
+	go func() { // exits when the dial returns: by connect_timeout at the latest
+		fd, err := p.srv.dial(&Policy{ConnectTimeout: timeout}, netip.MustParseAddrPort(addr), nil)
+		done <- result{fd, err}
+	}()
+	stale := 0
+	for range 3 { // each a wake-up a stale event would give
+		if !awaitDialWaiting(p.srv, 5*time.Second) {
+			break // the dial returned
+		}
+		for _, lp := range *p.srv.lps.Load() {
+			for fd := range lp.wait {
+				if lp.wait[fd].Load() != nil {
+					lp.dispatch(unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(fd)})
+					stale++
+				}
+			}
+		}
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(timeout + 10*time.Second):
+		t.Fatal("the dial did not return within its connect timeout and 10 s")
+	}
+	if r.err == nil {
+		closeFD(r.fd)
+		t.Fatalf("a connect in progress came back as connected after %v and %d stale events", time.Since(start), stale)
+	}
+	if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+		t.Errorf("dial: %v; want the connect timeout", r.err)
+	}
+	if d := time.Since(start); d < timeout {
+		t.Errorf("dial returned after %v; want connect_timeout (%v)", d, timeout)
+	}
+	if stale == 0 {
+		t.Error("no stale event was delivered: the test proves nothing")
 	}
 }
