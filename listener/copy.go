@@ -74,29 +74,41 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 
 // fill reads what src has. It returns the bytes read, (0, nil) at EOF, and
 // unix.EAGAIN when src has nothing to read; x then holds no buffer or pipe.
+// marked says an event for src carried RDHUP, HUP, ERR or PRI (half.hup).
 //
 // In splice mode the pipe is always empty here, so the socket side is the
 // only one that can make splice return EAGAIN or 0 (pitfall 4 of the spike):
-// EAGAIN is "no data" and 0 is EOF.
-func (x *xfer) fill(src int) (int, error) {
+// EAGAIN is "no data" and 0 is EOF, but for urgent data. Every socket has
+// SO_OOBINLINE (setNoDelay, setDialOpts), so an urgent byte is an ordinary
+// byte of the stream, which read(2) steps over; but splice (tcp_read_sock)
+// never passes the urgent mark: there it finds nothing, EAGAIN, or 0 once
+// the peer's FIN is in, with bytes still queued behind the mark. So a
+// splice's 0 is looked at again with a read (one syscall per direction's
+// end), and so is its EAGAIN once an event said urgent data (PRI sets
+// marked, and only the state of the socket can clear the mark).
+func (x *xfer) fill(src int, marked *atomic.Bool) (int, error) {
 	if x.splice {
 		if x.p == nil {
 			x.p = x.pipes.get()
 		}
 		if x.p != nil {
 			n, err := spliceRetry(src, x.p.w, pipeSize)
-			if err != nil || n == 0 {
-				x.pipes.put(x.p) // empty: the pipe was empty before this splice
-				x.p = nil
+			if err == nil && n > 0 {
+				x.p.n = n
+				if n < spliceMin && x.mode == copyAuto {
+					x.splice = false // small reads: back to the buffer once this is out
+				}
+				return n, nil
+			}
+			x.pipes.put(x.p) // empty: the pipe was empty before this splice
+			x.p = nil
+			if err != nil && (err != unix.EAGAIN || !marked.Load()) {
 				return 0, err
 			}
-			x.p.n = n
-			if n < spliceMin && x.mode == copyAuto {
-				x.splice = false // small reads: back to the buffer once this is out
-			}
-			return n, nil
+			// 0, or EAGAIN with urgent data: maybe at a mark; read to see.
 		}
-		// No pipe to be had (descriptors exhausted): copy through the buffer.
+		// No pipe to be had (descriptors exhausted), or a read to look past
+		// a mark: copy through the buffer.
 	}
 	if x.buf == nil {
 		x.buf = bufs.Get().(*[bufSize]byte)

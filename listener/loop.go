@@ -45,8 +45,9 @@ import (
 //   - after a read shorter than the buffer, the socket was empty then, and
 //     new bytes make a new edge, so the direction parks without the read that
 //     would return EAGAIN; unless an event for that socket carried
-//     RDHUP|HUP|ERR (flag set before the kick), since a FIN already queued
-//     behind the bytes read makes no new edge.
+//     RDHUP|HUP|ERR|PRI (flag set before the kick), since a FIN already
+//     queued behind the bytes read makes no new edge, and a read stops short
+//     at an urgent mark with bytes queued behind it.
 //
 // Descriptors are closed only by session.finish, once both directions are
 // done and nothing else (stop) is using them, after their table entries are
@@ -168,10 +169,10 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 		in, out = &ss.down, &ss.up
 	}
 	e := ev.Events
-	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
 		in.hup.Store(true) // before the kick: see the package comment
 	}
-	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
 		in.kick()
 	}
 	if e&(unix.EPOLLHUP|unix.EPOLLERR) != 0 || e&unix.EPOLLOUT != 0 && out.wantOut.Load() {
@@ -180,7 +181,8 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 }
 
 // epollIn is what a socket is registered for; armOut adds EPOLLOUT.
-const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET
+// EPOLLPRI: urgent data (MSG_OOB) came, and reads stop at its mark (copy.go).
+const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLPRI | unix.EPOLLET
 
 // armOut adds EPOLLOUT to fd's registration, the first time a write to it
 // would block: until then its output edges would only wake the loop for
@@ -420,7 +422,7 @@ func (h *half) step(budget int) (stepResult, error) {
 				return stepBlocked, nil
 			}
 		}
-		n, err := x.fill(h.sfd)
+		n, err := x.fill(h.sfd, &h.hup)
 		switch {
 		case err == unix.EAGAIN:
 			return stepBlocked, nil

@@ -292,12 +292,16 @@ func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *boo
 }
 
 // setDialOpts gives a new socket to be connected what a Go net.Conn has
-// (TCP_NODELAY), pol's keepalive, and its user timeout, set before the
-// connect so that it bounds the handshake's retransmissions too. What a
-// new socket has already (keepalive off, the kernel's user timeout) is not
-// set again.
+// (TCP_NODELAY), SO_OOBINLINE (a backend's urgent byte stays in the stream,
+// as a client's does: setNoDelay), pol's keepalive, and its user timeout,
+// set before the connect so that it bounds the handshake's retransmissions
+// too. What a new socket has already (keepalive off, the kernel's user
+// timeout) is not set again.
 func setDialOpts(fd int, pol *Policy) error {
 	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return os.NewSyscallError("setsockopt", err)
+	}
+	if err := setsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
 	if ka := keepAliveFor(pol); ka.Idle > 0 { // a new socket has it off
