@@ -28,8 +28,9 @@ func (p *pipe) close() {
 //
 // The pool belongs to a Server; Server.Wait closes the pipes it keeps.
 type pipePool struct {
-	size int // capacity asked for with F_SETPIPE_SZ; 0 = the kernel's default
-	max  int // empty pipes kept for reuse; more are closed
+	size  int   // capacity asked for with F_SETPIPE_SZ; 0 = the kernel's default
+	max   int   // empty pipes kept for reuse; more are closed
+	limit int64 // pipes open at once, lent or kept (limit.go); 0 = no limit
 
 	mu   sync.Mutex // protects idle
 	idle []*pipe
@@ -37,6 +38,11 @@ type pipePool struct {
 	open     atomic.Int64  // pipes open now: lent out or idle
 	lent     atomic.Uint64 // pipes lent so far
 	failedAt atomic.Int64  // mono() of the last pipe2 failure, 0 = none
+}
+
+// newPipePool is a Server's pool: pipes of pipeSize, at most limit open.
+func newPipePool(limit int) pipePool {
+	return pipePool{size: pipeSize, max: min(pipesKept, limit), limit: int64(limit)}
 }
 
 // pipeRetry is how long the pool refuses to try pipe2 again after it failed
@@ -58,8 +64,13 @@ func (pp *pipePool) get() *pipe {
 	if t := pp.failedAt.Load(); t != 0 && mono()-t < int64(pipeRetry) {
 		return nil
 	}
+	if n := pp.open.Add(1); pp.limit > 0 && n > pp.limit { // the pipes' share of the descriptors is used up
+		pp.open.Add(-1)
+		return nil
+	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		pp.open.Add(-1)
 		pp.failedAt.Store(mono())
 		return nil
 	}
@@ -69,7 +80,6 @@ func (pp *pipePool) get() *pipe {
 		// fs.pipe-user-pages-soft, or above fs.pipe-max-size.
 		_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pp.size)
 	}
-	pp.open.Add(1)
 	pp.lent.Add(1)
 	return &pipe{r: fds[0], w: fds[1]}
 }

@@ -100,7 +100,7 @@ func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
 		slots: make(chan struct{}, connLimit(nofile())),
-		pipes: pipePool{size: pipeSize, max: pipesKept}}
+		pipes: newPipePool(pipeLimit(nofile()))}
 }
 
 // Inherit offers a listening socket passed by the service manager. Prepare
