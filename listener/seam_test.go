@@ -293,3 +293,37 @@ func TestCutBeforeBegin(t *testing.T) {
 		})
 	}
 }
+
+// TestDownBeforeTrack (S2): a backend with on_down = "close" goes down
+// while a client's dial to it is in flight, and its Cut runs before the
+// session is tracked. The session, once tracked, sees the state and ends.
+func TestDownBeforeTrack(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Echo)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.Targets[0].CutOnDown = true })
+	var fired atomic.Bool
+	setSeam(t, func(at seamPoint, ss *session) error {
+		if at != seamTracked || fired.Swap(true) {
+			return nil
+		}
+		// Down now; the Cut it brings ran before Track (it saw nothing).
+		if !ss.t.B.PassiveFail(1, time.Minute, time.Now()) {
+			t.Error("PassiveFail did not mark the backend down")
+		}
+		return nil
+	})
+	c := p.dial(t)
+	c.Write([]byte("hello"))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("client read %d bytes and no end within 10 s: a session on a backend that is down stays", len(n))
+	}
+	if line := p.logs.Wait(t, 10*time.Second, "access", isAccess); line["end"] != endDrained {
+		t.Errorf("access line %v; want end %q", line, endDrained)
+	}
+	if st := p.svc.Targets[0].B.Stats(); st.CutClosed != 1 {
+		t.Errorf("CutClosed = %d; want 1", st.CutClosed)
+	}
+	p.settle(t, 0)
+	p.waitReturns(t)
+}
