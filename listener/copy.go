@@ -86,13 +86,15 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 // splice's 0 is looked at again with a read (one syscall per direction's
 // end), and so is its EAGAIN once an event said urgent data (PRI sets
 // marked, and only the state of the socket can clear the mark).
-func (x *xfer) fill(src int, marked *atomic.Bool) (int, error) {
+//
+// A splice asks for at most most bytes (no more than pipeSize).
+func (x *xfer) fill(src int, marked *atomic.Bool, most int) (int, error) {
 	if x.splice {
 		if x.p == nil {
 			x.p = x.pipes.get()
 		}
 		if x.p != nil {
-			n, err := spliceRetry(src, x.p.w, pipeSize)
+			n, err := spliceRetry(src, x.p.w, most)
 			if err == nil && n > 0 {
 				x.p.n = n
 				if n < spliceMin && x.mode == copyAuto {

@@ -533,7 +533,7 @@ func TestPipeTooSmall(t *testing.T) {
 	var marked atomic.Bool
 	r, w := socketPair(t)
 	unix.Write(w, []byte("hello"))
-	if n, err := x.fill(r, &marked); n != 5 || err != nil || x.buf == nil {
+	if n, err := x.fill(r, &marked, pipeSize); n != 5 || err != nil || x.buf == nil {
 		t.Errorf("fill with no pipe: %d, %v, buffer %v; want 5 bytes through the buffer", n, err, x.buf != nil)
 	}
 	x.release()

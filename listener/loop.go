@@ -61,9 +61,13 @@ const (
 	stDone                 // ended; never runs again
 )
 
-// runBudget is how many fill/flush rounds a direction runs inline in the
-// loop before it continues in a goroutine of its own.
-const runBudget = 16
+// runBudget is how many bytes a direction moves inline in the loop, per
+// kick, before it continues in a goroutine of its own: a bound in bytes,
+// not in rounds, since a round of splice moves up to a pipe (1 MiB), and
+// sixteen of them held up every other session of the loop for
+// milliseconds. A round run inline splices at most this much. Sixteen
+// rounds of the buffer, as before for small messages.
+const runBudget = 16 * bufSize
 
 // loop is one epoll instance and the goroutine that waits on it.
 type loop struct {
@@ -360,11 +364,13 @@ func (h *half) kick() {
 }
 
 // runParked runs the direction, which the caller owns (stRunning), until
-// it would block (it parks), ends, or has run budget rounds (it goes on in
-// a goroutine of its own); budget 0 is no limit.
+// it would block (it parks), ends, or has moved budget bytes (it goes on in
+// a goroutine of its own); budget 0 is no limit. The budget is the kick's,
+// runs again for kicks that came meanwhile included.
 func (h *half) runParked(budget int) {
+	left := budget
 	for {
-		switch r, err := h.step(budget); r {
+		switch r, err := h.step(budget, &left); r {
 		case stepDone:
 			h.state.Store(stDone)
 			h.ss.halfDone(h, err)
@@ -388,10 +394,15 @@ const (
 	stepMore                      // the budget is used up and there may be more
 )
 
-// step runs fill/flush rounds on the raw descriptors.
-func (h *half) step(budget int) (stepResult, error) {
+// step runs fill/flush rounds on the raw descriptors, taking the bytes
+// each fill brings in from *left, while any are left (budget 0: no limit).
+func (h *half) step(budget int, left *int) (stepResult, error) {
 	x := &h.x
-	for i := 0; budget == 0 || i < budget; i++ {
+	most := pipeSize // what one splice may bring in
+	if budget > 0 {
+		most = min(most, budget)
+	}
+	for budget == 0 || *left > 0 {
 		if h.ss.stopping.Load() {
 			return stepDone, nil
 		}
@@ -422,7 +433,7 @@ func (h *half) step(budget int) (stepResult, error) {
 				return stepBlocked, nil
 			}
 		}
-		n, err := x.fill(h.sfd, &h.hup)
+		n, err := x.fill(h.sfd, &h.hup, most)
 		switch {
 		case err == unix.EAGAIN:
 			return stepBlocked, nil
@@ -432,6 +443,7 @@ func (h *half) step(budget int) (stepResult, error) {
 			return stepDone, nil // EOF
 		}
 		h.drained = x.buf != nil && n < bufSize
+		*left -= n
 	}
 	return stepMore, nil
 }
