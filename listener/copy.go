@@ -74,7 +74,8 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 
 // fill reads what src has. It returns the bytes read, (0, nil) at EOF, and
 // unix.EAGAIN when src has nothing to read; x then holds no buffer or pipe.
-// marked says an event for src carried RDHUP, HUP, ERR or PRI (half.hup).
+// marked says an event for src carried RDHUP, HUP, ERR or PRI since src
+// was last found empty (half.hup).
 //
 // In splice mode the pipe is always empty here, so the socket side is the
 // only one that can make splice return EAGAIN or 0 (pitfall 4 of the spike):
@@ -88,7 +89,7 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 // marked, and only the state of the socket can clear the mark).
 //
 // A splice asks for at most most bytes (no more than pipeSize).
-func (x *xfer) fill(src int, marked *atomic.Bool, most int) (int, error) {
+func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 	if x.splice {
 		if x.p == nil {
 			x.p = x.pipes.get()
@@ -104,7 +105,7 @@ func (x *xfer) fill(src int, marked *atomic.Bool, most int) (int, error) {
 			}
 			x.pipes.put(x.p) // empty: the pipe was empty before this splice
 			x.p = nil
-			if err != nil && (err != unix.EAGAIN || !marked.Load()) {
+			if err != nil && (err != unix.EAGAIN || !marked) {
 				return 0, err
 			}
 			// 0, or EAGAIN with urgent data: maybe at a mark; read to see.
@@ -246,12 +247,13 @@ type half struct {
 	n   int64 // bytes written to dst; the half's own, read by the session after both end
 	err error // what ended the half, nil for a clean EOF; set before the half ends
 
-	sfd, dfd int          // the descriptors it reads and writes
-	state    atomic.Int32 // stIdle, stRunning, stKicked or stDone
-	hup      atomic.Bool  // an event for src carried RDHUP, HUP or ERR
-	wantOut  atomic.Bool  // waiting for dst to take more: EPOLLOUT concerns this half
-	drained  bool         // the last fill was a short read: src was empty then
-	outArmed bool         // dst's registration has EPOLLOUT (only this half writes dst)
+	sfd, dfd int           // the descriptors it reads and writes
+	state    atomic.Int32  // stIdle, stRunning, stKicked or stDone
+	hup      atomic.Uint32 // events for src that carried RDHUP, HUP, ERR or PRI, counted
+	hupSeen  uint32        // hup as it was before the last read that found src empty
+	wantOut  atomic.Bool   // waiting for dst to take more: EPOLLOUT concerns this half
+	drained  bool          // the last fill was a short read: src was empty then
+	outArmed bool          // dst's registration has EPOLLOUT (only this half writes dst)
 }
 
 // count books n bytes written: the half's total, the backend's live

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -530,10 +529,9 @@ func TestPipeTooSmall(t *testing.T) {
 		t.Errorf("after a pipe too small: %d open, failedAt %d; want 0 and set", small.open.Load(), small.failedAt.Load())
 	}
 	x := newXfer(small, copySplice)
-	var marked atomic.Bool
 	r, w := socketPair(t)
 	unix.Write(w, []byte("hello"))
-	if n, err := x.fill(r, &marked, pipeSize); n != 5 || err != nil || x.buf == nil {
+	if n, err := x.fill(r, false, pipeSize); n != 5 || err != nil || x.buf == nil {
 		t.Errorf("fill with no pipe: %d, %v, buffer %v; want 5 bytes through the buffer", n, err, x.buf != nil)
 	}
 	x.release()

@@ -45,9 +45,11 @@ import (
 //   - after a read shorter than the buffer, the socket was empty then, and
 //     new bytes make a new edge, so the direction parks without the read that
 //     would return EAGAIN; unless an event for that socket carried
-//     RDHUP|HUP|ERR|PRI (flag set before the kick), since a FIN already
-//     queued behind the bytes read makes no new edge, and a read stops short
-//     at an urgent mark with bytes queued behind it.
+//     RDHUP|HUP|ERR|PRI (counted before the kick) since a read last found
+//     it empty, since a FIN already queued behind the bytes read makes no
+//     new edge, and a read stops short at an urgent mark with bytes queued
+//     behind it. A stale event (an earlier use of the number) costs reads
+//     to EAGAIN until the next one.
 //
 // Descriptors are closed only by session.finish, once both directions are
 // done and nothing else (stop) is using them, after their table entries are
@@ -174,7 +176,7 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 	}
 	e := ev.Events
 	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
-		in.hup.Store(true) // before the kick: see the package comment
+		in.hup.Add(1) // before the kick: see the package comment
 	}
 	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
 		in.kick()
@@ -428,14 +430,19 @@ func (h *half) step(budget int, left *int) (stepResult, error) {
 			if err != nil {
 				return stepDone, err
 			}
-			if h.drained && !h.hup.Load() {
+			if h.drained && h.hup.Load() == h.hupSeen {
 				h.drained = false
 				return stepBlocked, nil
 			}
 		}
-		n, err := x.fill(h.sfd, &h.hup, most)
+		hup := h.hup.Load() // before the read: an event after it counts
+		n, err := x.fill(h.sfd, hup != h.hupSeen, most)
 		switch {
 		case err == unix.EAGAIN:
+			// src was empty: what the events counted so far said (a FIN,
+			// an urgent mark, or nothing, for a stale event of an earlier
+			// use of the number) has been read.
+			h.hupSeen = hup
 			return stepBlocked, nil
 		case err != nil:
 			return stepDone, err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -303,4 +304,54 @@ func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
 	if stale == 0 {
 		t.Error("no stale event was delivered: the test proves nothing")
 	}
+}
+
+// TestStaleHupForgotten (S6): an event with RDHUP for an earlier use of a
+// client socket's number lands on the new session's direction, which
+// then distrusts its short reads; once a read has found the socket empty,
+// the direction trusts them again, and a real FIN later is still passed on.
+func TestStaleHupForgotten(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Echo)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withLoops(1))
+	c := p.dial(t)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	ping := func() {
+		t.Helper()
+		got := make([]byte, 4)
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping" {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+	}
+	ping()
+	lp := (*p.srv.lps.Load())[0]
+	var ss *session
+	for i := range lp.tab {
+		if ss = lp.tab[i].Load(); ss != nil {
+			break
+		}
+	}
+	if ss == nil {
+		t.Fatal("no session in the loop")
+	}
+	parked := func() bool { return ss.up.state.Load() == stIdle }
+	if !until(10*time.Second, parked) {
+		t.Fatal("the upload direction did not park")
+	}
+	lp.dispatch(unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(ss.clientFD)}) // stale
+	ping()
+	if !until(10*time.Second, parked) {
+		t.Fatal("the upload direction did not park")
+	}
+	if ss.up.hup.Load() != ss.up.hupSeen { // parked: the state's CAS orders hupSeen's write before this read
+		t.Errorf("after the stale event and a read that found the socket empty: %d events, %d seen; want them equal", ss.up.hup.Load(), ss.up.hupSeen)
+	}
+	c.CloseWrite() // a real FIN, still passed on: the echo backend closes
+	if b, err := io.ReadAll(c); err != nil || len(b) != 0 {
+		t.Errorf("after the FIN: read %q, %v; want EOF", b, err)
+	}
+	p.settle(t, 0)
 }
