@@ -2,6 +2,7 @@ package listener
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -64,4 +65,42 @@ func TestCutDuringChurn(t *testing.T) {
 	if n := len(p.logs.All(isAccess)); n != clients-int(failed.Load()) {
 		t.Errorf("%d access lines; want %d", n, clients)
 	}
+}
+
+// TestErrorEndsBoth (S5): an error in one direction ends the session, the
+// other direction too, whatever it holds or waits for (design.md; nginx's
+// stream proxy ends both on an error of either). The case that decides
+// it: a client resets while its backend, a database between queries,
+// sends nothing; the direction towards the client has nothing to deliver
+// and would otherwise wait for the backend for ever. The backend sees its
+// connection end at once, not at an idle timeout.
+func TestErrorEndsBoth(t *testing.T) {
+	testkit.CheckLeaks(t)
+	ended := make(chan error, 1)
+	be := testkit.NewServer(t, func(c *net.TCPConn) {
+		c.Write([]byte("ready"))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := io.Copy(io.Discard, c) // a backend between queries: it only waits
+		ended <- err
+	})
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.IdleTimeout = time.Hour })
+	c := p.dial(t)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetLinger(0)
+	c.Close() // RST
+	select {
+	case err := <-ended:
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the backend's connection did not end within 10 s of the client's reset")
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the backend's handler did not return")
+	}
+	if line := p.logs.Wait(t, 10*time.Second, "access", isAccess); line["end"] != endReset {
+		t.Errorf("access line %v; want end %q", line, endReset)
+	}
+	p.settle(t, 0)
 }
