@@ -104,7 +104,7 @@ func TestBeginReset(t *testing.T) {
 	vc := make(chan victims, 1)
 	var fired atomic.Bool
 	setSeam(t, func(at seamPoint, ss *session) error {
-		if at != seamRegistered || fired.Swap(true) {
+		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
 		if !until(10*time.Second, func() bool { return woken(&ss.up) && woken(&ss.down) }) {
@@ -170,7 +170,7 @@ func TestBeginUpload(t *testing.T) {
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
 	var fired atomic.Bool
 	setSeam(t, func(at seamPoint, ss *session) error {
-		if at != seamRegistered || fired.Swap(true) {
+		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
 		if !until(10*time.Second, func() bool { return woken(&ss.up) }) {
@@ -223,7 +223,7 @@ func TestBeginRegisterFails(t *testing.T) {
 	vc := make(chan victims, 1)
 	var fired atomic.Bool
 	setSeam(t, func(at seamPoint, ss *session) error {
-		if at != seamRegistered || fired.Swap(true) {
+		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
 		if !until(10*time.Second, func() bool { return woken(&ss.up) }) {
@@ -265,11 +265,11 @@ func TestCutBeforeBegin(t *testing.T) {
 			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.IdleTimeout = time.Minute })
 			var cut atomic.Int32
 			setSeam(t, func(at seamPoint, ss *session) error {
-				if at != seamTracked {
+				if at != seamTracked || ss.srv != p.srv {
 					return nil
 				}
 				if how == "cut" {
-					cut.Store(int32(ss.t.B.Cut()))
+					cut.Add(int32(ss.t.B.Cut()))
 				} else {
 					ss.stop() // a drain deadline, an idle timer, anything that stops
 				}
@@ -303,7 +303,7 @@ func TestDownBeforeTrack(t *testing.T) {
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) { s.Targets[0].CutOnDown = true })
 	var fired atomic.Bool
 	setSeam(t, func(at seamPoint, ss *session) error {
-		if at != seamTracked || fired.Swap(true) {
+		if at != seamTracked || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
 		// Down now; the Cut it brings ran before Track (it saw nothing).
@@ -326,4 +326,48 @@ func TestDownBeforeTrack(t *testing.T) {
 	}
 	p.settle(t, 0)
 	p.waitReturns(t)
+}
+
+// TestSeamPausesBatch: the seam inside a batch of events holds the loop's
+// goroutine there: no event of the loop is dispatched until it lets go
+// (what a test forcing a stale entry of a batch needs).
+func TestSeamPausesBatch(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Echo)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withLoops(1))
+	c := p.dial(t)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	echo := func() error {
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, make([]byte, 1))
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatal(err)
+	}
+	var armed, paused atomic.Bool
+	release := make(chan struct{})
+	setSeam(t, func(at seamPoint, _ *session) error {
+		if at == seamBatch && armed.Load() && !paused.Swap(true) {
+			<-release
+		}
+		return nil
+	})
+	armed.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- echo() }() // exits when the echo is back, or the deadline passes
+	if !until(10*time.Second, paused.Load) {
+		t.Fatal("the loop never reached the seam")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the echo came back (%v) while the loop was paused", err)
+	case <-time.After(100 * time.Millisecond): // a negative: the loop must not run meanwhile
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("after the pause: %v", err)
+	}
 }
