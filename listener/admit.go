@@ -149,7 +149,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	// and Cut take the same lock: either that Cut sees this session, or
 	// this sees the state.
 	if t.CutOnDown && t.B.Down() {
-		t.B.Cut()
+		t.B.Cut(backend.CutDown)
 	}
 	ss.run()
 }

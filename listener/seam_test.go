@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -269,7 +270,7 @@ func TestCutBeforeBegin(t *testing.T) {
 					return nil
 				}
 				if how == "cut" {
-					cut.Add(int32(ss.t.B.Cut()))
+					cut.Add(int32(ss.t.B.Cut(backend.CutDown)))
 				} else {
 					ss.stop() // a drain deadline, an idle timer, anything that stops
 				}
@@ -285,8 +286,8 @@ func TestCutBeforeBegin(t *testing.T) {
 				t.Errorf("Cut closed %d sessions; want 1", cut.Load())
 			}
 			line := p.logs.Wait(t, 10*time.Second, "access", isAccess)
-			if how == "cut" && line["end"] != endDrained {
-				t.Errorf("access line %v; want end %q", line, endDrained)
+			if how == "cut" && line["end"] != backend.CutDown {
+				t.Errorf("access line %v; want end %q", line, backend.CutDown)
 			}
 			p.settle(t, 0)
 			p.waitReturns(t)
@@ -318,8 +319,8 @@ func TestDownBeforeTrack(t *testing.T) {
 	if n, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("client read %d bytes and no end within 10 s: a session on a backend that is down stays", len(n))
 	}
-	if line := p.logs.Wait(t, 10*time.Second, "access", isAccess); line["end"] != endDrained {
-		t.Errorf("access line %v; want end %q", line, endDrained)
+	if line := p.logs.Wait(t, 10*time.Second, "access", isAccess); line["end"] != backend.CutDown {
+		t.Errorf("access line %v; want end %q", line, backend.CutDown)
 	}
 	if st := p.svc.Targets[0].B.Stats(); st.CutClosed != 1 {
 		t.Errorf("CutClosed = %d; want 1", st.CutClosed)

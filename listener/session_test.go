@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -28,7 +29,7 @@ func TestCutDuringChurn(t *testing.T) {
 	go func() { // exits when stop is set
 		defer cutter.Done()
 		for !stop.Load() {
-			p.svc.Targets[0].B.Cut()
+			p.svc.Targets[0].B.Cut(backend.CutDown)
 		}
 	}()
 	var wedged, failed atomic.Int32
