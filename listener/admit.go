@@ -139,8 +139,17 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	ss.sni = h.sni()
 	if !t.B.Track(ss) { // the backend's drain deadline has passed
 		ss.drained.Store(true)
-		ss.finish()
+		ss.release() // admission's count, the only one: finish
 		return
+	}
+	seamAt(seamTracked, ss)
+	// on_down = "close": Cut closes what is tracked, and this session was
+	// not yet when a Cut for the backend's going down (or into the wrong
+	// role) ran. The backend's state is set before its Cut runs, and Track
+	// and Cut take the same lock: either that Cut sees this session, or
+	// this sees the state.
+	if t.CutOnDown && t.B.Down() {
+		t.B.Cut(backend.CutDown)
 	}
 	ss.run()
 }

@@ -74,29 +74,44 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 
 // fill reads what src has. It returns the bytes read, (0, nil) at EOF, and
 // unix.EAGAIN when src has nothing to read; x then holds no buffer or pipe.
+// marked says an event for src carried RDHUP, HUP, ERR or PRI since src
+// was last found empty (half.hup).
 //
 // In splice mode the pipe is always empty here, so the socket side is the
 // only one that can make splice return EAGAIN or 0 (pitfall 4 of the spike):
-// EAGAIN is "no data" and 0 is EOF.
-func (x *xfer) fill(src int) (int, error) {
+// EAGAIN is "no data" and 0 is EOF, but for urgent data. Every socket has
+// SO_OOBINLINE (setNoDelay, setDialOpts), so an urgent byte is an ordinary
+// byte of the stream, which read(2) steps over; but splice (tcp_read_sock)
+// never passes the urgent mark: there it finds nothing, EAGAIN, or 0 once
+// the peer's FIN is in, with bytes still queued behind the mark. So a
+// splice's 0 is looked at again with a read (one syscall per direction's
+// end), and so is its EAGAIN once an event said urgent data (PRI sets
+// marked, and only the state of the socket can clear the mark).
+//
+// A splice asks for at most most bytes (no more than pipeSize).
+func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 	if x.splice {
 		if x.p == nil {
 			x.p = x.pipes.get()
 		}
 		if x.p != nil {
-			n, err := spliceRetry(src, x.p.w, pipeSize)
-			if err != nil || n == 0 {
-				x.pipes.put(x.p) // empty: the pipe was empty before this splice
-				x.p = nil
+			n, err := spliceRetry(src, x.p.w, most)
+			if err == nil && n > 0 {
+				x.p.n = n
+				if n < spliceMin && x.mode == copyAuto {
+					x.splice = false // small reads: back to the buffer once this is out
+				}
+				return n, nil
+			}
+			x.pipes.put(x.p) // empty: the pipe was empty before this splice
+			x.p = nil
+			if err != nil && (err != unix.EAGAIN || !marked) {
 				return 0, err
 			}
-			x.p.n = n
-			if n < spliceMin && x.mode == copyAuto {
-				x.splice = false // small reads: back to the buffer once this is out
-			}
-			return n, nil
+			// 0, or EAGAIN with urgent data: maybe at a mark; read to see.
 		}
-		// No pipe to be had (descriptors exhausted): copy through the buffer.
+		// No pipe to be had (descriptors exhausted), or a read to look past
+		// a mark: copy through the buffer.
 	}
 	if x.buf == nil {
 		x.buf = bufs.Get().(*[bufSize]byte)
@@ -232,12 +247,13 @@ type half struct {
 	n   int64 // bytes written to dst; the half's own, read by the session after both end
 	err error // what ended the half, nil for a clean EOF; set before the half ends
 
-	sfd, dfd int          // the descriptors it reads and writes
-	state    atomic.Int32 // stIdle, stRunning, stKicked or stDone
-	hup      atomic.Bool  // an event for src carried RDHUP, HUP or ERR
-	wantOut  atomic.Bool  // waiting for dst to take more: EPOLLOUT concerns this half
-	drained  bool         // the last fill was a short read: src was empty then
-	outArmed bool         // dst's registration has EPOLLOUT (only this half writes dst)
+	sfd, dfd int           // the descriptors it reads and writes
+	state    atomic.Int32  // stIdle, stRunning, stKicked or stDone
+	hup      atomic.Uint32 // events for src that carried RDHUP, HUP, ERR or PRI, counted
+	hupSeen  uint32        // hup as it was before the last read that found src empty
+	wantOut  atomic.Bool   // waiting for dst to take more: EPOLLOUT concerns this half
+	drained  bool          // the last fill was a short read: src was empty then
+	outArmed bool          // dst's registration has EPOLLOUT (only this half writes dst)
 }
 
 // count books n bytes written: the half's total, the backend's live

@@ -513,3 +513,44 @@ func testLoopsSuite(t *testing.T, loops int) {
 		t.Run(tt.name, func(t *testing.T) { tt.f(t, withLoops(loops)) })
 	}
 }
+
+// TestPipeTooSmall (S4): when F_SETPIPE_SZ fails and leaves the pipe
+// smaller than a pipe worth splicing through (two pages, over the
+// unprivileged pipe quota), the pool lends none and the direction copies
+// through its buffer; a pipe left at a size still worth it is lent.
+func TestPipeTooSmall(t *testing.T) {
+	testkit.CheckLeaks(t)
+	const invalid = 1<<31 + 4096 // F_SETPIPE_SZ: EINVAL, for root too; the pipe stays at 64 KiB
+	small := &pipePool{size: invalid, least: 1 << 20, max: 2}
+	if p := small.get(); p != nil {
+		t.Fatalf("a 64 KiB pipe lent where %d is the least", small.least)
+	}
+	if small.open.Load() != 0 || small.failedAt.Load() == 0 {
+		t.Errorf("after a pipe too small: %d open, failedAt %d; want 0 and set", small.open.Load(), small.failedAt.Load())
+	}
+	x := newXfer(small, copySplice)
+	r, w := socketPair(t)
+	unix.Write(w, []byte("hello"))
+	if n, err := x.fill(r, false, pipeSize); n != 5 || err != nil || x.buf == nil {
+		t.Errorf("fill with no pipe: %d, %v, buffer %v; want 5 bytes through the buffer", n, err, x.buf != nil)
+	}
+	x.release()
+	ok := &pipePool{size: invalid, least: pipeLeast, max: 2}
+	defer ok.closeIdle()
+	p := ok.get()
+	if p == nil {
+		t.Fatal("no pipe lent at the default size")
+	}
+	ok.put(p)
+}
+
+// socketPair is a connected pair of non-blocking stream sockets, closed when the test ends.
+func socketPair(t *testing.T) (int, int) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	return fds[0], fds[1]
+}

@@ -119,3 +119,40 @@ func (p *testProxy) dial(t testing.TB) *net.TCPConn {
 	t.Cleanup(func() { c.Close() })
 	return c.(*net.TCPConn)
 }
+
+// until polls cond until it holds or d has passed, and says which.
+func until(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// settle awaits the end of every session: no slot held, nothing active on
+// the backends, no pipe lent; then Close and Wait must return.
+func (p *testProxy) settle(t *testing.T, open int) {
+	t.Helper()
+	ok := until(10*time.Second, func() bool {
+		return p.srv.Conns() == open && p.svc.Targets[0].B.Stats().Active == int64(open) &&
+			p.srv.pipes.open.Load() == int64(p.srv.pipes.idleCount())
+	})
+	if !ok {
+		t.Errorf("after 10 s: %d slots held, %d active, %d pipes open (%d idle); want %d, %d, none lent",
+			p.srv.Conns(), p.svc.Targets[0].B.Stats().Active, p.srv.pipes.open.Load(), p.srv.pipes.idleCount(), open, open)
+	}
+}
+
+// waitReturns closes the Server and awaits Wait, bounded.
+func (p *testProxy) waitReturns(t *testing.T) {
+	t.Helper()
+	p.srv.Close()
+	done := make(chan struct{})
+	go func() { p.srv.Wait(); close(done) }() // exits when Wait returns
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Server.Wait did not return within 10 s")
+	}
+}

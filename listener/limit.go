@@ -21,6 +21,12 @@ import (
 // proxied connections: a tenth of the table, at least 128.
 func reserveFDs(nofile int) int { return max(128, nofile/10) }
 
+// pipeLimit is how many splice pipes may be open at once (lent or kept,
+// two descriptors each): half the reserve. A direction that finds none
+// copies through its buffer instead, so the pipes can never take the
+// descriptors a connection under the limit needs (its dial's socket).
+func pipeLimit(nofile int) int { return reserveFDs(nofile) / 4 }
+
 // connLimit is the number of connections a descriptor table of nofile
 // entries holds with the reserve kept; at least 1.
 func connLimit(nofile int) int { return max(1, (nofile-reserveFDs(nofile))/2) }

@@ -45,8 +45,11 @@ import (
 //   - after a read shorter than the buffer, the socket was empty then, and
 //     new bytes make a new edge, so the direction parks without the read that
 //     would return EAGAIN; unless an event for that socket carried
-//     RDHUP|HUP|ERR (flag set before the kick), since a FIN already queued
-//     behind the bytes read makes no new edge.
+//     RDHUP|HUP|ERR|PRI (counted before the kick) since a read last found
+//     it empty, since a FIN already queued behind the bytes read makes no
+//     new edge, and a read stops short at an urgent mark with bytes queued
+//     behind it. A stale event (an earlier use of the number) costs reads
+//     to EAGAIN until the next one.
 //
 // Descriptors are closed only by session.finish, once both directions are
 // done and nothing else (stop) is using them, after their table entries are
@@ -60,9 +63,13 @@ const (
 	stDone                 // ended; never runs again
 )
 
-// runBudget is how many fill/flush rounds a direction runs inline in the
-// loop before it continues in a goroutine of its own.
-const runBudget = 16
+// runBudget is how many bytes a direction moves inline in the loop, per
+// kick, before it continues in a goroutine of its own: a bound in bytes,
+// not in rounds, since a round of splice moves up to a pipe (1 MiB), and
+// sixteen of them held up every other session of the loop for
+// milliseconds. A round run inline splices at most this much. Sixteen
+// rounds of the buffer, as before for small messages.
+const runBudget = 16 * bufSize
 
 // loop is one epoll instance and the goroutine that waits on it.
 type loop struct {
@@ -127,6 +134,7 @@ func (lp *loop) run() {
 			}
 			for i := range n {
 				lp.dispatch(events[i])
+				seamAt(seamBatch, nil)
 			}
 			if n < len(events) {
 				return false
@@ -167,10 +175,10 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 		in, out = &ss.down, &ss.up
 	}
 	e := ev.Events
-	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		in.hup.Store(true) // before the kick: see the package comment
+	if e&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
+		in.hup.Add(1) // before the kick: see the package comment
 	}
-	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+	if e&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLPRI) != 0 {
 		in.kick()
 	}
 	if e&(unix.EPOLLHUP|unix.EPOLLERR) != 0 || e&unix.EPOLLOUT != 0 && out.wantOut.Load() {
@@ -179,7 +187,8 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 }
 
 // epollIn is what a socket is registered for; armOut adds EPOLLOUT.
-const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLET
+// EPOLLPRI: urgent data (MSG_OOB) came, and reads stop at its mark (copy.go).
+const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLPRI | unix.EPOLLET
 
 // armOut adds EPOLLOUT to fd's registration, the first time a write to it
 // would block: until then its output edges would only wake the loop for
@@ -210,55 +219,84 @@ func (lp *loop) register(fd int) error {
 	return err
 }
 
-// add registers both sockets of ss. On failure nothing stays registered.
-func (lp *loop) add(ss *session) error {
-	c, b := ss.clientFD, ss.backendFD
-	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
-		return unix.EBADF
-	}
-	lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
-	lp.tab[b].Store(ss)
-	if err := lp.register(c); err != nil {
-		lp.forget(ss)
-		return err
-	}
-	if err := lp.register(b); err != nil {
-		epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
-		lp.forget(ss)
-		return err
-	}
-	return nil
-}
-
 // forget unmaps both sockets of ss; it comes before they are closed, so a
-// descriptor number reused by a new session never maps to ss. Closing the
-// sockets removes them from the epoll.
+// descriptor number reused by a new session never maps to ss.
 func (lp *loop) forget(ss *session) {
-	lp.tab[ss.clientFD].CompareAndSwap(ss, nil)
-	lp.tab[ss.backendFD].CompareAndSwap(ss, nil)
+	if c := ss.clientFD; c >= 0 && c < len(lp.tab) {
+		lp.tab[c].CompareAndSwap(ss, nil)
+	}
+	if b := ss.backendFD; b >= 0 && b < len(lp.tab) {
+		lp.tab[b].CompareAndSwap(ss, nil)
+	}
 }
 
 // begin runs ss in lp: it registers both sockets, whose readiness, if any,
-// the epoll reports at once. On failure the session has not started.
-func (ss *session) begin(lp *loop) error {
-	ss.up.sfd, ss.up.dfd = ss.clientFD, ss.backendFD
-	ss.down.sfd, ss.down.dfd = ss.backendFD, ss.clientFD
+// the epoll reports at once. begin owns both halves (stRunning) until both
+// sockets are registered: an event for the client socket that comes
+// between the two registrations only marks its half kicked, and begin runs
+// each half that was kicked once both are in. A failure ends the session
+// through stop and release, as any other end, never by a direct finish:
+// the admission's count in live (newSession) keeps the descriptors owned
+// until every count is given back, once.
+func (ss *session) begin(lp *loop) {
+	c, b := ss.clientFD, ss.backendFD
+	ss.up.sfd, ss.up.dfd = c, b
+	ss.down.sfd, ss.down.dfd = b, c
 	ss.lp = lp
-	ss.live.Store(2)
+	ss.up.state.Store(stRunning)
+	ss.down.state.Store(stRunning)
+	ss.live.Add(2) // the halves; admission holds its own count until the end of begin
 	if ss.idle > 0 {
 		ss.last.Store(mono())
 		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
 		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
 		ss.timer.Reset(ss.idle)
 	}
-	err := lp.add(ss)
-	if err != nil {
-		if ss.timer != nil {
-			ss.timer.Stop()
+	var err error
+	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
+		err = unix.EBADF
+	} else {
+		lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
+		lp.tab[b].Store(ss)
+		if err = lp.register(c); err == nil {
+			if err = seamAt(seamRegistered, ss); err == nil {
+				err = lp.register(b)
+			}
+			if err != nil {
+				// Out before the descriptors are closed: a registration
+				// outlives close while another process holds the file.
+				epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
+			}
 		}
-		ss.live.Store(0)
 	}
-	return err
+	if err != nil {
+		ss.up.err = err
+		ss.failed.CompareAndSwap(0, 1)
+		ss.stop()
+		ss.up.abandon()
+		ss.down.abandon()
+	} else {
+		ss.up.own()
+		ss.down.own()
+	}
+	ss.release() // admission's count: the session is the halves' now
+}
+
+// own gives the half begin held to the event loop: parked, or run now if
+// an event came for it meanwhile.
+func (h *half) own() {
+	if h.state.CompareAndSwap(stRunning, stIdle) {
+		return
+	}
+	h.state.Store(stRunning) // kicked while begin held it
+	h.runParked(runBudget)
+}
+
+// abandon ends a half that begin held and that never ran.
+func (h *half) abandon() {
+	h.state.Store(stDone)
+	h.x.release()
+	h.ss.release()
 }
 
 // idleCheck runs when the idle timer fires: it stops the session if no
@@ -328,11 +366,13 @@ func (h *half) kick() {
 }
 
 // runParked runs the direction, which the caller owns (stRunning), until
-// it would block (it parks), ends, or has run budget rounds (it goes on in
-// a goroutine of its own); budget 0 is no limit.
+// it would block (it parks), ends, or has moved budget bytes (it goes on in
+// a goroutine of its own); budget 0 is no limit. The budget is the kick's,
+// runs again for kicks that came meanwhile included.
 func (h *half) runParked(budget int) {
+	left := budget
 	for {
-		switch r, err := h.step(budget); r {
+		switch r, err := h.step(budget, &left); r {
 		case stepDone:
 			h.state.Store(stDone)
 			h.ss.halfDone(h, err)
@@ -356,10 +396,15 @@ const (
 	stepMore                      // the budget is used up and there may be more
 )
 
-// step runs fill/flush rounds on the raw descriptors.
-func (h *half) step(budget int) (stepResult, error) {
+// step runs fill/flush rounds on the raw descriptors, taking the bytes
+// each fill brings in from *left, while any are left (budget 0: no limit).
+func (h *half) step(budget int, left *int) (stepResult, error) {
 	x := &h.x
-	for i := 0; budget == 0 || i < budget; i++ {
+	most := pipeSize // what one splice may bring in
+	if budget > 0 {
+		most = min(most, budget)
+	}
+	for budget == 0 || *left > 0 {
 		if h.ss.stopping.Load() {
 			return stepDone, nil
 		}
@@ -385,14 +430,19 @@ func (h *half) step(budget int) (stepResult, error) {
 			if err != nil {
 				return stepDone, err
 			}
-			if h.drained && !h.hup.Load() {
+			if h.drained && h.hup.Load() == h.hupSeen {
 				h.drained = false
 				return stepBlocked, nil
 			}
 		}
-		n, err := x.fill(h.sfd)
+		hup := h.hup.Load() // before the read: an event after it counts
+		n, err := x.fill(h.sfd, hup != h.hupSeen, most)
 		switch {
 		case err == unix.EAGAIN:
+			// src was empty: what the events counted so far said (a FIN,
+			// an urgent mark, or nothing, for a stale event of an earlier
+			// use of the number) has been read.
+			h.hupSeen = hup
 			return stepBlocked, nil
 		case err != nil:
 			return stepDone, err
@@ -400,6 +450,7 @@ func (h *half) step(budget int) (stepResult, error) {
 			return stepDone, nil // EOF
 		}
 		h.drained = x.buf != nil && n < bufSize
+		*left -= n
 	}
 	return stepMore, nil
 }

@@ -223,6 +223,12 @@ func writable(fd int) int {
 // connection is up or failed) or timeout passes, in one of s's loops. The
 // session later registers fd again for its own events, in whichever loop it
 // runs.
+//
+// A wake-up is looked at again (writable): an event harvested in a batch
+// for an earlier use of fd's number, closed meanwhile and its number given
+// to this socket, wakes the wait as well, and SO_ERROR is 0 in SYN_SENT.
+// While the connect is still in progress it waits again, in the same loop,
+// to the same deadline.
 func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 	lp, err := s.loop()
 	if err != nil {
@@ -233,7 +239,14 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 		deadline = time.Now().Add(timeout)
 	}
 	registered := false
-	return lp.await(fd, unix.EPOLLOUT, deadline, &registered)
+	for {
+		if err := lp.await(fd, unix.EPOLLOUT, deadline, &registered); err != nil {
+			return err
+		}
+		if writable(fd) != connPending {
+			return nil
+		}
+	}
 }
 
 // await waits until fd, a socket in no session, has one of events (or a
@@ -279,12 +292,16 @@ func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *boo
 }
 
 // setDialOpts gives a new socket to be connected what a Go net.Conn has
-// (TCP_NODELAY), pol's keepalive, and its user timeout, set before the
-// connect so that it bounds the handshake's retransmissions too. What a
-// new socket has already (keepalive off, the kernel's user timeout) is not
-// set again.
+// (TCP_NODELAY), SO_OOBINLINE (a backend's urgent byte stays in the stream,
+// as a client's does: setNoDelay), pol's keepalive, and its user timeout,
+// set before the connect so that it bounds the handshake's retransmissions
+// too. What a new socket has already (keepalive off, the kernel's user
+// timeout) is not set again.
 func setDialOpts(fd int, pol *Policy) error {
 	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return os.NewSyscallError("setsockopt", err)
+	}
+	if err := setsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
 		return os.NewSyscallError("setsockopt", err)
 	}
 	if ka := keepAliveFor(pol); ka.Idle > 0 { // a new socket has it off

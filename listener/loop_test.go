@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -247,4 +249,109 @@ func TestNoDelayInherited(t *testing.T) {
 	if lv == 0 || av == 0 {
 		t.Errorf("TCP_NODELAY: listening socket %d, accepted socket %d; want both set", lv, av)
 	}
+}
+
+// TestStaleEventDoesNotCompleteConnect (C3): an event for an earlier use
+// of a descriptor's number wakes a connect still in progress on it (as a
+// stale entry of a batch does, once its number is reused by the next
+// socket). The dial looks again and goes on waiting: it returns no socket
+// that is not connected, and connect_timeout still applies.
+func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
+	testkit.CheckLeaks(t)
+	_, addr := fullQueue(t)
+	p := newProxy(t, "rr", []testBackend{{"a", addr, 1}}, nil)
+	type result struct {
+		fd  int
+		err error
+	}
+	done := make(chan result, 1)
+	const timeout = 2 * time.Second
+	start := time.Now()
+	go func() { // exits when the dial returns: by connect_timeout at the latest
+		fd, err := p.srv.dial(&Policy{ConnectTimeout: timeout}, netip.MustParseAddrPort(addr), nil)
+		done <- result{fd, err}
+	}()
+	stale := 0
+	for range 3 { // each a wake-up a stale event would give
+		if !awaitDialWaiting(p.srv, 5*time.Second) {
+			break // the dial returned
+		}
+		for _, lp := range *p.srv.lps.Load() {
+			for fd := range lp.wait {
+				if lp.wait[fd].Load() != nil {
+					lp.dispatch(unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(fd)})
+					stale++
+				}
+			}
+		}
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(timeout + 10*time.Second):
+		t.Fatal("the dial did not return within its connect timeout and 10 s")
+	}
+	if r.err == nil {
+		closeFD(r.fd)
+		t.Fatalf("a connect in progress came back as connected after %v and %d stale events", time.Since(start), stale)
+	}
+	if !errors.Is(r.err, os.ErrDeadlineExceeded) {
+		t.Errorf("dial: %v; want the connect timeout", r.err)
+	}
+	if d := time.Since(start); d < timeout {
+		t.Errorf("dial returned after %v; want connect_timeout (%v)", d, timeout)
+	}
+	if stale == 0 {
+		t.Error("no stale event was delivered: the test proves nothing")
+	}
+}
+
+// TestStaleHupForgotten (S6): an event with RDHUP for an earlier use of a
+// client socket's number lands on the new session's direction, which
+// then distrusts its short reads; once a read has found the socket empty,
+// the direction trusts them again, and a real FIN later is still passed on.
+func TestStaleHupForgotten(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Echo)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withLoops(1))
+	c := p.dial(t)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	ping := func() {
+		t.Helper()
+		got := make([]byte, 4)
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping" {
+			t.Fatalf("echo %q, %v", got, err)
+		}
+	}
+	ping()
+	lp := (*p.srv.lps.Load())[0]
+	var ss *session
+	for i := range lp.tab {
+		if ss = lp.tab[i].Load(); ss != nil {
+			break
+		}
+	}
+	if ss == nil {
+		t.Fatal("no session in the loop")
+	}
+	parked := func() bool { return ss.up.state.Load() == stIdle }
+	if !until(10*time.Second, parked) {
+		t.Fatal("the upload direction did not park")
+	}
+	lp.dispatch(unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(ss.clientFD)}) // stale
+	ping()
+	if !until(10*time.Second, parked) {
+		t.Fatal("the upload direction did not park")
+	}
+	if ss.up.hup.Load() != ss.up.hupSeen { // parked: the state's CAS orders hupSeen's write before this read
+		t.Errorf("after the stale event and a read that found the socket empty: %d events, %d seen; want them equal", ss.up.hup.Load(), ss.up.hupSeen)
+	}
+	c.CloseWrite() // a real FIN, still passed on: the echo backend closes
+	if b, err := io.ReadAll(c); err != nil || len(b) != 0 {
+		t.Errorf("after the FIN: read %q, %v; want EOF", b, err)
+	}
+	p.settle(t, 0)
 }

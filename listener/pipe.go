@@ -28,8 +28,10 @@ func (p *pipe) close() {
 //
 // The pool belongs to a Server; Server.Wait closes the pipes it keeps.
 type pipePool struct {
-	size int // capacity asked for with F_SETPIPE_SZ; 0 = the kernel's default
-	max  int // empty pipes kept for reuse; more are closed
+	size  int   // capacity asked for with F_SETPIPE_SZ; 0 = the kernel's default
+	least int   // when F_SETPIPE_SZ fails, the capacity below which a pipe is not used; 0 = any
+	max   int   // empty pipes kept for reuse; more are closed
+	limit int64 // pipes open at once, lent or kept (limit.go); 0 = no limit
 
 	mu   sync.Mutex // protects idle
 	idle []*pipe
@@ -38,6 +40,18 @@ type pipePool struct {
 	lent     atomic.Uint64 // pipes lent so far
 	failedAt atomic.Int64  // mono() of the last pipe2 failure, 0 = none
 }
+
+// newPipePool is a Server's pool: pipes of pipeSize, at most limit open.
+func newPipePool(limit int) pipePool {
+	return pipePool{size: pipeSize, least: pipeLeast, max: min(pipesKept, limit), limit: int64(limit)}
+}
+
+// pipeLeast is the smallest pipe worth splicing through: the kernel's
+// default (16 pages). Over fs.pipe-user-pages-soft (an unprivileged user,
+// as under DynamicUser=, whose pipes add up to 64 MiB) a new pipe gets two
+// pages and F_SETPIPE_SZ fails; a splice through it moves at most 8 KiB,
+// half of what the buffer copies per syscall, so the buffer does better.
+const pipeLeast = 64 << 10
 
 // pipeRetry is how long the pool refuses to try pipe2 again after it failed
 // (EMFILE, ENFILE): meanwhile directions copy through their buffer.
@@ -58,18 +72,32 @@ func (pp *pipePool) get() *pipe {
 	if t := pp.failedAt.Load(); t != 0 && mono()-t < int64(pipeRetry) {
 		return nil
 	}
+	if n := pp.open.Add(1); pp.limit > 0 && n > pp.limit { // the pipes' share of the descriptors is used up
+		pp.open.Add(-1)
+		return nil
+	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+		pp.open.Add(-1)
 		pp.failedAt.Store(mono())
 		return nil
 	}
 	if pp.size > 0 {
-		// Failure leaves the pipe at its default size, which still works:
-		// F_SETPIPE_SZ fails once an unprivileged user's pipes add up to
-		// fs.pipe-user-pages-soft, or above fs.pipe-max-size.
-		_, _ = unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pp.size)
+		// F_SETPIPE_SZ fails above fs.pipe-max-size, which leaves the pipe
+		// at its default size, which still works; and once an unprivileged
+		// user's pipes add up to fs.pipe-user-pages-soft, which leaves it
+		// at two pages (pipeLeast): then the buffer, and pipe2 again after
+		// pipeRetry.
+		if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pp.size); err != nil && pp.least > 0 {
+			if sz, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETPIPE_SZ, 0); err != nil || sz < pp.least {
+				unix.Close(fds[0])
+				unix.Close(fds[1])
+				pp.open.Add(-1)
+				pp.failedAt.Store(mono())
+				return nil
+			}
+		}
 	}
-	pp.open.Add(1)
 	pp.lent.Add(1)
 	return &pipe{r: fds[0], w: fds[1]}
 }

@@ -100,7 +100,7 @@ func New(tbl Loader, log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
 		slots: make(chan struct{}, connLimit(nofile())),
-		pipes: pipePool{size: pipeSize, max: pipesKept}}
+		pipes: newPipePool(pipeLimit(nofile()))}
 }
 
 // Inherit offers a listening socket passed by the service manager. Prepare
@@ -143,17 +143,26 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 	return true
 }
 
-// setNoDelay sets TCP_NODELAY on a listening socket, which every socket
-// it accepts inherits (Linux copies it to each): no setsockopt per accept.
+// setNoDelay sets TCP_NODELAY and SO_OOBINLINE on a listening socket,
+// which every socket it accepts inherits (Linux copies both to each): no
+// setsockopt per accept. SO_OOBINLINE keeps a client's urgent byte
+// (MSG_OOB) in the stream, to be forwarded as an ordinary byte (copy.go).
+// A Multipath TCP socket (what Go's Listen makes by default) takes no
+// SO_OOBINLINE (EOPNOTSUPP): its connections keep the kernel's way, in
+// which an urgent byte is not part of the stream and is not forwarded, as
+// HAProxy and nginx do; the copy path steps over the mark either way.
 func setNoDelay(c syscall.RawConn) error {
 	var serr error
-	if err := c.Control(func(fd uintptr) { serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }); err != nil {
+	if err := c.Control(func(fd uintptr) {
+		if serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
+			serr = fmt.Errorf("set TCP_NODELAY: %w", serr)
+		} else if err := setsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && err != unix.EOPNOTSUPP {
+			serr = fmt.Errorf("set SO_OOBINLINE: %w", err)
+		}
+	}); err != nil {
 		return err
 	}
-	if serr != nil {
-		return fmt.Errorf("set TCP_NODELAY: %w", serr)
-	}
-	return nil
+	return serr
 }
 
 // setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.

@@ -51,7 +51,7 @@ type session struct {
 	idleFired atomic.Bool // the idle timer stopped the session
 	halfFired atomic.Bool // it did so as the half-close timeout
 
-	live     atomic.Int32 // halves still running, plus a stop shutting the sockets down
+	live     atomic.Int32 // admission until begin has registered both sockets, halves still running, and a stop shutting the sockets down
 	last     atomic.Int64 // mono() of the last byte written either way (idle or half-close timeout only)
 	first    atomic.Int32 // which half reached EOF first: 1 up, 2 down
 	failed   atomic.Int32 // which half ended with an error first: 1 up, 2 down
@@ -70,6 +70,7 @@ func newSession(s *Server, svc *sched.Service, pol *Policy, t *sched.Target, cli
 		idle: pol.IdleTimeout, halfClose: pol.HalfCloseTimeout}
 	ss.up = half{ss: ss, id: 1, x: newXfer(&s.pipes, s.mode)}
 	ss.down = half{ss: ss, id: 2, x: newXfer(&s.pipes, s.mode)}
+	ss.live.Store(1) // admission's: stop can shut a session down before it begins (begin)
 	return ss
 }
 
@@ -78,14 +79,13 @@ func newSession(s *Server, svc *sched.Service, pol *Policy, t *sched.Target, cli
 // reset.
 func (ss *session) run() {
 	lp, err := ss.srv.loop()
-	if err == nil {
-		err = ss.begin(lp)
-	}
 	if err != nil {
 		ss.up.err = err
 		ss.failed.Store(1)
-		ss.finish()
+		ss.release() // admission's count, the only one: finish
+		return
 	}
+	ss.begin(lp)
 }
 
 // Close makes both directions end now; the session then ends as drained.
