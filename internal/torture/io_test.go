@@ -1,0 +1,130 @@
+package torture
+
+import (
+	"errors"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// stall is a reader that stops reading for d once at bytes have come.
+type stall struct {
+	at int64
+	d  time.Duration
+}
+
+var (
+	errOwnReset = errors.New("reset by the harness, as planned")
+	errCorrupt  = errors.New("wrong bytes")
+)
+
+// readStream reads the stream into v until EOF, an error, the planned
+// reset (after rstAt bytes; -1 never) or the first wrong byte. slow reads
+// a few bytes at a time with pauses; st stalls once. It reports whether
+// the stream ended with a FIN.
+func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst *resetOnce, rng *rand.Rand) (eof bool, err error) {
+	buf := make([]byte, 32<<10)
+	for reads := 0; ; reads++ {
+		if st.d > 0 && v.n >= st.at {
+			time.Sleep(st.d)
+			st.d = 0
+		}
+		if rstAt >= 0 && v.n >= rstAt {
+			rst.reset()
+			return false, errOwnReset
+		}
+		k := len(buf)
+		if slow {
+			k = 1 + rng.IntN(256)
+			if reads%8 == 7 {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+		if rstAt >= 0 {
+			k = int(min(int64(k), rstAt-v.n))
+		}
+		n, err := r.Read(buf[:k])
+		v.write(buf[:n])
+		if v.bad != nil {
+			rst.reset() // the other end must not wait for a reader that left
+			return false, errCorrupt
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF):
+			return true, nil
+		case isTimeout(err):
+			return false, errStalled
+		default:
+			return false, err
+		}
+	}
+}
+
+// writeStream writes the stream's n bytes in writes of random sizes (tiny:
+// at most 64), sending one urgent byte (MSG_OOB, not part of the stream)
+// when oob bytes have gone (-1 never), and resetting the connection when
+// rstAt have (-1 never). A write that makes no progress for limit has
+// stalled.
+func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny bool, rst *resetOnce, rng *rand.Rand, limit time.Duration) (sent int64, crc uint32, err error) {
+	buf := make([]byte, 64<<10)
+	for {
+		if oob >= 0 && sent >= oob {
+			if err := sendOOB(c, limit); err != nil {
+				return sent, crc, err
+			}
+			oob = -1
+		}
+		if rstAt >= 0 && sent >= rstAt {
+			rst.reset()
+			return sent, crc, errOwnReset
+		}
+		if sent >= n {
+			return sent, crc, nil
+		}
+		k := int64(1 + rng.IntN(len(buf)))
+		if tiny {
+			k = int64(1 + rng.IntN(64))
+		}
+		k = min(k, n-sent)
+		if oob >= 0 {
+			k = min(k, oob-sent)
+		}
+		if rstAt >= 0 {
+			k = min(k, rstAt-sent)
+		}
+		fill(id, dir, sent, buf[:k])
+		c.SetWriteDeadline(time.Now().Add(limit))
+		w, err := c.Write(buf[:k])
+		crc = crc32.Update(crc, castagnoli, buf[:w])
+		sent += int64(w)
+		if err != nil {
+			if isTimeout(err) {
+				return sent, crc, errStalled
+			}
+			return sent, crc, err
+		}
+	}
+}
+
+// sendOOB sends one byte of TCP urgent data.
+func sendOOB(c *net.TCPConn, limit time.Duration) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	c.SetWriteDeadline(time.Now().Add(limit))
+	var serr error
+	err = rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), []byte{'!'}, unix.MSG_OOB, nil)
+		return serr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return serr
+}

@@ -1,0 +1,1255 @@
+package torture
+
+// TestTorture is the harness of issue 24: "a torture harness that would
+// have found all of the above". What it does, in one process:
+//
+//   - a configuration file in a temporary directory, run by reload.Manager
+//     on a listener.Server as main runs them, with services of every kind:
+//     plain; PROXY headers both ways (accept_proxy, proxy_protocol = "v2");
+//     two services routed by SNI on one address; server-speaks-first
+//     backends; idle and half-close timers; one whose backends are Cut in a
+//     loop; one whose listener reloads add and remove;
+//   - connections with seeded lifecycles (plan_test.go): 1 B to tens of
+//     MiB each way at once, half-close in both orders, resets from either
+//     side, slow and stalled readers on both sides, tiny writes, urgent
+//     bytes, PROXY v1 and v2;
+//   - meanwhile: Backend.Cut, backends killed (every connection reset) and
+//     restarted with on_down = "close" checks, operator drains, reloads
+//     (the file rewritten as editors do: a temporary file renamed) adding
+//     and removing backends and a listener, and hand-overs of every
+//     listening socket to a second Server (Export, Adopt), the first then
+//     draining, as `fulcrum upgrade` does between two processes;
+//   - every stream is a function of its connection's id (stream_test.go),
+//     checked byte by byte and checksummed at both ends. Allowed outcomes:
+//     byte-exact delivery both ways, or an end the harness caused (a reset
+//     it planned, a Cut, kill or removal of that backend, a timer it
+//     provoked); a byte of one connection on another is reported as
+//     FOREIGN BYTES, apart from any other failure;
+//   - at the end: no connection left on any side, Server.Conns, every
+//     backend's and service's counters at 0, Run (Shutdown, Server.Wait)
+//     back within a bound, exactly one access line per connection, the
+//     descriptors (pipes counted apart) and goroutines back to where they
+//     were.
+//
+// Reproduce: the seed is printed; FULCRUM_TORTURE_SEED=<seed> replays the
+// same plans and fault schedule (the interleaving is the machine's).
+// FULCRUM_TORTURE=<duration> runs that long instead of the short run, with
+// more connections at once. FULCRUM_TORTURE_STRICT=1 also fails on the
+// classes of failure listed in knownClasses (defects of issue 24 being
+// fixed on another branch); without it they are reported and logged.
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pires/go-proxyproto"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"fulcrum/backend"
+	"fulcrum/conf"
+	"fulcrum/internal/testkit"
+	"fulcrum/listener"
+	"fulcrum/reload"
+)
+
+// Failure classes, worst first.
+const (
+	classForeign   = "FOREIGN BYTES (a byte of one connection on another)"
+	classCorrupt   = "corrupt stream"
+	classDuplicate = "stream delivered twice"
+	classMisrouted = "misrouted"
+	classStalled   = "stalled (no byte for the stall limit)"
+	classTruncated = "truncated without cause (a clean FIN, bytes missing)"
+	classUrgent    = "stalled, truncated or reset after an urgent byte (MSG_OOB)"
+	classReset     = "reset without cause"
+	classRefused   = "refused on a stable listener"
+	classAccess    = "access lines"
+	classStuck     = "connection never ended"
+	classGauge     = "gauge not back to zero"
+	classWait      = "Run/Server.Wait did not return"
+	classFD        = "descriptors not back to baseline"
+	classLeak      = "goroutines left"
+	classHarness   = "harness"
+)
+
+var classOrder = []string{classForeign, classCorrupt, classDuplicate, classMisrouted, classUrgent, classStalled, classTruncated,
+	classReset, classRefused, classAccess, classStuck, classGauge, classWait, classFD, classLeak, classHarness}
+
+// knownClasses fail the test only with FULCRUM_TORTURE_STRICT=1: the marks
+// that issue 24's defects leave, found by this harness on main at a11a213
+// (see the report). Empty once those fixes are in.
+var knownClasses = map[string]bool{}
+
+// service is one service of the generated configuration.
+type service struct {
+	name     string
+	addr     string // its listen address
+	share    int    // of new connections
+	pp       bool   // clients send a PROXY header; backends get one
+	tls      bool   // routed by SNI (tlsa, tlsb share an address)
+	greet    bool   // backends speak first
+	timed    bool   // idle and half-close timers
+	dyn      bool   // reloads add and remove its listener
+	backends []*tbackend
+}
+
+type window struct{ from, to time.Time }
+
+type harness struct {
+	t          *testing.T
+	seed       uint64
+	dir, path  string
+	stallLimit time.Duration
+	huge       int64 // the largest stream
+	oob        bool
+	idleTimeout,
+	drainTimeout time.Duration
+
+	services  []*service // those clients pick from (tlsa stands for both tls services)
+	svc       map[string]*service
+	all       []*service
+	weightSum int
+	hellos    map[string][]byte
+	backends  map[string]*tbackend
+
+	log *sink
+	cur atomic.Pointer[instance]
+
+	mu       sync.Mutex // protects what follows
+	plans    map[uint64]*plan
+	cli      map[uint64]*cliResult
+	be       map[uint64]*beResult
+	fails    map[string][]string
+	notes    []string
+	disrupt  map[string][]window // backend name → when the harness (or fulcrum's on_down) ended its sessions
+	handover []time.Time
+	dynOff   []window
+	state    cfgState
+	counts   map[string]int // faults driven
+
+	anon   atomic.Int64 // backend connections with no stream (health checks, sessions cut before a byte)
+	nextID atomic.Uint64
+	live   atomic.Int64 // backend connections claimed and not done
+}
+
+// cfgState is what the chaos changes in the file.
+type cfgState struct {
+	p3, dyn, d1 bool
+	w1          int
+}
+
+type cliResult struct {
+	start, end time.Time
+	dialErr    error
+	upN        int64
+	upCRC      uint32
+	upErr      error
+	downN      int64
+	downCRC    uint32
+	downEOF    bool
+	downErr    error
+	bad        *mismatch
+	greetAcc   uint64
+}
+
+// instance is one Server and its Manager, as one fulcrum process has.
+type instance struct {
+	n      int
+	ptr    atomic.Pointer[listener.Snapshot]
+	srv    *listener.Server
+	m      *reload.Manager
+	cancel context.CancelFunc
+	done   chan error
+	took   atomic.Int64 // nanoseconds from cancel to Run's return
+}
+
+func envDuration(t *testing.T, name string) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
+
+func TestTorture(t *testing.T) {
+	leakOpt := goleak.IgnoreCurrent()
+	baseFDs, basePipes := countFDs(t)
+
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("FULCRUM_TORTURE_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("FULCRUM_TORTURE_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	run, conc := 25*time.Second, 300
+	huge := int64(24 << 20)
+	long := envDuration(t, "FULCRUM_TORTURE")
+	if long > 0 {
+		run, conc, huge = long, 800, 40<<20
+	}
+	if testkit.RaceEnabled && long == 0 {
+		conc = 200
+	}
+	strict := os.Getenv("FULCRUM_TORTURE_STRICT") == "1"
+	t.Logf("seed %d (reproduce: FULCRUM_TORTURE_SEED=%d); driving for %v, %d connections at once; strict %v", seed, seed, run, conc, strict)
+
+	h := &harness{t: t, seed: seed, dir: t.TempDir(), stallLimit: 30 * time.Second, huge: huge, oob: true,
+		idleTimeout: 3 * time.Second, drainTimeout: 8 * time.Second,
+		plans: map[uint64]*plan{}, cli: map[uint64]*cliResult{}, be: map[uint64]*beResult{},
+		fails: map[string][]string{}, disrupt: map[string][]window{}, counts: map[string]int{},
+		svc: map[string]*service{}, backends: map[string]*tbackend{}, hellos: map[string][]byte{}}
+	h.path = filepath.Join(h.dir, "fulcrum.toml")
+	h.log = &sink{h: h, access: map[string][]string{}, msgs: map[string]int{}}
+	h.setup()
+	inst, err := h.start(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cur.Store(inst)
+	insts := []*instance{inst}
+	var instMu sync.Mutex
+
+	began := time.Now()
+	deadline := began.Add(run)
+	stop := make(chan struct{})
+	var faults sync.WaitGroup
+	faults.Add(2)
+	go func() { defer faults.Done(); h.cutStorm(stop) }() // exits when stop is closed
+	go func() { // exits when stop is closed
+		defer faults.Done()
+		h.chaos(stop, deadline, func(i *instance) { instMu.Lock(); insts = append(insts, i); instMu.Unlock() })
+	}()
+	var clients sync.WaitGroup
+	for range conc {
+		clients.Add(1)
+		go func() { // exits at the deadline, after its last connection
+			defer clients.Done()
+			for time.Now().Before(deadline) {
+				h.client(h.newConn())
+			}
+		}()
+	}
+	if !waitGroup(&clients, h.stallLimit+90*time.Second) {
+		h.fail(classStuck, 0, "clients still running 2 minutes after the deadline")
+		h.dumpGoroutines()
+		t.FailNow()
+	}
+	driven := time.Since(began)
+	close(stop)
+	faults.Wait()
+	for _, b := range h.backends { // what the chaos killed comes back: the end state is all up
+		b.mu.Lock()
+		down := b.ln == nil
+		b.mu.Unlock()
+		if down {
+			b.start()
+		}
+	}
+	// Every backend connection must end: a session fulcrum left open would
+	// keep one forever.
+	if !poll(30*time.Second, func() bool { return h.live.Load() == 0 }) {
+		h.mu.Lock()
+		var open []string
+		for id, r := range h.be {
+			if r.end.IsZero() {
+				open = append(open, fmt.Sprintf("%d (%s)", id, r.backend))
+			}
+		}
+		h.mu.Unlock()
+		sort.Strings(open)
+		h.fail(classStuck, 0, fmt.Sprintf("%d backend connections still open 30s after every client ended: %s", len(open), head(open, 20)))
+	}
+	h.judge()
+	h.checkGauges(insts)
+	// Shut down as main does at SIGTERM: Run's Shutdown, then Server.Wait.
+	waited := true
+	for _, in := range insts {
+		if in.took.Load() == 0 {
+			in.stop()
+		}
+		select {
+		case <-in.waitDone():
+		case <-time.After(h.drainTimeout + 20*time.Second):
+			h.fail(classWait, 0, fmt.Sprintf("instance %d: Run did not return within %v of its cancel (Shutdown waits in Server.Wait for sessions that never end)", in.n, h.drainTimeout+20*time.Second))
+			waited = false
+		}
+	}
+	if !waited {
+		h.dumpGoroutines()
+	}
+	for _, b := range h.backends {
+		b.kill()
+		if !waitGroup(&b.wg, 10*time.Second) {
+			h.fail(classHarness, 0, "backend "+b.name+" handlers did not end")
+		}
+	}
+	if waited {
+		h.checkAccess()
+		h.checkFDs(baseFDs, basePipes)
+		if err := goleak.Find(leakOpt); err != nil {
+			h.fail(classLeak, 0, err.Error())
+		}
+	} else {
+		h.note("access lines, descriptors and goroutines not checked: an instance did not stop")
+	}
+	h.report(driven, insts, strict)
+}
+
+// setup starts the backends and writes the first configuration.
+func (h *harness) setup() {
+	t := h.t
+	free := func() string { return testkit.FreeAddr(t) }
+	add := func(s *service, names ...string) {
+		h.svc[s.name] = s
+		h.all = append(h.all, s)
+		for _, n := range names {
+			b := &tbackend{h: h, name: n, svc: s.name, addr: free(), idx: uint64(len(h.backends) + 1), greet: s.greet, pp: s.pp}
+			h.backends[n] = b
+			s.backends = append(s.backends, b)
+		}
+	}
+	tlsAddr := free()
+	for _, name := range []string{"a.torture.test", "b.torture.test"} {
+		h.hellos[name] = clientHello(t, name)
+	}
+	add(&service{name: "plain", addr: free(), share: 25}, "p0", "p1", "p2", "p3")
+	add(&service{name: "pp", addr: free(), share: 15, pp: true}, "q0", "q1")
+	add(&service{name: "tlsa", addr: tlsAddr, share: 15, tls: true}, "ta0", "ta1")
+	add(&service{name: "tlsb", addr: tlsAddr, tls: true}, "tb0", "tb1")
+	add(&service{name: "greet", addr: free(), share: 10, greet: true}, "g0", "g1")
+	add(&service{name: "timed", addr: free(), share: 10, timed: true}, "m0", "m1")
+	add(&service{name: "cut", addr: free(), share: 10}, "c0", "c1")
+	add(&service{name: "dyn", addr: free(), share: 10, dyn: true}, "d0", "d1")
+	for _, s := range h.all {
+		if s.share > 0 {
+			h.services = append(h.services, s)
+			h.weightSum += s.share
+		}
+		for _, b := range s.backends {
+			if s.tls {
+				b.hello = h.hellos[map[string]string{"tlsa": "a.torture.test", "tlsb": "b.torture.test"}[s.name]]
+			}
+			if err := b.start(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.state = cfgState{p3: true, dyn: true, d1: true, w1: 1}
+	h.write()
+	t.Cleanup(func() {
+		for _, b := range h.backends {
+			b.kill()
+		}
+	})
+}
+
+// clientHello returns the first flight of a TLS client for name.
+func clientHello(t *testing.T, name string) []byte {
+	var cc captureConn
+	tls.Client(&cc, &tls.Config{ServerName: name, InsecureSkipVerify: true}).Handshake()
+	if cc.b.Len() == 0 {
+		t.Fatal("no ClientHello captured")
+	}
+	return bytes.Clone(cc.b.Bytes())
+}
+
+type captureConn struct{ b bytes.Buffer }
+
+func (c *captureConn) Read([]byte) (int, error)         { return 0, io.EOF }
+func (c *captureConn) Write(p []byte) (int, error)      { return c.b.Write(p) }
+func (c *captureConn) Close() error                     { return nil }
+func (c *captureConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *captureConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *captureConn) SetDeadline(time.Time) error      { return nil }
+func (c *captureConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *captureConn) SetWriteDeadline(time.Time) error { return nil }
+
+// render is the configuration for state st.
+func (h *harness) render(st cfgState) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `[log]
+format = "json"
+access = true
+[reload]
+debounce = "30ms"
+resolve_interval = "0s"
+[defaults]
+retries = 2
+connect_timeout = "2s"
+drain_timeout = %q
+on_down = "close"
+[defaults.health]
+check = "tcp"
+interval = "400ms"
+timeout = "400ms"
+rise = 1
+fall = 1
+`, h.drainTimeout.String())
+	for _, s := range h.all {
+		if s.dyn && !st.dyn {
+			continue
+		}
+		fmt.Fprintf(&b, "\n[services.%s]\nlisten = [%q]\n", s.name, s.addr)
+		switch {
+		case s.pp:
+			b.WriteString("accept_proxy = [\"127.0.0.0/8\"]\nproxy_protocol = \"v2\"\n")
+		case s.name == "tlsa":
+			b.WriteString("sni = [\"a.torture.test\"]\n")
+		case s.name == "tlsb":
+			b.WriteString("sni = [\"b.torture.test\"]\n")
+		case s.timed:
+			fmt.Fprintf(&b, "idle_timeout = %q\nhalf_close_timeout = %q\n", h.idleTimeout.String(), h.idleTimeout.String())
+		}
+		for _, be := range s.backends {
+			if be.name == "p3" && !st.p3 || be.name == "d1" && !st.d1 {
+				continue
+			}
+			w := 1
+			if be.name == "p1" {
+				w = st.w1
+			}
+			fmt.Fprintf(&b, "[[services.%s.backends]]\nname = %q\naddress = %q\nweight = %d\n", s.name, be.name, be.addr, w)
+		}
+	}
+	return b.String()
+}
+
+// write replaces the file as editors do: a temporary file, renamed over it.
+func (h *harness) write() {
+	tmp := h.path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(h.render(h.state)), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.path); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// start runs a Server and Manager on the file, as main does; with exp, the
+// Server first adopts those sockets (a binary upgrade's new process).
+func (h *harness) start(exp []listener.Exported) (*instance, error) {
+	cfg, err := conf.Load(h.path)
+	if err != nil {
+		return nil, err
+	}
+	in := &instance{done: make(chan error, 1)}
+	log := zerolog.New(h.log).With().Timestamp().Logger()
+	in.srv = listener.New(&in.ptr, log)
+	for _, e := range exp {
+		l, err := net.FileListener(e.File)
+		e.File.Close()
+		if err != nil {
+			return nil, err
+		}
+		in.srv.Adopt(e.Key, l.(*net.TCPListener))
+	}
+	in.m = reload.New(h.path, &in.ptr, in.srv, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	in.cancel = cancel
+	go func() { in.done <- in.m.Run(ctx, cfg) }() // exits when stop cancels ctx, after Shutdown and Server.Wait
+	if !poll(10*time.Second, func() bool { return in.m.Table() != nil }) {
+		cancel()
+		return nil, fmt.Errorf("the first configuration was not applied within 10s: %s", in.m.Status().LastError)
+	}
+	in.srv.CloseUnadopted() // as main does once it serves
+	return in, nil
+}
+
+// stop cancels the instance's Run and times its return in the background.
+func (in *instance) stop() {
+	t0 := time.Now()
+	in.cancel()
+	in.took.Store(-1)
+	go func() { // exits when Run returns
+		err := <-in.done
+		in.took.Store(int64(time.Since(t0)))
+		in.done <- err
+	}()
+}
+
+// waitDone returns a channel closed once Run has returned after stop.
+func (in *instance) waitDone() <-chan struct{} {
+	c := make(chan struct{})
+	go func() { // exits when Run has returned, or with the test binary
+		for in.took.Load() <= 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(c)
+	}()
+	return c
+}
+
+// newConn makes the next connection's plan.
+func (h *harness) newConn() *plan {
+	id := h.nextID.Add(1)
+	p := h.newPlan(id)
+	h.mu.Lock()
+	h.plans[id] = p
+	h.mu.Unlock()
+	return p
+}
+
+func (h *harness) plan(id uint64) *plan {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.plans[id]
+}
+
+// claim records that a backend got the stream of id; a second backend
+// getting it is a duplicate.
+func (h *harness) claim(id uint64, r *beResult) bool {
+	h.mu.Lock()
+	prev := h.be[id]
+	if prev == nil {
+		h.be[id] = r
+	}
+	h.mu.Unlock()
+	if prev != nil {
+		h.fail(classDuplicate, id, fmt.Sprintf("backend %s got the stream of connection %d, which %s had already", r.backend, id, prev.backend))
+		return false
+	}
+	h.live.Add(1)
+	return true
+}
+
+func (h *harness) beDone(id uint64, r *beResult) {
+	h.mu.Lock()
+	r.end = time.Now()
+	h.mu.Unlock()
+	h.live.Add(-1)
+}
+
+func (h *harness) fail(class string, id uint64, msg string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if id != 0 {
+		msg = fmt.Sprintf("conn %d: %s", id, msg)
+	}
+	h.fails[class] = append(h.fails[class], msg)
+}
+
+func (h *harness) note(msg string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.notes) < 100 {
+		h.notes = append(h.notes, msg)
+	}
+}
+
+func (h *harness) count(what string, n int) {
+	h.mu.Lock()
+	h.counts[what] += n
+	h.mu.Unlock()
+}
+
+func (h *harness) disrupted(name string, from, to time.Time) {
+	h.mu.Lock()
+	h.disrupt[name] = append(h.disrupt[name], window{from, to})
+	h.mu.Unlock()
+}
+
+// client plays the client's side of p.
+func (h *harness) client(p *plan) {
+	cr := &cliResult{start: time.Now()}
+	defer func() {
+		cr.end = time.Now()
+		h.mu.Lock()
+		h.cli[p.id] = cr
+		h.mu.Unlock()
+	}()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: p.localIP.AsSlice()}, Timeout: 10 * time.Second}
+	nc, err := d.Dial("tcp", p.svc.addr)
+	if err != nil {
+		cr.dialErr = err
+		return
+	}
+	c := nc.(*net.TCPConn)
+	defer c.Close()
+	rst := &resetOnce{c: c}
+	var pre []byte
+	if p.svc.pp {
+		hdr := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: p.clientIP.AsSlice(), Port: 1024 + int(p.id%60000)}, c.RemoteAddr())
+		if p.ppV1 {
+			hdr.Version = 1
+		}
+		pre, _ = hdr.Format()
+	}
+	pre = append(pre, p.hello...)
+	if len(pre) > 0 {
+		c.SetWriteDeadline(time.Now().Add(h.stallLimit))
+		if _, err := c.Write(pre); err != nil {
+			cr.upErr = err
+			return
+		}
+	}
+	downDone := make(chan struct{})
+	go func() { // exits at the down stream's end or error: the reader
+		defer close(downDone)
+		r := deadlineReader{c, h.stallLimit}
+		if p.svc.greet {
+			var g [greetLen]byte
+			if _, err := io.ReadFull(r, g[:]); err != nil {
+				cr.downErr = err
+				return
+			}
+			acc, dir, idx, ok := parseChunk(g[:])
+			if !ok || dir != dirGreet || idx != 0 {
+				cr.bad = &mismatch{what: fmt.Sprintf("the greeting is no greeting: % x", g[:32])}
+				rst.reset()
+				return
+			}
+			gv := newVerifier(acc, dirGreet)
+			gv.write(g[:])
+			if gv.bad != nil {
+				cr.bad = gv.bad
+				rst.reset()
+				return
+			}
+			cr.greetAcc = acc
+		}
+		v := newVerifier(p.id, dirDown)
+		cr.downEOF, cr.downErr = readStream(r, v, p.cliSlow, p.cliStall, p.rstClientDown, rst, p.rng(2))
+		cr.downN, cr.downCRC = v.n, v.crc
+		if v.bad != nil {
+			cr.bad = v.bad
+		}
+	}()
+	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), h.stallLimit)
+	if cr.upErr == nil {
+		if p.order == backendFirst {
+			<-downDone
+		}
+		if !rst.done() {
+			c.CloseWrite()
+		}
+	}
+	<-downDone
+}
+
+// cutStorm calls Cut on the cut service's backends in a loop, as
+// on_down = "close" does, until stop is closed.
+func (h *harness) cutStorm(stop <-chan struct{}) {
+	n := 0
+	defer func() { h.count("Backend.Cut calls (cut service, in a loop)", n) }()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		t := h.cur.Load().m.Table()
+		if s := t.Service("cut"); s != nil {
+			for _, tg := range s.Targets {
+				tg.B.Cut()
+				n++
+			}
+		}
+		if i%64 == 63 {
+			time.Sleep(time.Millisecond)
+		} else {
+			runtime.Gosched()
+		}
+	}
+}
+
+// chaos drives the faults until stop is closed: Cut, kill and restart,
+// operator drains, reloads and hand-overs.
+func (h *harness) chaos(stop <-chan struct{}, deadline time.Time, adopted func(*instance)) {
+	r := rand.New(rand.NewPCG(h.seed, 0xc4a05))
+	var kills sync.WaitGroup
+	defer kills.Wait()
+	killed := map[string]bool{}
+	var killMu sync.Mutex
+	began := time.Now()
+	every := max(10*time.Second, (deadline.Sub(began))/3)
+	nextHandover := began.Add(every)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(50+r.IntN(250)) * time.Millisecond):
+		}
+		if time.Now().After(nextHandover) && time.Now().Before(deadline.Add(-3*time.Second)) {
+			nextHandover = nextHandover.Add(every)
+			h.handOver(adopted)
+			continue
+		}
+		stable := []string{"plain", "pp", "tlsa", "tlsb", "greet", "timed", "dyn"}
+		s := h.svc[stable[r.IntN(len(stable))]]
+		b := s.backends[r.IntN(len(s.backends))]
+		switch x := r.IntN(100); {
+		case x < 35: // what on_down = "close" does, at a random moment
+			if tb := h.cur.Load().m.Table().Service(s.name); tb != nil {
+				for _, tg := range tb.All() {
+					if tg.B.Name == b.name {
+						now := time.Now()
+						tg.B.Cut()
+						h.disrupted(b.name, now, time.Now())
+						h.count("Backend.Cut of a random backend", 1)
+					}
+				}
+			}
+		case x < 50: // the backend dies (every connection reset) and returns
+			killMu.Lock()
+			up := 0
+			for _, o := range s.backends {
+				if !killed[o.name] {
+					up++
+				}
+			}
+			if killed[b.name] || up < 2 {
+				killMu.Unlock()
+				continue
+			}
+			killed[b.name] = true
+			killMu.Unlock()
+			from := time.Now()
+			b.kill()
+			h.count("backend killed and restarted", 1)
+			down := time.Duration(200+r.IntN(1300)) * time.Millisecond
+			kills.Add(1)
+			go func() { // exits once the backend listens again
+				defer kills.Done()
+				time.Sleep(down)
+				for i := 0; b.start() != nil && i < 100; i++ {
+					time.Sleep(20 * time.Millisecond)
+				}
+				// on_down's Cut follows the check (interval 400ms, fall 1).
+				h.disrupted(b.name, from, time.Now().Add(time.Second))
+				killMu.Lock()
+				delete(killed, b.name)
+				killMu.Unlock()
+			}()
+		case x < 62: // an operator drains it (sessions run on), then lets it go
+			m := h.cur.Load().m
+			if ok, _ := m.SetOverride(s.name, b.name, backend.Drain, "torture"); ok {
+				h.count("operator drain and undrain", 1)
+				time.Sleep(time.Duration(100+r.IntN(400)) * time.Millisecond)
+				m.SetOverride(s.name, b.name, backend.Ready, "torture")
+			}
+		default: // a reload
+			h.mu.Lock()
+			st := h.state
+			h.mu.Unlock()
+			now := time.Now()
+			var what string
+			switch r.IntN(4) {
+			case 0:
+				st.p3 = !st.p3
+				what = "reload: backend p3 removed or added"
+				h.disrupted("p3", now, now.Add(h.drainTimeout+2*time.Second))
+			case 1:
+				st.dyn = !st.dyn
+				what = "reload: service dyn (its listener) removed or added"
+				h.mu.Lock()
+				h.dynOff = append(h.dynOff, window{now.Add(-time.Second), now.Add(time.Second)})
+				h.mu.Unlock()
+				for _, o := range h.svc["dyn"].backends {
+					h.disrupted(o.name, now, now.Add(h.drainTimeout+2*time.Second))
+				}
+			case 2:
+				st.d1 = !st.d1
+				what = "reload: backend d1 removed or added"
+				h.disrupted("d1", now, now.Add(h.drainTimeout+2*time.Second))
+			case 3:
+				st.w1 = 1 + r.IntN(4)
+				what = "reload: weight of p1 changed"
+			}
+			if st == h.state { // the same file: no reload to wait for
+				continue
+			}
+			h.reload(st)
+			h.count(what, 1)
+		}
+	}
+}
+
+// reload writes st and waits for the current instance to apply it.
+func (h *harness) reload(st cfgState) {
+	in := h.cur.Load()
+	gen := in.m.Table().Gen
+	h.mu.Lock()
+	h.state = st
+	h.mu.Unlock()
+	h.write()
+	if !poll(10*time.Second, func() bool { return in.m.Table().Gen > gen }) {
+		h.fail(classHarness, 0, fmt.Sprintf("a reload was not applied within 10s (generation %d; last error %q)", gen, in.m.Status().LastError))
+	}
+}
+
+// handOver gives every listening socket to a new instance, which adopts
+// them, and stops the old one, which drains: `fulcrum upgrade` within one
+// process.
+func (h *harness) handOver(adopted func(*instance)) {
+	old := h.cur.Load()
+	exp, err := old.srv.Export()
+	if err != nil {
+		h.fail(classHarness, 0, "Export: "+err.Error())
+		return
+	}
+	in, err := h.start(exp)
+	if err != nil {
+		h.fail(classHarness, 0, "the new instance: "+err.Error())
+		return
+	}
+	in.n = old.n + 1
+	adopted(in)
+	h.cur.Store(in)
+	now := time.Now()
+	h.mu.Lock()
+	h.handover = append(h.handover, now)
+	h.mu.Unlock()
+	old.stop()
+	h.count("hand-over of the listening sockets to a new Server", 1)
+}
+
+// excused reports why p's stream may have ended early, or "".
+func (h *harness) excused(p *plan, cr *cliResult, br *beResult) string {
+	if p.faulty() {
+		return "planned"
+	}
+	if p.svc.name == "cut" {
+		return "cut service"
+	}
+	from, to := cr.start.Add(-time.Second), cr.end.Add(time.Second)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	names := []string{}
+	if br != nil {
+		names = append(names, br.backend)
+	} else {
+		for _, b := range p.svc.backends {
+			names = append(names, b.name)
+		}
+	}
+	for _, n := range names {
+		for _, w := range h.disrupt[n] {
+			if !w.from.After(to) && !w.to.Before(from) {
+				return "backend " + n + " disrupted"
+			}
+		}
+	}
+	for _, t := range h.handover {
+		if cr.start.Before(t) && cr.end.After(t.Add(h.drainTimeout-time.Second)) {
+			return "drained at a hand-over"
+		}
+	}
+	return ""
+}
+
+// judge checks every connection's outcome at both ends.
+func (h *harness) judge() {
+	h.mu.Lock()
+	ids := make([]uint64, 0, len(h.cli))
+	for id := range h.cli {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		h.mu.Lock()
+		p, cr, br := h.plans[id], h.cli[id], h.be[id]
+		open := br != nil && br.end.IsZero()
+		h.mu.Unlock()
+		if open { // reported as stuck; its fields are still being written
+			h.count("connections", 1)
+			continue
+		}
+		h.judgeOne(p, cr, br)
+	}
+}
+
+func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
+	id := p.id
+	h.count("connections", 1)
+	h.count("connections to "+p.svc.name, 1)
+	if cr.dialErr != nil {
+		if p.svc.dyn {
+			h.count("refused at connect (dyn, its listener removed)", 1)
+			return
+		}
+		h.fail(classRefused, id, fmt.Sprintf("dial %s (%s): %v", p.svc.addr, p.svc.name, cr.dialErr))
+		return
+	}
+	for _, m := range []struct {
+		dir string
+		m   *mismatch
+	}{{"down (at the client)", cr.bad}, {"up (at the backend)", beBad(br)}} {
+		if m.m == nil {
+			continue
+		}
+		class := classCorrupt
+		if m.m.foreign != 0 {
+			class = classForeign
+		}
+		h.fail(class, id, fmt.Sprintf("%s, %s: at offset %d, %s", p.svc.name, m.dir, m.m.off, m.m.what))
+	}
+	if br != nil {
+		for _, pr := range br.problems {
+			h.fail(classMisrouted, id, pr)
+		}
+		if p.svc.greet && cr.greetAcc != 0 && cr.greetAcc != br.accept {
+			h.fail(classForeign, id, fmt.Sprintf("the greeting came from accept %#x, but the stream reached accept %#x (%s)", cr.greetAcc, br.accept, br.backend))
+		}
+		if br.upN == cr.upN && br.upCRC != cr.upCRC || br.downN == cr.downN && br.downCRC != cr.downCRC {
+			h.fail(classCorrupt, id, "checksums differ at equal lengths")
+		}
+		h.count("bytes up", int(br.upN))
+		h.count("bytes down", int(cr.downN))
+	}
+	exact := br != nil && br.upN == p.up && br.upEOF && cr.downN == p.down && cr.downEOF && cr.bad == nil && br.bad == nil
+	stalled := cr.downErr == errStalled || cr.upErr == errStalled || br != nil && (br.upErr == errStalled || br.downErr == errStalled)
+	urgent := p.cliOOB >= 0 || p.beOOB >= 0
+	if stalled {
+		class := classStalled
+		if urgent {
+			class = classUrgent
+		}
+		h.fail(class, id, h.describe(p, cr, br))
+	}
+	if exact {
+		h.count("delivered byte-exact both ways", 1)
+		return
+	}
+	if why := h.excused(p, cr, br); why != "" {
+		h.count("ended early, as the harness caused ("+why+")", 1)
+		return
+	}
+	if p.svc.dyn && br == nil && cr.downN == 0 {
+		h.count("not served (dyn, its listener removed)", 1)
+		return
+	}
+	if stalled || cr.bad != nil || beBad(br) != nil {
+		return // reported
+	}
+	reset := isReset(cr.downErr) || isReset(cr.upErr) || br != nil && (isReset(br.upErr) || isReset(br.downErr))
+	if urgent {
+		h.fail(classUrgent, id, h.describe(p, cr, br))
+		return
+	}
+	if reset {
+		h.fail(classReset, id, h.describe(p, cr, br))
+		return
+	}
+	h.fail(classTruncated, id, h.describe(p, cr, br))
+}
+
+func beBad(br *beResult) *mismatch {
+	if br == nil {
+		return nil
+	}
+	return br.bad
+}
+
+func isReset(err error) bool {
+	return err != nil && err != errOwnReset && err != errStalled && err != errCorrupt
+}
+
+func (h *harness) describe(p *plan, cr *cliResult, br *beResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, order %d", p.svc.name, p.order)
+	if p.cliOOB >= 0 {
+		fmt.Fprintf(&b, ", client urgent byte after %d", p.cliOOB)
+	}
+	if p.beOOB >= 0 {
+		fmt.Fprintf(&b, ", backend urgent byte after %d", p.beOOB)
+	}
+	if p.cliSlow || p.beSlow {
+		fmt.Fprintf(&b, ", slow readers client %v backend %v", p.cliSlow, p.beSlow)
+	}
+	if p.cliStall.d > 0 || p.beStall.d > 0 {
+		fmt.Fprintf(&b, ", stalls client %v@%d backend %v@%d", p.cliStall.d, p.cliStall.at, p.beStall.d, p.beStall.at)
+	}
+	fmt.Fprintf(&b, "; client sent %d/%d (%v), got %d/%d (eof %v, %v)", cr.upN, p.up, cr.upErr, cr.downN, p.down, cr.downEOF, cr.downErr)
+	if br == nil {
+		b.WriteString("; no backend got its id")
+	} else {
+		fmt.Fprintf(&b, "; backend %s got %d/%d (eof %v, %v), sent %d (%v)", br.backend, br.upN, p.up, br.upEOF, br.upErr, br.downN, br.downErr)
+	}
+	fmt.Fprintf(&b, "; %v, access: %s", cr.end.Sub(cr.start).Round(time.Millisecond), strings.Join(h.log.lines(keyOf(p.clientIP)), " | "))
+	return b.String()
+}
+
+// checkGauges waits for every counter of a connection to be back at 0.
+func (h *harness) checkGauges(insts []*instance) {
+	var last string
+	ok := poll(15*time.Second, func() bool {
+		var bad []string
+		for _, in := range insts {
+			if n := in.srv.Conns(); n != 0 {
+				bad = append(bad, fmt.Sprintf("instance %d Server.Conns %d", in.n, n))
+			}
+			t := in.m.Table()
+			if t == nil {
+				continue
+			}
+			for _, s := range t.Services {
+				if g := s.Group.Stats(); g.Active != 0 || g.Waiting != 0 {
+					bad = append(bad, fmt.Sprintf("instance %d service %s slots %d waiting %d", in.n, s.Name, g.Active, g.Waiting))
+				}
+				if hs := s.Group.HoldStats(); hs.Holding != 0 {
+					bad = append(bad, fmt.Sprintf("instance %d service %s holding %d", in.n, s.Name, hs.Holding))
+				}
+				for _, tg := range s.All() {
+					if a := tg.B.Active(); a != 0 {
+						bad = append(bad, fmt.Sprintf("instance %d backend %s active %d", in.n, tg.B.Name, a))
+					}
+				}
+			}
+		}
+		last = strings.Join(bad, "; ")
+		return len(bad) == 0
+	})
+	if !ok {
+		h.fail(classGauge, 0, "15s after the last connection ended: "+last)
+	}
+}
+
+// checkAccess holds the access log to exactly one line per connection.
+func (h *harness) checkAccess() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	known := map[string]bool{}
+	for id, p := range h.plans {
+		k := keyOf(p.clientIP)
+		known[k] = true
+		lines := h.log.lines(k)
+		cr := h.cli[id]
+		switch {
+		case len(lines) > 1:
+			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("conn %d (%s): %d access lines: %s", id, p.svc.name, len(lines), strings.Join(lines, " | ")))
+		case len(lines) == 0 && cr != nil && cr.dialErr == nil && !(p.svc.dyn && h.be[id] == nil):
+			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("conn %d (%s): no access line", id, p.svc.name))
+		}
+	}
+	for k, lines := range h.log.snapshot() {
+		if !known[k] {
+			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("%d access lines for client %s, no connection of the harness's: %s", len(lines), k, strings.Join(lines, " | ")))
+		}
+	}
+}
+
+// countFDs counts this process's descriptors, and the pipes among them.
+func countFDs(t *testing.T) (all, pipes int) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); strings.HasPrefix(l, "pipe:") {
+			pipes++
+		}
+	}
+	return len(ents), pipes
+}
+
+func (h *harness) checkFDs(base, basePipes int) {
+	var n, p int
+	if !poll(15*time.Second, func() bool {
+		runtime.GC()
+		n, p = countFDs(h.t)
+		return n <= base && p <= basePipes
+	}) {
+		h.fail(classFD, 0, fmt.Sprintf("%d descriptors open (%d pipes); %d at the start (%d pipes)", n, p, base, basePipes))
+	}
+}
+
+func (h *harness) dumpGoroutines() {
+	f, err := os.CreateTemp("", fmt.Sprintf("torture-%d-goroutines-*.txt", h.seed))
+	if err != nil {
+		return
+	}
+	pprof.Lookup("goroutine").WriteTo(f, 2)
+	f.Close()
+	h.note("goroutine dump: " + f.Name())
+}
+
+// report logs what was driven and found, and fails the test on every class
+// of failure (those in knownClasses only when strict).
+func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
+	t := h.t
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "torture run, seed %d: driven for %v\n", h.seed, driven.Round(time.Millisecond))
+	keys := make([]string, 0, len(h.counts))
+	for k := range h.counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %-62s %d\n", k, h.counts[k])
+	}
+	var planned [6]int
+	for _, p := range h.plans {
+		if p.rstClientDown >= 0 {
+			planned[0]++
+		}
+		if p.rstBackendUp >= 0 || p.rstBackendDown >= 0 {
+			planned[1]++
+		}
+		if p.cliOOB >= 0 || p.beOOB >= 0 {
+			planned[2]++
+		}
+		if p.cliStall.d > 0 || p.beStall.d > 0 {
+			planned[3]++
+		}
+		if p.cliSlow || p.beSlow {
+			planned[4]++
+		}
+		if p.up >= 8<<20 || p.down >= 8<<20 {
+			planned[5]++
+		}
+	}
+	fmt.Fprintf(&b, "  planned: client resets %d, backend resets %d, urgent bytes %d, stalls %d, slow readers %d, streams of 8 MiB or more %d\n",
+		planned[0], planned[1], planned[2], planned[3], planned[4], planned[5])
+	fmt.Fprintf(&b, "  backend connections with no stream (health checks, cut before a byte): %d\n", h.anon.Load())
+	for _, in := range insts {
+		fmt.Fprintf(&b, "  instance %d: Run returned %v after its cancel\n", in.n, time.Duration(in.took.Load()).Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "  log lines by message: %v\n", h.log.msgCounts())
+	for _, n := range h.notes {
+		fmt.Fprintf(&b, "  note: %s\n", n)
+	}
+	t.Log(b.String())
+	for _, c := range classOrder {
+		fs := h.fails[c]
+		if len(fs) == 0 {
+			continue
+		}
+		msg := fmt.Sprintf("%s: %d (seed %d)\n  %s", c, len(fs), h.seed, strings.Join(head(fs, 12), "\n  "))
+		if knownClasses[c] && !strict {
+			t.Logf("KNOWN (issue 24, not failing without FULCRUM_TORTURE_STRICT=1): %s", msg)
+			continue
+		}
+		t.Error(msg)
+	}
+}
+
+func head(s []string, n int) []string {
+	if len(s) > n {
+		return append(slices.Clone(s[:n]), fmt.Sprintf("... and %d more", len(s)-n))
+	}
+	return s
+}
+
+// poll waits for cond, checking every 20ms, for at most d.
+func poll(d time.Duration, cond func() bool) bool {
+	end := time.Now().Add(d)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
+	c := make(chan struct{})
+	go func() { wg.Wait(); close(c) }() // exits when the group is done, or with the test binary
+	select {
+	case <-c:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// sink is the zerolog writer of both instances: it keeps the access lines
+// by client address, and records on_down's cuts as disruptions.
+type sink struct {
+	h      *harness
+	mu     sync.Mutex // protects access and msgs
+	access map[string][]string
+	msgs   map[string]int
+}
+
+func (s *sink) Write(p []byte) (int, error) {
+	var m struct {
+		Level, Message, Client, Backend, End, Error, Service string
+		Closed                                               int `json:"closed_at_deadline"`
+	}
+	if err := json.Unmarshal(p, &m); err != nil {
+		return len(p), nil
+	}
+	s.mu.Lock()
+	s.msgs[m.Message]++
+	if m.Message == "connection" {
+		k := m.Client
+		if ap, err := netip.ParseAddrPort(m.Client); err == nil {
+			k = keyOf(ap.Addr())
+		}
+		line := "end=" + m.End
+		if m.Backend != "" {
+			line += " backend=" + m.Backend
+		}
+		if m.Error != "" {
+			line += " error=" + strconv.Quote(m.Error)
+		}
+		s.access[k] = append(s.access[k], line)
+	}
+	s.mu.Unlock()
+	now := time.Now()
+	switch {
+	case m.Message == "sessions cut (on_down = close)", m.Message == "backend down":
+		s.h.disrupted(m.Backend, now.Add(-time.Second), now)
+	case m.Message == "backend drained" && m.Closed > 0:
+		s.h.disrupted(m.Backend, now.Add(-time.Second), now)
+	}
+	return len(p), nil
+}
+
+func (s *sink) lines(k string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.access[k])
+}
+
+func (s *sink) snapshot() map[string][]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]string, len(s.access))
+	for k, v := range s.access {
+		out[k] = v
+	}
+	return out
+}
+
+func (s *sink) msgCounts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.msgs))
+	for k, v := range s.msgs {
+		out[k] = v
+	}
+	return out
+}
