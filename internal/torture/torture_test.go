@@ -241,7 +241,7 @@ func TestTorture(t *testing.T) {
 	var faults sync.WaitGroup
 	faults.Add(2)
 	go func() { defer faults.Done(); h.cutStorm(stop) }() // exits when stop is closed
-	go func() { // exits when stop is closed
+	go func() {                                           // exits when stop is closed
 		defer faults.Done()
 		h.chaos(stop, deadline, func(i *instance) { instMu.Lock(); insts = append(insts, i); instMu.Unlock() })
 	}()
