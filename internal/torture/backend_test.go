@@ -185,7 +185,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3))
 	}()
 	// The writer.
-	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), h.stallLimit)
+	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit)
 	if r.downErr == nil {
 		if p.order == clientFirst {
 			<-upDone

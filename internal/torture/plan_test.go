@@ -18,6 +18,7 @@ const (
 type plan struct {
 	seed, id uint64
 	svc      *service
+	limit    time.Duration // no byte for this long: the stream has stalled
 	sni      string     // tls services: the name the ClientHello carries
 	hello    []byte     // that ClientHello
 	localIP  netip.Addr // the client binds it: the access line's key
@@ -63,9 +64,20 @@ func size(r *rand.Rand, huge int64) int64 {
 	}
 }
 
-func (h *harness) newPlan(id uint64) *plan {
-	p := &plan{seed: h.seed, id: id, cliOOB: -1, beOOB: -1, rstClientDown: -1, rstBackendUp: -1, rstBackendDown: -1}
+// newPlan draws the plan of connection id; a churn connection is a short
+// one to the cut service, whose backends are Cut in a loop meanwhile.
+func (h *harness) newPlan(id uint64, churn bool) *plan {
+	p := &plan{seed: h.seed, id: id, cliOOB: -1, beOOB: -1, rstClientDown: -1, rstBackendUp: -1, rstBackendDown: -1, limit: h.stallLimit}
 	r := p.rng(1)
+	if churn {
+		p.svc = h.svc["cut"]
+		p.localIP = netip.AddrFrom4([4]byte{127, byte(64 + id>>16), byte(id >> 8), byte(id)})
+		p.clientIP = p.localIP
+		p.up, p.down = 8+r.Int64N(4<<10), r.Int64N(4<<10)
+		p.order = r.IntN(3)
+		p.limit = 10 * time.Second // a session that moves nothing for this long is wedged
+		return p
+	}
 	x := r.IntN(h.weightSum)
 	for _, s := range h.services {
 		if x < s.share {

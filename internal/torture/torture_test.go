@@ -132,8 +132,9 @@ type harness struct {
 	hellos    map[string][]byte
 	backends  map[string]*tbackend
 
-	log *sink
-	cur atomic.Pointer[instance]
+	log   *sink
+	cur   atomic.Pointer[instance]
+	began time.Time
 
 	mu       sync.Mutex // protects what follows
 	plans    map[uint64]*plan
@@ -180,6 +181,7 @@ type instance struct {
 	m      *reload.Manager
 	cancel context.CancelFunc
 	done   chan error
+	hup    chan struct{}
 	took   atomic.Int64 // nanoseconds from cancel to Run's return
 }
 
@@ -207,27 +209,37 @@ func TestTorture(t *testing.T) {
 		}
 		seed = s
 	}
-	run, conc := 25*time.Second, 300
+	run, conc, churners := 20*time.Second, 300, 16
 	huge := int64(24 << 20)
 	long := envDuration(t, "FULCRUM_TORTURE")
 	if long > 0 {
 		run, conc, huge = long, 800, 40<<20
 	}
-	if testkit.RaceEnabled && long == 0 {
-		conc = 200
+	if testkit.RaceEnabled { // the race detector makes the harness's own checking several times dearer
+		conc /= 3
+		if long == 0 {
+			huge = 16 << 20
+		}
+	}
+	if v := os.Getenv("FULCRUM_TORTURE_CONNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("FULCRUM_TORTURE_CONNS=%q: want a positive number", v)
+		}
+		conc = n
 	}
 	strict := os.Getenv("FULCRUM_TORTURE_STRICT") == "1"
 	t.Logf("seed %d (reproduce: FULCRUM_TORTURE_SEED=%d); driving for %v, %d connections at once; strict %v", seed, seed, run, conc, strict)
 
 	h := &harness{t: t, seed: seed, dir: t.TempDir(), stallLimit: 30 * time.Second, huge: huge, oob: true,
-		idleTimeout: 3 * time.Second, drainTimeout: 8 * time.Second,
+		idleTimeout: 5 * time.Second, drainTimeout: 8 * time.Second,
 		plans: map[uint64]*plan{}, cli: map[uint64]*cliResult{}, be: map[uint64]*beResult{},
 		fails: map[string][]string{}, disrupt: map[string][]window{}, counts: map[string]int{},
 		svc: map[string]*service{}, backends: map[string]*tbackend{}, hellos: map[string][]byte{}}
 	h.path = filepath.Join(h.dir, "fulcrum.toml")
-	h.log = &sink{h: h, access: map[string][]string{}, msgs: map[string]int{}}
+	h.log = &sink{h: h, access: map[string][]string{}, msgs: map[string]int{}, down: map[string]time.Time{}}
 	h.setup()
-	inst, err := h.start(nil)
+	inst, err := h.start(0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,6 +248,7 @@ func TestTorture(t *testing.T) {
 	var instMu sync.Mutex
 
 	began := time.Now()
+	h.began = began
 	deadline := began.Add(run)
 	stop := make(chan struct{})
 	var faults sync.WaitGroup
@@ -243,6 +256,10 @@ func TestTorture(t *testing.T) {
 	go func() { defer faults.Done(); h.cutStorm(stop) }() // exits when stop is closed
 	go func() {                                           // exits when stop is closed
 		defer faults.Done()
+		if os.Getenv("FULCRUM_TORTURE_CHAOS") == "0" { // a debugging aid: no faults but the cut storm
+			<-stop
+			return
+		}
 		h.chaos(stop, deadline, func(i *instance) { instMu.Lock(); insts = append(insts, i); instMu.Unlock() })
 	}()
 	var clients sync.WaitGroup
@@ -251,7 +268,16 @@ func TestTorture(t *testing.T) {
 		go func() { // exits at the deadline, after its last connection
 			defer clients.Done()
 			for time.Now().Before(deadline) {
-				h.client(h.newConn())
+				h.client(h.newConn(false))
+			}
+		}()
+	}
+	for range churners {
+		clients.Add(1)
+		go func() { // exits at the deadline, after its last connection
+			defer clients.Done()
+			for time.Now().Before(deadline) {
+				h.client(h.newConn(true))
 			}
 		}()
 	}
@@ -285,6 +311,7 @@ func TestTorture(t *testing.T) {
 		sort.Strings(open)
 		h.fail(classStuck, 0, fmt.Sprintf("%d backend connections still open 30s after every client ended: %s", len(open), head(open, 20)))
 	}
+	h.log.flush()
 	h.judge()
 	h.checkGauges(insts)
 	// Shut down as main does at SIGTERM: Run's Shutdown, then Server.Wait.
@@ -344,9 +371,13 @@ func (h *harness) setup() {
 	add(&service{name: "tlsb", addr: tlsAddr, tls: true}, "tb0", "tb1")
 	add(&service{name: "greet", addr: free(), share: 10, greet: true}, "g0", "g1")
 	add(&service{name: "timed", addr: free(), share: 10, timed: true}, "m0", "m1")
-	add(&service{name: "cut", addr: free(), share: 10}, "c0", "c1")
+	add(&service{name: "cut", addr: free(), share: 5}, "c0", "c1")
 	add(&service{name: "dyn", addr: free(), share: 10, dyn: true}, "d0", "d1")
+	only := os.Getenv("FULCRUM_TORTURE_ONLY") // a debugging aid: clients of these services only (comma-separated)
 	for _, s := range h.all {
+		if only != "" && !slices.Contains(strings.Split(only, ","), s.name) {
+			s.share = 0
+		}
 		if s.share > 0 {
 			h.services = append(h.services, s)
 			h.weightSum += s.share
@@ -401,15 +432,17 @@ debounce = "30ms"
 resolve_interval = "0s"
 [defaults]
 retries = 2
-connect_timeout = "2s"
+connect_timeout = "5s"
 drain_timeout = %q
 on_down = "close"
+proxy_timeout = "20s"
+preread_timeout = "20s"
 [defaults.health]
 check = "tcp"
-interval = "400ms"
-timeout = "400ms"
+interval = "1s"
+timeout = "1s"
 rise = 1
-fall = 1
+fall = 3
 `, h.drainTimeout.String())
 	for _, s := range h.all {
 		if s.dyn && !st.dyn {
@@ -453,13 +486,13 @@ func (h *harness) write() {
 
 // start runs a Server and Manager on the file, as main does; with exp, the
 // Server first adopts those sockets (a binary upgrade's new process).
-func (h *harness) start(exp []listener.Exported) (*instance, error) {
+func (h *harness) start(n int, exp []listener.Exported) (*instance, error) {
 	cfg, err := conf.Load(h.path)
 	if err != nil {
 		return nil, err
 	}
-	in := &instance{done: make(chan error, 1)}
-	log := zerolog.New(h.log).With().Timestamp().Logger()
+	in := &instance{n: n, done: make(chan error, 1), hup: make(chan struct{}, 1)}
+	log := zerolog.New(h.log).With().Timestamp().Int("instance", n).Logger()
 	in.srv = listener.New(&in.ptr, log)
 	for _, e := range exp {
 		l, err := net.FileListener(e.File)
@@ -470,6 +503,7 @@ func (h *harness) start(exp []listener.Exported) (*instance, error) {
 		in.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
 	in.m = reload.New(h.path, &in.ptr, in.srv, log)
+	in.m.Hup = in.hup
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go func() { in.done <- in.m.Run(ctx, cfg) }() // exits when stop cancels ctx, after Shutdown and Server.Wait
@@ -506,9 +540,9 @@ func (in *instance) waitDone() <-chan struct{} {
 }
 
 // newConn makes the next connection's plan.
-func (h *harness) newConn() *plan {
+func (h *harness) newConn(churn bool) *plan {
 	id := h.nextID.Add(1)
-	p := h.newPlan(id)
+	p := h.newPlan(id, churn)
 	h.mu.Lock()
 	h.plans[id] = p
 	h.mu.Unlock()
@@ -602,7 +636,7 @@ func (h *harness) client(p *plan) {
 	}
 	pre = append(pre, p.hello...)
 	if len(pre) > 0 {
-		c.SetWriteDeadline(time.Now().Add(h.stallLimit))
+		c.SetWriteDeadline(time.Now().Add(p.limit))
 		if _, err := c.Write(pre); err != nil {
 			cr.upErr = err
 			return
@@ -611,7 +645,7 @@ func (h *harness) client(p *plan) {
 	downDone := make(chan struct{})
 	go func() { // exits at the down stream's end or error: the reader
 		defer close(downDone)
-		r := deadlineReader{c, h.stallLimit}
+		r := deadlineReader{c, p.limit}
 		if p.svc.greet {
 			var g [greetLen]byte
 			if _, err := io.ReadFull(r, g[:]); err != nil {
@@ -640,7 +674,7 @@ func (h *harness) client(p *plan) {
 			cr.bad = v.bad
 		}
 	}()
-	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), h.stallLimit)
+	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), p.limit)
 	if cr.upErr == nil {
 		if p.order == backendFirst {
 			<-downDone
@@ -670,7 +704,7 @@ func (h *harness) cutStorm(stop <-chan struct{}) {
 				n++
 			}
 		}
-		if i%64 == 63 {
+		if i%8 == 7 { // a few thousand Cuts a second: the storm must not take a whole P
 			time.Sleep(time.Millisecond)
 		} else {
 			runtime.Gosched()
@@ -795,12 +829,23 @@ func (h *harness) reload(st cfgState) {
 	in := h.cur.Load()
 	gen := in.m.Table().Gen
 	h.mu.Lock()
+	old := h.state
 	h.state = st
 	h.mu.Unlock()
 	h.write()
-	if !poll(10*time.Second, func() bool { return in.m.Table().Gen > gen }) {
-		h.fail(classHarness, 0, fmt.Sprintf("a reload was not applied within 10s (generation %d; last error %q)", gen, in.m.Status().LastError))
+	applied := func() bool { return in.m.Table().Gen > gen }
+	if poll(10*time.Second, applied) {
+		return
 	}
+	h.dumpGoroutines()
+	in.hup <- struct{}{} // what systemctl reload would do
+	t0 := time.Now()
+	if poll(5*time.Second, applied) {
+		h.note(fmt.Sprintf("instance %d: a reload from %+v to %+v was not applied within 10s of the rename, but %v after a SIGHUP (generation %d)", in.n, old, st, time.Since(t0).Round(time.Millisecond), gen))
+		h.count("reloads applied only on SIGHUP", 1)
+		return
+	}
+	h.fail(classHarness, 0, fmt.Sprintf("a reload to %+v was not applied within 15s by instance %d, SIGHUP or not (generation %d; status %+v)", st, in.n, gen, in.m.Status()))
 }
 
 // handOver gives every listening socket to a new instance, which adopts
@@ -813,12 +858,11 @@ func (h *harness) handOver(adopted func(*instance)) {
 		h.fail(classHarness, 0, "Export: "+err.Error())
 		return
 	}
-	in, err := h.start(exp)
+	in, err := h.start(old.n+1, exp)
 	if err != nil {
 		h.fail(classHarness, 0, "the new instance: "+err.Error())
 		return
 	}
-	in.n = old.n + 1
 	adopted(in)
 	h.cur.Store(in)
 	now := time.Now()
@@ -838,6 +882,9 @@ func (h *harness) excused(p *plan, cr *cliResult, br *beResult) string {
 		return "cut service"
 	}
 	from, to := cr.start.Add(-time.Second), cr.end.Add(time.Second)
+	if br != nil && br.end.After(cr.end) {
+		to = br.end.Add(time.Second)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	names := []string{}
@@ -973,7 +1020,10 @@ func isReset(err error) bool {
 
 func (h *harness) describe(p *plan, cr *cliResult, br *beResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s, order %d", p.svc.name, p.order)
+	fmt.Fprintf(&b, "%s, order %d, started %v into the run", p.svc.name, p.order, cr.start.Sub(h.began).Round(time.Millisecond))
+	if p.svc.pp {
+		fmt.Fprintf(&b, ", PROXY v1 %v", p.ppV1)
+	}
 	if p.cliOOB >= 0 {
 		fmt.Fprintf(&b, ", client urgent byte after %d", p.cliOOB)
 	}
@@ -1036,6 +1086,7 @@ func (h *harness) checkAccess() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	known := map[string]bool{}
+	var missing []uint64
 	for id, p := range h.plans {
 		k := keyOf(p.clientIP)
 		known[k] = true
@@ -1045,9 +1096,17 @@ func (h *harness) checkAccess() {
 		case len(lines) > 1:
 			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("conn %d (%s): %d access lines: %s", id, p.svc.name, len(lines), strings.Join(lines, " | ")))
 		case len(lines) == 0 && cr != nil && cr.dialErr == nil && !(p.svc.dyn && h.be[id] == nil):
-			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("conn %d (%s): no access line", id, p.svc.name))
+			missing = append(missing, id)
 		}
 	}
+	h.mu.Unlock()
+	for _, id := range missing {
+		h.mu.Lock()
+		p, cr, br := h.plans[id], h.cli[id], h.be[id]
+		h.mu.Unlock()
+		h.fail(classAccess, id, "no access line: "+h.describe(p, cr, br))
+	}
+	h.mu.Lock()
 	for k, lines := range h.log.snapshot() {
 		if !known[k] {
 			h.fails[classAccess] = append(h.fails[classAccess], fmt.Sprintf("%d access lines for client %s, no connection of the harness's: %s", len(lines), k, strings.Join(lines, " | ")))
@@ -1137,6 +1196,11 @@ func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
 	for _, n := range h.notes {
 		fmt.Fprintf(&b, "  note: %s\n", n)
 	}
+	h.log.mu.Lock()
+	for _, w := range h.log.warns {
+		fmt.Fprintf(&b, "  logged: %s\n", w)
+	}
+	h.log.mu.Unlock()
 	t.Log(b.String())
 	for _, c := range classOrder {
 		fs := h.fails[c]
@@ -1188,27 +1252,46 @@ func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
 // by client address, and records on_down's cuts as disruptions.
 type sink struct {
 	h      *harness
-	mu     sync.Mutex // protects access and msgs
+	mu     sync.Mutex // protects access, msgs, warns and down
 	access map[string][]string
 	msgs   map[string]int
+	warns  []string             // the first warnings and errors, as written
+	down   map[string]time.Time // backends down (by their checks) since
 }
 
 func (s *sink) Write(p []byte) (int, error) {
 	var m struct {
 		Level, Message, Client, Backend, End, Error, Service string
-		Closed                                               int `json:"closed_at_deadline"`
+		Closed                                               int   `json:"closed_at_deadline"`
+		In                                                   int64 `json:"bytes_in"`
+		Out                                                  int64 `json:"bytes_out"`
+		Instance                                             int
 	}
 	if err := json.Unmarshal(p, &m); err != nil {
 		return len(p), nil
 	}
+	now := time.Now()
 	s.mu.Lock()
 	s.msgs[m.Message]++
+	if (m.Level == "warn" || m.Level == "error") && len(s.warns) < 40 && m.Message != "backend down" && m.Message != "sessions cut (on_down = close)" && m.Message != "connect failed" && m.Message != "backend drained" {
+		s.warns = append(s.warns, string(bytes.TrimSpace(p)))
+	}
+	var since time.Time
+	switch m.Message {
+	case "backend down":
+		if _, ok := s.down[m.Backend]; !ok {
+			s.down[m.Backend] = now
+		}
+	case "backend up":
+		since = s.down[m.Backend]
+		delete(s.down, m.Backend)
+	}
 	if m.Message == "connection" {
 		k := m.Client
 		if ap, err := netip.ParseAddrPort(m.Client); err == nil {
 			k = keyOf(ap.Addr())
 		}
-		line := "end=" + m.End
+		line := fmt.Sprintf("instance=%d end=%s in=%d out=%d", m.Instance, m.End, m.In, m.Out)
 		if m.Backend != "" {
 			line += " backend=" + m.Backend
 		}
@@ -1218,14 +1301,26 @@ func (s *sink) Write(p []byte) (int, error) {
 		s.access[k] = append(s.access[k], line)
 	}
 	s.mu.Unlock()
-	now := time.Now()
 	switch {
+	case !since.IsZero(): // no new connection while it was down; its sessions cut (on_down)
+		s.h.disrupted(m.Backend, since.Add(-time.Second), now)
 	case m.Message == "sessions cut (on_down = close)", m.Message == "backend down":
 		s.h.disrupted(m.Backend, now.Add(-time.Second), now)
 	case m.Message == "backend drained" && m.Closed > 0:
 		s.h.disrupted(m.Backend, now.Add(-time.Second), now)
 	}
 	return len(p), nil
+}
+
+// flush ends the down windows of backends still down.
+func (s *sink) flush() {
+	s.mu.Lock()
+	down := s.down
+	s.down = map[string]time.Time{}
+	s.mu.Unlock()
+	for name, since := range down {
+		s.h.disrupted(name, since.Add(-time.Second), time.Now())
+	}
 }
 
 func (s *sink) lines(k string) []string {
