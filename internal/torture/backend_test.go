@@ -132,7 +132,8 @@ func (b *tbackend) serve(c *net.TCPConn) {
 			return
 		}
 	}
-	br := bufio.NewReaderSize(deadlineReader{c, h.stallLimit}, 32<<10)
+	prog := newProgress()
+	br := bufio.NewReaderSize(deadlineReader{c, h.stallLimit, prog}, 32<<10)
 	if b.pp {
 		hdr, err := proxyproto.Read(br)
 		if err != nil {
@@ -185,7 +186,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3))
 	}()
 	// The writer.
-	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit)
+	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit, prog)
 	if r.downErr == nil {
 		if p.order == clientFirst {
 			<-upDone
@@ -201,16 +202,45 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	h.beDone(id, r)
 }
 
-// deadlineReader sets a read deadline before each read: a stream that
-// makes no progress for that long has stalled.
+// progress is when one end of a connection last moved a byte either way
+// (unix nanoseconds): a stream has stalled when neither direction moved
+// for the plan's limit. One direction alone may wait legitimately for as
+// long as the other takes (the half-close orders).
+type progress struct{ at atomic.Int64 }
+
+func newProgress() *progress {
+	p := &progress{}
+	p.moved()
+	return p
+}
+
+func (p *progress) moved() { p.at.Store(time.Now().UnixNano()) }
+
+// stalled reports whether nothing moved for d.
+func (p *progress) stalled(d time.Duration) bool {
+	return time.Since(time.Unix(0, p.at.Load())) >= d
+}
+
+// deadlineReader reads with a deadline, and reads again when the deadline
+// passes while the other direction still moves.
 type deadlineReader struct {
 	c *net.TCPConn
 	d time.Duration
+	p *progress
 }
 
-func (r deadlineReader) Read(p []byte) (int, error) {
-	r.c.SetReadDeadline(time.Now().Add(r.d))
-	return r.c.Read(p)
+func (r deadlineReader) Read(b []byte) (int, error) {
+	for {
+		r.c.SetReadDeadline(time.Now().Add(r.d))
+		n, err := r.c.Read(b)
+		if n > 0 {
+			r.p.moved()
+		}
+		if n == 0 && isTimeout(err) && !r.p.stalled(r.d) {
+			continue
+		}
+		return n, err
+	}
 }
 
 // resetOnce resets its connection (SO_LINGER 0, close) once.

@@ -70,7 +70,7 @@ func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst 
 // when oob bytes have gone (-1 never), and resetting the connection when
 // rstAt have (-1 never). A write that makes no progress for limit has
 // stalled.
-func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny bool, rst *resetOnce, rng *rand.Rand, limit time.Duration) (sent int64, crc uint32, err error) {
+func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny bool, rst *resetOnce, rng *rand.Rand, limit time.Duration, prog *progress) (sent int64, crc uint32, err error) {
 	buf := make([]byte, 64<<10)
 	for {
 		if oob >= 0 && sent >= oob {
@@ -98,15 +98,23 @@ func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny 
 			k = min(k, rstAt-sent)
 		}
 		fill(id, dir, sent, buf[:k])
-		c.SetWriteDeadline(time.Now().Add(limit))
-		w, err := c.Write(buf[:k])
-		crc = crc32.Update(crc, castagnoli, buf[:w])
-		sent += int64(w)
-		if err != nil {
-			if isTimeout(err) {
-				return sent, crc, errStalled
+		for off := int64(0); off < k; {
+			c.SetWriteDeadline(time.Now().Add(limit))
+			w, err := c.Write(buf[off:k])
+			crc = crc32.Update(crc, castagnoli, buf[off:off+int64(w)])
+			sent, off = sent+int64(w), off+int64(w)
+			if w > 0 {
+				prog.moved()
 			}
-			return sent, crc, err
+			if err != nil {
+				if isTimeout(err) && !prog.stalled(limit) {
+					continue // the other direction moves: a peer may read only after it is done
+				}
+				if isTimeout(err) {
+					return sent, crc, errStalled
+				}
+				return sent, crc, err
+			}
 		}
 	}
 }

@@ -19,11 +19,11 @@ type plan struct {
 	seed, id uint64
 	svc      *service
 	limit    time.Duration // no byte for this long: the stream has stalled
-	sni      string     // tls services: the name the ClientHello carries
-	hello    []byte     // that ClientHello
-	localIP  netip.Addr // the client binds it: the access line's key
-	clientIP netip.Addr // the client as fulcrum sees it: localIP, or the PROXY header's source
-	ppV1     bool       // PROXY v1 rather than v2
+	sni      string        // tls services: the name the ClientHello carries
+	hello    []byte        // that ClientHello
+	localIP  netip.Addr    // the client binds it: the access line's key
+	clientIP netip.Addr    // the client as fulcrum sees it: localIP, or the PROXY header's source
+	ppV1     bool          // PROXY v1 rather than v2
 
 	up, down int64 // bytes each way (up at least 8: the id)
 	order    int

@@ -318,12 +318,12 @@ func TestTorture(t *testing.T) {
 	waited := true
 	for _, in := range insts {
 		if in.took.Load() == 0 {
-			in.stop()
+			in.stop(h)
 		}
 		select {
 		case <-in.waitDone():
-		case <-time.After(h.drainTimeout + 20*time.Second):
-			h.fail(classWait, 0, fmt.Sprintf("instance %d: Run did not return within %v of its cancel (Shutdown waits in Server.Wait for sessions that never end)", in.n, h.drainTimeout+20*time.Second))
+		case <-time.After(h.drainTimeout + 30*time.Second):
+			h.fail(classWait, 0, fmt.Sprintf("instance %d: Run did not return within %v of its cancel (Shutdown waits in Server.Wait for sessions that never end)", in.n, h.drainTimeout+30*time.Second))
 			waited = false
 		}
 	}
@@ -515,16 +515,46 @@ func (h *harness) start(n int, exp []listener.Exported) (*instance, error) {
 	return in, nil
 }
 
-// stop cancels the instance's Run and times its return in the background.
-func (in *instance) stop() {
+// stop cancels the instance's Run and times its return in the background:
+// Shutdown drains every backend for drain_timeout, then closes what is
+// left, so Run must be back soon after. If it is not, what still holds
+// it is recorded.
+func (in *instance) stop(h *harness) {
 	t0 := time.Now()
 	in.cancel()
 	in.took.Store(-1)
 	go func() { // exits when Run returns
-		err := <-in.done
+		bound := h.drainTimeout + 5*time.Second
+		late := time.NewTimer(bound)
+		defer late.Stop()
+		var err error
+		select {
+		case err = <-in.done:
+		case <-late.C:
+			h.fail(classWait, 0, fmt.Sprintf("instance %d: Run not back %v after its cancel (drain_timeout %v): %s", in.n, bound, h.drainTimeout, in.holding()))
+			h.dumpGoroutines()
+			err = <-in.done
+		}
 		in.took.Store(int64(time.Since(t0)))
 		in.done <- err
 	}()
+}
+
+// holding describes what an instance still holds: its connections and
+// each backend's active count.
+func (in *instance) holding() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Server.Conns %d", in.srv.Conns())
+	if t := in.m.Table(); t != nil {
+		for _, s := range t.Services {
+			for _, tg := range s.All() {
+				if a := tg.B.Active(); a != 0 {
+					fmt.Fprintf(&b, ", %s/%s active %d", s.Name, tg.B.Name, a)
+				}
+			}
+		}
+	}
+	return b.String()
 }
 
 // waitDone returns a channel closed once Run has returned after stop.
@@ -626,6 +656,7 @@ func (h *harness) client(p *plan) {
 	c := nc.(*net.TCPConn)
 	defer c.Close()
 	rst := &resetOnce{c: c}
+	prog := newProgress()
 	var pre []byte
 	if p.svc.pp {
 		hdr := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: p.clientIP.AsSlice(), Port: 1024 + int(p.id%60000)}, c.RemoteAddr())
@@ -645,7 +676,7 @@ func (h *harness) client(p *plan) {
 	downDone := make(chan struct{})
 	go func() { // exits at the down stream's end or error: the reader
 		defer close(downDone)
-		r := deadlineReader{c, p.limit}
+		r := deadlineReader{c, p.limit, prog}
 		if p.svc.greet {
 			var g [greetLen]byte
 			if _, err := io.ReadFull(r, g[:]); err != nil {
@@ -674,7 +705,7 @@ func (h *harness) client(p *plan) {
 			cr.bad = v.bad
 		}
 	}()
-	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), p.limit)
+	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), p.limit, prog)
 	if cr.upErr == nil {
 		if p.order == backendFirst {
 			<-downDone
@@ -815,7 +846,7 @@ func (h *harness) chaos(stop <-chan struct{}, deadline time.Time, adopted func(*
 				st.w1 = 1 + r.IntN(4)
 				what = "reload: weight of p1 changed"
 			}
-			if st == h.state { // the same file: no reload to wait for
+			if h.render(st) == h.render(h.state) { // the same file (d1 while dyn is out): no reload to wait for
 				continue
 			}
 			h.reload(st)
@@ -869,7 +900,7 @@ func (h *harness) handOver(adopted func(*instance)) {
 	h.mu.Lock()
 	h.handover = append(h.handover, now)
 	h.mu.Unlock()
-	old.stop()
+	old.stop(h)
 	h.count("hand-over of the listening sockets to a new Server", 1)
 }
 
