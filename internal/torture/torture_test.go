@@ -34,9 +34,12 @@ package torture
 // Reproduce: the seed is printed; FULCRUM_TORTURE_SEED=<seed> replays the
 // same plans and fault schedule (the interleaving is the machine's).
 // FULCRUM_TORTURE=<duration> runs that long instead of the short run, with
-// more connections at once. FULCRUM_TORTURE_STRICT=1 also fails on the
-// classes of failure listed in knownClasses (defects of issue 24 being
-// fixed on another branch); without it they are reported and logged.
+// more connections at once (FULCRUM_TORTURE_CONNS sets how many).
+// FULCRUM_TORTURE_STRICT=1 also fails on failures that bear only the marks
+// of the known defects (knownDefect: issue 24's C1, C2 and C4, being fixed
+// on another branch); without it they are logged as KNOWN.
+// FULCRUM_TORTURE_ONLY=svc,... and FULCRUM_TORTURE_CHAOS=0 narrow a run
+// down while debugging.
 
 import (
 	"bytes"
@@ -95,10 +98,31 @@ const (
 var classOrder = []string{classForeign, classCorrupt, classDuplicate, classMisrouted, classUrgent, classStalled, classTruncated,
 	classReset, classRefused, classAccess, classStuck, classGauge, classWait, classFD, classLeak, classHarness}
 
-// knownClasses fail the test only with FULCRUM_TORTURE_STRICT=1: the marks
-// that issue 24's defects leave, found by this harness on main at a11a213
-// (see the report). Empty once those fixes are in.
-var knownClasses = map[string]bool{}
+// Known defects. The harness found these on main at a11a213, and another
+// branch fixes them (issue 24); until that has landed, a failure that bears
+// only their marks is logged as KNOWN and does not fail the test, unless
+// FULCRUM_TORTURE_STRICT=1. Any other failure in the same class fails it.
+//   - C4, urgent data: every stream with an urgent byte that stalled, was
+//     truncated or reset.
+//   - C1, a session finished twice: a second access line whose error is the
+//     failed registration of the backend socket (EBADF, ENOENT), and the
+//     goroutine that second finish leaves in connDone.
+//   - C2, a Cut between Track and begin: streams of the cut service that
+//     never move, and what they hold at the end (counters, Run's return).
+func knownDefect(class, msg string, c2 bool) bool {
+	switch class {
+	case classUrgent:
+		return true
+	case classAccess:
+		return strings.Contains(msg, ": 2 access lines: ") &&
+			(strings.Contains(msg, `error="bad file descriptor"`) || strings.Contains(msg, `error="no such file or directory"`))
+	case classLeak:
+		return strings.Contains(msg, "listener.(*Server).connDone") && strings.Count(msg, "[Goroutine ") == strings.Count(msg, "connDone on top of the stack")
+	case classStalled, classGauge, classWait, classStuck:
+		return c2
+	}
+	return false
+}
 
 // service is one service of the generated configuration.
 type service struct {
@@ -1026,6 +1050,13 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 	if stalled || cr.bad != nil || beBad(br) != nil {
 		return // reported
 	}
+	if br == nil && h.stoppingRefused(p, cr) {
+		// Shutdown drains every backend at once, so a connection the old
+		// instance accepted and had not yet dialled finds none: counted and
+		// described in the report, not a data-path failure.
+		h.count("refused by a stopping instance: accepted, then no backend (its backends drain at shutdown)", 1)
+		return
+	}
 	reset := isReset(cr.downErr) || isReset(cr.upErr) || br != nil && (isReset(br.upErr) || isReset(br.downErr))
 	if urgent {
 		h.fail(classUrgent, id, h.describe(p, cr, br))
@@ -1036,6 +1067,22 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 		return
 	}
 	h.fail(classTruncated, id, h.describe(p, cr, br))
+}
+
+// stoppingRefused reports whether p's only access line says an instance
+// that was stopping by then had no backend for it.
+func (h *harness) stoppingRefused(p *plan, cr *cliResult) bool {
+	lines := h.log.lines(keyOf(p.clientIP))
+	if len(lines) != 1 || !strings.Contains(lines[0], " end=no backend ") {
+		return false
+	}
+	var n int
+	if _, err := fmt.Sscanf(lines[0], "instance=%d ", &n); err != nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return n < len(h.handover) && cr.end.After(h.handover[n].Add(-time.Second))
 }
 
 func beBad(br *beResult) *mismatch {
@@ -1181,7 +1228,7 @@ func (h *harness) dumpGoroutines() {
 }
 
 // report logs what was driven and found, and fails the test on every class
-// of failure (those in knownClasses only when strict).
+// of failure (one that bears only a known defect's marks only when strict).
 func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
 	t := h.t
 	h.mu.Lock()
@@ -1233,13 +1280,24 @@ func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
 	}
 	h.log.mu.Unlock()
 	t.Log(b.String())
+	// Issue 24's C2 (a Cut between Track and begin wedges the session) shows
+	// as sessions of the cut service that never move, then counters that
+	// stay up and a Shutdown that never ends.
+	c2 := len(h.fails[classStalled]) > 0
+	for _, f := range h.fails[classStalled] {
+		c2 = c2 && strings.Contains(f, ": cut, ")
+	}
 	for _, c := range classOrder {
 		fs := h.fails[c]
 		if len(fs) == 0 {
 			continue
 		}
+		known := true
+		for _, f := range fs {
+			known = known && knownDefect(c, f, c2)
+		}
 		msg := fmt.Sprintf("%s: %d (seed %d)\n  %s", c, len(fs), h.seed, strings.Join(head(fs, 12), "\n  "))
-		if knownClasses[c] && !strict {
+		if known && !strict {
 			t.Logf("KNOWN (issue 24, not failing without FULCRUM_TORTURE_STRICT=1): %s", msg)
 			continue
 		}
