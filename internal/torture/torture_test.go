@@ -481,7 +481,7 @@ fall = 3
 		case s.name == "tlsb":
 			b.WriteString("sni = [\"b.torture.test\"]\n")
 		case s.timed:
-			fmt.Fprintf(&b, "idle_timeout = %q\nhalf_close_timeout = %q\n", h.idleTimeout.String(), h.idleTimeout.String())
+			fmt.Fprintf(&b, "idle_timeout = %q\nhalf_close_timeout = %q\n", h.idleTimeout.String(), (h.idleTimeout - time.Second).String())
 		}
 		for _, be := range s.backends {
 			if be.name == "p3" && !st.p3 || be.name == "d1" && !st.d1 {
@@ -1271,6 +1271,7 @@ func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
 		fmt.Fprintf(&b, "  instance %d: Run returned %v after its cancel\n", in.n, time.Duration(in.took.Load()).Round(time.Millisecond))
 	}
 	fmt.Fprintf(&b, "  log lines by message: %v\n", h.log.msgCounts())
+	fmt.Fprintf(&b, "  access lines by end: %v\n", h.log.endCounts())
 	for _, n := range h.notes {
 		fmt.Fprintf(&b, "  note: %s\n", n)
 	}
@@ -1424,6 +1425,24 @@ func (s *sink) snapshot() map[string][]string {
 	out := make(map[string][]string, len(s.access))
 	for k, v := range s.access {
 		out[k] = v
+	}
+	return out
+}
+
+func (s *sink) endCounts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, lines := range s.access {
+		for _, l := range lines {
+			if i := strings.Index(l, " end="); i >= 0 {
+				e := l[i+5:]
+				if j := strings.Index(e, " in="); j >= 0 {
+					e = e[:j]
+				}
+				out[e]++
+			}
+		}
 	}
 	return out
 }
