@@ -316,9 +316,10 @@ func TestTorture(t *testing.T) {
 			}
 		}()
 	}
-	if !waitGroup(&clients, h.stallLimit+90*time.Second) {
+	if !waitGroup(&clients, time.Until(deadline)+h.stallLimit+90*time.Second) {
 		h.fail(classStuck, 0, "clients still running 2 minutes after the deadline")
 		h.dumpGoroutines()
+		h.report(time.Since(began), nil, true)
 		t.FailNow()
 	}
 	driven := time.Since(began)
