@@ -103,20 +103,21 @@ func (b *tbackend) open() int {
 
 // beResult is what a backend saw of one connection.
 type beResult struct {
-	backend  string
-	accept   uint64 // the accept's own id (greeting)
-	upN      int64  // bytes received right
-	upCRC    uint32
-	upEOF    bool // the stream ended with a FIN
-	upErr    error
-	downN    int64 // bytes sent
-	downCRC  uint32
-	downErr  error
-	bad      *mismatch
-	proxySrc string // the source a PROXY header carried
-	problems []string
-	start    time.Time
-	end      time.Time
+	backend   string
+	accept    uint64 // the accept's own id (greeting)
+	upN       int64  // bytes received right
+	upCRC     uint32
+	upEOF     bool // the stream ended with a FIN
+	upErr     error
+	downN     int64 // bytes sent
+	downCRC   uint32
+	downErr   error
+	bad       *mismatch
+	proxySrc  string // the source a PROXY header carried
+	oobInline bool   // the client's urgent byte came in the stream
+	problems  []string
+	start     time.Time
+	end       time.Time
 }
 
 func (b *tbackend) serve(c *net.TCPConn) {
@@ -177,7 +178,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	if b.pp && r.proxySrc != p.clientIP.String() {
 		r.problems = append(r.problems, fmt.Sprintf("PROXY header carried source %s; the client sent %s", r.proxySrc, p.clientIP))
 	}
-	v := newVerifier(id, dirUp)
+	v := newVerifier(id, dirUp, p.cliOOB)
 	v.write(first[:])
 	upDone := make(chan struct{})
 	rst := &resetOnce{c: c}
@@ -196,7 +197,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		}
 	}
 	<-upDone
-	r.upN, r.upCRC, r.bad = v.n, v.crc, v.bad
+	r.upN, r.upCRC, r.bad, r.oobInline = v.n, v.crc, v.bad, v.oobInline
 	r.end = time.Now()
 	c.Close()
 	h.beDone(id, r)

@@ -89,7 +89,7 @@ func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny 
 	buf := make([]byte, 64<<10)
 	for {
 		if oob >= 0 && sent >= oob {
-			if err := sendOOB(c, limit); err != nil {
+			if err := sendOOB(c, oobByte(id, dir, sent), limit); err != nil {
 				return sent, crc, err
 			}
 			oob = -1
@@ -139,7 +139,7 @@ func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny 
 }
 
 // sendOOB sends one byte of TCP urgent data.
-func sendOOB(c *net.TCPConn, limit time.Duration) error {
+func sendOOB(c *net.TCPConn, b byte, limit time.Duration) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
@@ -147,7 +147,7 @@ func sendOOB(c *net.TCPConn, limit time.Duration) error {
 	c.SetWriteDeadline(time.Now().Add(limit))
 	var serr error
 	err = rc.Write(func(fd uintptr) bool {
-		serr = unix.Sendto(int(fd), []byte{'!'}, unix.MSG_OOB, nil)
+		serr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB, nil)
 		return serr != unix.EAGAIN
 	})
 	if err != nil {

@@ -78,6 +78,20 @@ type verifier struct {
 	bad *mismatch
 	b   [chunkLen]byte
 	bi  int64 // the chunk in b; -1 none
+
+	// The sender's urgent byte (MSG_OOB), sent after oobAt bytes of the
+	// stream (-1 none): a proxy may drop it (the socket's default) or pass
+	// it on in the stream (SO_OOBINLINE), exactly there. Its value is never
+	// the stream's byte at that offset, so it is told apart.
+	oobAt     int64
+	oobInline bool // it came, in the stream
+}
+
+// oobByte is the urgent byte sent after off bytes of a stream.
+func oobByte(id uint64, dir byte, off int64) byte {
+	var b [chunkLen]byte
+	chunk(id, dir, uint64(off/chunkLen), &b)
+	return ^b[off%chunkLen]
 }
 
 // mismatch is the first wrong byte of a stream.
@@ -87,7 +101,9 @@ type mismatch struct {
 	what    string
 }
 
-func newVerifier(id uint64, dir byte) *verifier { return &verifier{id: id, dir: dir, bi: -1} }
+func newVerifier(id uint64, dir byte, oobAt int64) *verifier {
+	return &verifier{id: id, dir: dir, bi: -1, oobAt: oobAt}
+}
 
 // write checks p, the next bytes of the stream; after the first mismatch
 // it records nothing more.
@@ -97,6 +113,11 @@ func (v *verifier) write(p []byte) {
 	}
 	q := p
 	for len(q) > 0 {
+		if v.n == v.oobAt && !v.oobInline && q[0] == oobByte(v.id, v.dir, v.n) {
+			v.oobInline = true
+			q = q[1:]
+			continue
+		}
 		idx, in := v.n/chunkLen, int(v.n%chunkLen)
 		if idx != v.bi {
 			chunk(v.id, v.dir, uint64(idx), &v.b)
@@ -104,6 +125,9 @@ func (v *verifier) write(p []byte) {
 		}
 		want := v.b[in:]
 		k := min(len(want), len(q))
+		if v.oobAt > v.n && !v.oobInline {
+			k = int(min(int64(k), v.oobAt-v.n)) // stop where the urgent byte may be
+		}
 		if string(want[:k]) != string(q[:k]) {
 			i := 0
 			for want[i] == q[i] {

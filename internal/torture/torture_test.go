@@ -206,6 +206,7 @@ type cliResult struct {
 	downErr    error
 	bad        *mismatch
 	greetAcc   uint64
+	oobInline  bool // the backend's urgent byte came in the stream
 }
 
 // instance is one Server and its Manager, as one fulcrum process has.
@@ -725,7 +726,7 @@ func (h *harness) client(p *plan) {
 				rst.reset()
 				return
 			}
-			gv := newVerifier(acc, dirGreet)
+			gv := newVerifier(acc, dirGreet, -1)
 			gv.write(g[:])
 			if gv.bad != nil {
 				cr.bad = gv.bad
@@ -734,9 +735,9 @@ func (h *harness) client(p *plan) {
 			}
 			cr.greetAcc = acc
 		}
-		v := newVerifier(p.id, dirDown)
+		v := newVerifier(p.id, dirDown, p.beOOB)
 		cr.downEOF, cr.downErr = readStream(r, v, p.cliSlow, p.cliStall, p.rstClientDown, rst, p.rng(2))
-		cr.downN, cr.downCRC = v.n, v.crc
+		cr.downN, cr.downCRC, cr.oobInline = v.n, v.crc, v.oobInline
 		if v.bad != nil {
 			cr.bad = v.bad
 		}
@@ -1049,6 +1050,12 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 	}
 	if exact {
 		h.count("delivered byte-exact both ways", 1)
+		if p.cliOOB >= 0 {
+			h.count(fmt.Sprintf("  of them with a client urgent byte (passed on in the stream: %v)", br.oobInline), 1)
+		}
+		if p.beOOB >= 0 {
+			h.count(fmt.Sprintf("  of them with a backend urgent byte (passed on in the stream: %v)", cr.oobInline), 1)
+		}
 		return
 	}
 	if why := h.excused(p, cr, br); why != "" {
