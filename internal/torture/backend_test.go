@@ -133,8 +133,8 @@ func (b *tbackend) serve(c *net.TCPConn) {
 			return
 		}
 	}
-	prog := newProgress()
-	br := bufio.NewReaderSize(deadlineReader{c, h.stallLimit, prog}, 32<<10)
+	dr := &deadlineReader{c, h.stallLimit, newProgress()} // the connection's own once its id is known
+	br := bufio.NewReaderSize(dr, 32<<10)
 	if b.pp {
 		hdr, err := proxyproto.Read(br)
 		if err != nil {
@@ -172,6 +172,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	if !h.claim(id, r) {
 		return // claim reported it
 	}
+	dr.p = p.prog
 	if p.svc.name != b.svc {
 		r.problems = append(r.problems, fmt.Sprintf("misrouted: a client of service %s reached backend %s of service %s", p.svc.name, b.name, b.svc))
 	}
@@ -187,7 +188,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3))
 	}()
 	// The writer.
-	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit, prog)
+	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit, p.prog)
 	if r.downErr == nil {
 		if p.order == clientFirst {
 			<-upDone
@@ -203,10 +204,11 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	h.beDone(id, r)
 }
 
-// progress is when one end of a connection last moved a byte either way
-// (unix nanoseconds): a stream has stalled when neither direction moved
-// for the plan's limit. One direction alone may wait legitimately for as
-// long as the other takes (the half-close orders).
+// progress is when a connection last moved a byte, either way at either
+// end (unix nanoseconds): it has stalled when nothing moved for the plan's
+// limit. One direction, or one end, may wait legitimately for as long as
+// the rest takes (the half-close orders; bytes the proxy holds for a slow
+// reader at the other end).
 type progress struct{ at atomic.Int64 }
 
 func newProgress() *progress {
@@ -230,7 +232,7 @@ type deadlineReader struct {
 	p *progress
 }
 
-func (r deadlineReader) Read(b []byte) (int, error) {
+func (r *deadlineReader) Read(b []byte) (int, error) {
 	for {
 		r.c.SetReadDeadline(time.Now().Add(r.d))
 		n, err := r.c.Read(b)

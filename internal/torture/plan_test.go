@@ -19,6 +19,7 @@ type plan struct {
 	seed, id uint64
 	svc      *service
 	limit    time.Duration // no byte for this long: the stream has stalled
+	prog     *progress     // the last byte moved at either end
 	sni      string        // tls services: the name the ClientHello carries
 	hello    []byte        // that ClientHello
 	localIP  netip.Addr    // the client binds it: the access line's key
@@ -67,7 +68,7 @@ func size(r *rand.Rand, huge int64) int64 {
 // newPlan draws the plan of connection id; a churn connection is a short
 // one to the cut service, whose backends are Cut in a loop meanwhile.
 func (h *harness) newPlan(id uint64, churn bool) *plan {
-	p := &plan{seed: h.seed, id: id, cliOOB: -1, beOOB: -1, rstClientDown: -1, rstBackendUp: -1, rstBackendDown: -1, limit: h.stallLimit}
+	p := &plan{seed: h.seed, id: id, cliOOB: -1, beOOB: -1, rstClientDown: -1, rstBackendUp: -1, rstBackendDown: -1, limit: h.stallLimit, prog: newProgress()}
 	r := p.rng(1)
 	if churn {
 		p.svc = h.svc["cut"]

@@ -710,7 +710,7 @@ func (h *harness) client(p *plan) {
 	c := nc.(*net.TCPConn)
 	defer c.Close()
 	rst := &resetOnce{c: c}
-	prog := newProgress()
+	prog := p.prog
 	var pre []byte
 	if p.svc.pp {
 		hdr := proxyproto.HeaderProxyFromAddrs(2, &net.TCPAddr{IP: p.clientIP.AsSlice(), Port: 1024 + int(p.id%60000)}, c.RemoteAddr())
@@ -730,7 +730,7 @@ func (h *harness) client(p *plan) {
 	downDone := make(chan struct{})
 	go func() { // exits at the down stream's end or error: the reader
 		defer close(downDone)
-		r := deadlineReader{c, p.limit, prog}
+		r := &deadlineReader{c, p.limit, prog}
 		if p.svc.greet {
 			var g [greetLen]byte
 			if _, err := io.ReadFull(r, g[:]); err != nil {
