@@ -331,7 +331,7 @@ func TestTorture(t *testing.T) {
 		}
 		h.cutStorm(stop)
 	}()
-	go func() {                                           // exits when stop is closed
+	go func() { // exits when stop is closed
 		defer faults.Done()
 		if os.Getenv("FULCRUM_TORTURE_CHAOS") == "0" { // a debugging aid: no faults but the cut storm
 			<-stop
