@@ -199,7 +199,6 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	}
 	<-upDone
 	r.upN, r.upCRC, r.bad, r.oobInline = v.n, v.crc, v.bad, v.oobInline
-	r.end = time.Now()
 	c.Close()
 	h.beDone(id, r)
 }

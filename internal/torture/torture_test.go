@@ -205,6 +205,7 @@ type harness struct {
 	counts   map[string]int // faults driven
 
 	c1     bool         // a mark of C1 was seen (markC1); protected by mu
+	c2     bool         // every session left open was Cut as it was admitted: C2's mark; protected by mu
 	anon   atomic.Int64 // backend connections with no stream (health checks, sessions cut before a byte)
 	nextID atomic.Uint64
 	live   atomic.Int64 // backend connections claimed and not done
@@ -380,10 +381,22 @@ func TestTorture(t *testing.T) {
 	if !poll(30*time.Second, func() bool { return h.live.Load() == 0 }) {
 		h.mu.Lock()
 		var open []string
+		cutAtStart := true // C2's mark: each was Cut (or its backend went down) as it was admitted
 		for id, r := range h.be {
 			if r.end.IsZero() {
-				open = append(open, fmt.Sprintf("%d (%s)", id, r.backend))
+				p, cr := h.plans[id], h.cli[id]
+				near := false
+				for _, w := range h.disrupt[r.backend] {
+					near = near || !w.from.After(r.start.Add(time.Second)) && !w.to.Before(cr.start.Add(-time.Second))
+				}
+				cutAtStart = cutAtStart && (near || p.svc.name == "cut")
+				open = append(open, fmt.Sprintf("%d (%s, %s; Cut or down as it was admitted: %v; the client: sent %d/%d %v, got %d/%d eof %v %v)",
+					id, p.svc.name, r.backend, near, cr.upN, p.up, cr.upErr, cr.downN, p.down, cr.downEOF, cr.downErr))
 			}
+		}
+		if cutAtStart && len(open) > 0 {
+			h.c2 = true
+			h.notes = append(h.notes, "C2 (a Cut between Track and begin wedges the session): every session left open was Cut, or its backend went down, as it was admitted")
 		}
 		h.mu.Unlock()
 		sort.Strings(open)
@@ -1381,6 +1394,7 @@ func (h *harness) report(driven time.Duration, insts []*instance, strict bool) {
 	for _, f := range h.fails[classStalled] {
 		c2 = c2 && strings.Contains(f, ": cut, ")
 	}
+	c2 = c2 || h.c2
 	for _, c := range classOrder {
 		fs := h.fails[c]
 		if len(fs) == 0 {
