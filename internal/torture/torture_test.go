@@ -825,7 +825,7 @@ func (h *harness) cutStorm(stop <-chan struct{}) {
 		t := h.cur.Load().m.Table()
 		if s := t.Service("cut"); s != nil {
 			for _, tg := range s.Targets {
-				tg.B.Cut()
+				tg.B.Cut(backend.CutDown)
 				n++
 			}
 		}
@@ -868,7 +868,7 @@ func (h *harness) chaos(stop <-chan struct{}, deadline time.Time, adopted func(*
 				for _, tg := range tb.All() {
 					if tg.B.Name == b.name {
 						now := time.Now()
-						tg.B.Cut()
+						tg.B.Cut(backend.CutDown)
 						h.disrupted(b.name, now, time.Now())
 						h.count("Backend.Cut of a random backend", 1)
 					}
