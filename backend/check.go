@@ -70,6 +70,24 @@ type Probe struct {
 	// nil: a replica's lag is its own view (see pgRoleQuery).
 	WAL *WALClock
 
+	// Patroni is the REST API of the node's Patroni (host:port), pgsql
+	// only: a node is a primary only when the database runs as one and
+	// GET /primary answers 200, a replica only when it is in recovery and
+	// GET /replica answers 200 (see check_patroni.go). "" = the database
+	// alone decides.
+	Patroni string
+	// PatroniTLS, when set, speaks HTTPS to Patroni with it; nil = plain
+	// HTTP. (The checks' TLS settings fill it in; none do yet.)
+	PatroniTLS *tls.Config
+
+	// Sentinels are the host:port addresses of the Redis Sentinels that
+	// watch MasterName, redis only: a node that answers role:master is the
+	// primary only when a majority of them name its address, Backend (see
+	// check_sentinel.go). Empty = the node's own answer decides.
+	Sentinels  []string
+	MasterName string
+	Backend    string // the backend's own host:port, as the Sentinels name it
+
 	dialer *net.Dialer // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
 }
 
@@ -180,7 +198,7 @@ func (e *TimeoutError) Timeout() bool { return true }
 
 func (p *Probe) check(ctx context.Context) (Answer, error) {
 	switch {
-	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != ""):
+	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != "" || p.Patroni != ""):
 		return p.pgsqlLogin(ctx)
 	case p.Kind == CheckMySQL:
 		role, err := p.mysqlLogin(ctx)
@@ -209,7 +227,7 @@ func (p *Probe) checkConn(ctx context.Context) (role string, err error) {
 	case CheckPgSQL:
 		return "", pgsql(c.(*net.TCPConn), p.User, p.Database)
 	case CheckRedis:
-		return p.redis(c)
+		return p.redis(ctx, c)
 	case CheckHTTP:
 		return "", httpStatus(c, p.Addr, p.Path, p.Status)
 	}

@@ -72,8 +72,11 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	wal, _ := strconv.ParseUint(string(row[1]), 10, 64) // NULL (nothing replayed yet): 0
 	if string(row[0]) != "t" {
 		a := Answer{Role: RolePrimary, Timeline: walTimeline(string(row[2]))}
-		p.WAL.Primary(asked, a.Timeline, wal)
-		return a, nil
+		a, err := p.patroniAgrees(ctx, a)
+		if err == nil { // a primary by Patroni's word too: the one to measure lag against
+			p.WAL.Primary(asked, a.Timeline, wal)
+		}
+		return a, err
 	}
 	a := Answer{Role: RoleReplica}
 	if p.MaxLag > 0 && p.Role == RoleReplica {
@@ -94,7 +97,7 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 			return a, fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), p.MaxLag)
 		}
 	}
-	return a, nil
+	return p.patroniAgrees(ctx, a)
 }
 
 // walTimeline reads the timeline from a WAL file name (its first 8 hex

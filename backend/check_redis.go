@@ -2,6 +2,7 @@ package backend
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -17,8 +18,11 @@ import (
 // while master_link_status:up. Either way it ends with QUIT and reads to EOF, so
 // the server sees an orderly close.
 //
+// With Sentinels, a node that answers role:master is then asked about
+// (sentinelAgrees): it is the primary only if a quorum of them name it.
+//
 // The commands are pipelined in one write and the replies read in order.
-func (p *Probe) redis(c net.Conn) (string, error) {
+func (p *Probe) redis(ctx context.Context, c net.Conn) (string, error) {
 	pw, err := p.password()
 	if err != nil {
 		return "", err
@@ -27,7 +31,7 @@ func (p *Probe) redis(c net.Conn) (string, error) {
 	if pw != "" {
 		cmds = resp(cmds, "AUTH", pw)
 	}
-	info := p.roleWanted() || pw != ""
+	info := p.roleWanted() || pw != "" || len(p.Sentinels) > 0
 	if info {
 		cmds = resp(cmds, "INFO", "replication")
 	} else {
@@ -72,6 +76,9 @@ func (p *Probe) redis(c net.Conn) (string, error) {
 	}
 	switch fields["role"] {
 	case "master":
+		if len(p.Sentinels) > 0 && p.Role != RoleReplica {
+			return RolePrimary, p.sentinelAgrees(ctx)
+		}
 		return RolePrimary, nil
 	case "slave":
 		if st := fields["master_link_status"]; st != "up" && p.Role == RoleReplica {

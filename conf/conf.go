@@ -199,6 +199,10 @@ type Health struct {
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
 	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
 	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
+
+	PatroniPort int      // pgsql: the port of the node's Patroni REST API on the check host, which must agree with the database's role; 0 (default) = the database alone
+	Sentinels   []string // redis: host:port of the Sentinels watching MasterName; a master is the primary only when a majority of them name it. nil (default) = the node's own answer
+	MasterName  string   // redis, with Sentinels: the name the Sentinels monitor the master under; required with Sentinels
 }
 
 // Roles are the values of [health] role.
@@ -621,6 +625,20 @@ func (w *walker) health(ht *table, base Health) Health {
 		PasswordFile: ht.str("password_file", base.PasswordFile),
 		Database:     ht.str("database", base.Database),
 		MaxLag:       ht.duration("max_lag", base.MaxLag, 0),
+
+		PatroniPort: int(ht.integer("patroni_port", int64(base.PatroniPort), 0, 65535)),
+		Sentinels:   base.Sentinels,
+		MasterName:  ht.str("master_name", base.MasterName),
+	}
+	if ss, ok := ht.strs("sentinels"); ok {
+		h.Sentinels = nil
+		for i, s := range ss {
+			if _, _, err := endpoint(s); err != nil {
+				w.errorf(fmt.Sprintf("%s[%d]", ht.key("sentinels"), i), "%v", err)
+				continue
+			}
+			h.Sentinels = append(h.Sentinels, s)
+		}
 	}
 	if ht.has("password_file") {
 		h.PasswordFile = w.passwordFile(ht.key("password_file"), h.PasswordFile)
@@ -794,6 +812,16 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != backend.CheckPgSQL {
 			// Only PostgreSQL's timelines say which claimant is newer.
 			w.errorf(bt.key("health.check"), `split_brain = "newest" needs check = "pgsql" (it compares timelines); have check = %q`, h.Check)
+		}
+		if h := b.Health; h.PatroniPort != 0 && h.Check != backend.CheckPgSQL {
+			w.errorf(bt.key("health.patroni_port"), `patroni_port needs check = "pgsql"; have check = %q`, h.Check)
+		}
+		if h := b.Health; len(h.Sentinels) > 0 && h.Check != backend.CheckRedis {
+			w.errorf(bt.key("health.sentinels"), `sentinels needs check = "redis"; have check = %q`, h.Check)
+		} else if len(h.Sentinels) > 0 && h.MasterName == "" {
+			w.errorf(bt.key("health.master_name"), "missing: sentinels needs the name they monitor the master under, e.g. \"mymaster\"")
+		} else if h.MasterName != "" && len(h.Sentinels) == 0 {
+			w.errorf(bt.key("health.sentinels"), "missing: master_name needs the Sentinels to ask, e.g. [\"10.0.0.1:26379\", \"10.0.0.2:26379\", \"10.0.0.3:26379\"]")
 		}
 		if b.Name == "" {
 			w.errorf(bt.key("name"), "must not be empty")

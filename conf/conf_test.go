@@ -238,6 +238,14 @@ func TestErrors(t *testing.T) {
 			[]string{`f.toml:6: services.s.health.password_file: / is not a regular file`}},
 		{"max_lag on a primary", ok + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"primary\"\nmax_lag = \"10s\"\n",
 			[]string{`services.s.backends[0].health.max_lag: max_lag needs check = "pgsql" and role = "replica"`}},
+		{"patroni_port without pgsql", ok + "[services.s.health]\ncheck = \"http\"\npatroni_port = 8008\n",
+			[]string{`services.s.backends[0].health.patroni_port: patroni_port needs check = "pgsql"; have check = "http"`}},
+		{"sentinels without master_name", ok + "[services.s.health]\ncheck = \"redis\"\nsentinels = [\"127.0.0.1:26379\", \"nope\"]\n",
+			[]string{`services.s.backends[0].health.master_name: missing: sentinels needs the name`, `f.toml:6: services.s.health.sentinels[1]: "nope" is not host:port`}},
+		{"sentinels without redis", ok + "[services.s.health]\ncheck = \"pgsql\"\nsentinels = [\"127.0.0.1:26379\"]\nmaster_name = \"m\"\n",
+			[]string{`services.s.backends[0].health.sentinels: sentinels needs check = "redis"; have check = "pgsql"`}},
+		{"master_name without sentinels", ok + "[services.s.health]\ncheck = \"redis\"\nmaster_name = \"m\"\n",
+			[]string{`services.s.backends[0].health.sentinels: missing: master_name needs the Sentinels to ask`}},
 		{"bad on_down", ok + "on_down = \"shutdown\"\n", []string{`f.toml:4: services.s.on_down: "shutdown" is not one of keep, close`}},
 		{"bad backend on_up", base + "[[services.s.backends]]\naddress = \"127.0.0.1:2\"\non_up = \"close\"\n",
 			[]string{`f.toml:5: services.s.backends[0].on_up: "close" is not one of keep, close-backups`}},
@@ -345,7 +353,7 @@ health = { role = "primary", max_lag = "0s" }
 	h := s.Backends[0].Health
 	want := Health{Check: "pgsql", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200,
 		User: "checker", Role: "replica", PasswordFile: filepath.Join(dir, "pg.pw"), Database: "app", MaxLag: 10 * time.Second}
-	if h != want {
+	if !reflect.DeepEqual(h, want) {
 		t.Errorf("health = %+v; want %+v", h, want)
 	}
 	if b := s.Backends[1]; b.OnDown != "keep" || b.OnUp != "close-backups" || b.OnRoleChange != "keep" || b.Health.Role != "primary" || b.Health.PasswordFile != want.PasswordFile {

@@ -480,7 +480,22 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 		}
 	}
 	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
-		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag}
+		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag,
+		Sentinels: h.Sentinels, MasterName: h.MasterName}
+	if h.PatroniPort != 0 {
+		host, _, _ := net.SplitHostPort(addr)
+		p.Patroni = net.JoinHostPort(host, strconv.Itoa(h.PatroniPort))
+	}
+	if len(h.Sentinels) > 0 {
+		p.Backend = b.Addr.String() // what the Sentinels name: the backend's own address, resolved
+		if b.Host != "" {
+			if a, err := dns.addr(b.Host, b.Addr); err == nil {
+				p.Backend = a.String()
+			} else {
+				p.Backend = net.JoinHostPort(b.Host, strconv.Itoa(int(b.Addr.Port())))
+			}
+		}
+	}
 	if h.Check == backend.CheckSendExpect {
 		p.Send = []byte(h.Send)
 		p.Expect = h.Expect

@@ -1,0 +1,89 @@
+package backend
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/internal/testkit"
+)
+
+// TestPatroniCheck: with patroni_port, a node is a primary only when its
+// database runs as one and its Patroni answers /primary with 200, and a
+// replica only when both say replica. Patroni killed on the leader
+// (PostgreSQL runs on, as a primary, without a watchdog) and the node is
+// no longer a primary: the native check alone still called it one.
+func TestPatroniCheck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Patroni cluster")
+	}
+	pc := testkit.StartPatroni(t, 2)
+	leader := pc.Leader(t)
+	replica := pc.Nodes[0]
+	if replica == leader {
+		replica = pc.Nodes[1]
+	}
+	probe := func(nd *testkit.PatroniNode, role string, patroni bool) *Probe {
+		p := &Probe{Kind: CheckPgSQL, Addr: nd.Addr, Timeout: 5 * time.Second, User: "postgres", Role: role}
+		if patroni {
+			p.Patroni = nd.REST
+		}
+		return p
+	}
+	wantRole(t, "leader, role primary", probe(leader, RolePrimary, true), RolePrimary, "")
+	wantRole(t, "leader, role replica", probe(leader, RoleReplica, true), RolePrimary, "")
+	wantRole(t, "leader, any role", probe(leader, "", true), RolePrimary, "")
+	wantRole(t, "replica, role replica", probe(replica, RoleReplica, true), RoleReplica, "")
+	wantRole(t, "replica, role primary", probe(replica, RolePrimary, true), RoleReplica, "")
+
+	// A Patroni that says otherwise: the replica's REST port pointed at
+	// the leader's Patroni, whose /replica answers 503.
+	p := probe(replica, RoleReplica, true)
+	p.Patroni = leader.REST
+	wantRole(t, "replica whose Patroni says leader", p, "", "Patroni does not agree: REST API "+leader.REST+": GET /replica: status 503")
+
+	pc.KillPatroni(t, leader)
+	wantRole(t, "leader without its Patroni", probe(leader, RolePrimary, true), "", "Patroni does not agree: REST API "+leader.REST)
+	if role, err := probe(leader, RolePrimary, false).Check(t.Context()); err != nil || role != RolePrimary {
+		t.Errorf("the native check of the leader without its Patroni = %q, %v; want primary (the database runs on)", role, err)
+	}
+	pc.KillPatroni(t, replica)
+	wantRole(t, "replica without its Patroni", probe(replica, RoleReplica, true), "", "Patroni does not agree")
+}
+
+// TestSentinelCheck: with sentinels, a node that answers role:master is the
+// primary only when a majority of the Sentinels name it; another master
+// (here a replica told REPLICAOF NO ONE behind Sentinel's back, as an old
+// master is left after SENTINEL FAILOVER) is in the wrong role. Without a
+// majority no node is the primary.
+func TestSentinelCheck(t *testing.T) {
+	ss := testkit.StartSentinel(t, 1)
+	m, r := ss.Redis[0], ss.Redis[1]
+	probe := func(addr, role string) *Probe {
+		return &Probe{Kind: CheckRedis, Addr: addr, Backend: addr, Timeout: 3 * time.Second, Role: role,
+			Sentinels: ss.Sentinels, MasterName: ss.Name}
+	}
+	wantRole(t, "named master", probe(m.Addr, RolePrimary), RolePrimary, "")
+	wantRole(t, "replica, role primary", probe(r.Addr, RolePrimary), RoleReplica, "")
+	wantRole(t, "replica, role replica", probe(r.Addr, RoleReplica), RoleReplica, "")
+
+	if got := r.Do(t, "REPLICAOF NO ONE"); got != "+OK" {
+		t.Fatalf("REPLICAOF NO ONE = %q", got)
+	}
+	for _, role := range []string{RolePrimary, ""} {
+		got, err := probe(r.Addr, role).Check(t.Context())
+		var wr *WrongRoleError
+		if !errors.As(err, &wr) || got != RolePrimary || !strings.Contains(err.Error(), "3 of 3 name "+m.Addr) {
+			t.Errorf("unnamed master, role %q: Check = %q, %v; want primary in the wrong role, named %s", role, got, err, m.Addr)
+		}
+	}
+	wantRole(t, "named master beside an unnamed one", probe(m.Addr, RolePrimary), RolePrimary, "")
+
+	// Two of three Sentinels unreachable: no majority.
+	p := probe(m.Addr, RolePrimary)
+	p.Sentinels = []string{ss.Sentinels[0], testkit.DeadAddr(t), testkit.DeadAddr(t)}
+	wantRole(t, "one Sentinel of three", p, "", "no majority of the 3 Sentinels names a master")
+	p.Sentinels, p.MasterName = ss.Sentinels, "nosuchmaster"
+	wantRole(t, "unknown master name", p, "", "no majority of the 3 Sentinels names a master for \"nosuchmaster\"")
+}
