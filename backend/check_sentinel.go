@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -20,18 +22,23 @@ import (
 // about 10 s), or a killed master restarted with its own configuration,
 // acknowledges writes that its resync erases. Without a majority (too many
 // Sentinels unreachable, or they disagree during a failover) no node is
-// the primary: the error says what each one answered.
+// the primary: the error says what each one answered. And the named master
+// stops being the primary as soon as one Sentinel reports that it is
+// failing it over: the leading Sentinel promotes a replica, and the old
+// master acknowledges writes that will be erased, before the others name
+// the new master.
 func (p *Probe) sentinelAgrees(ctx context.Context) error {
 	answers := make([]string, len(p.Sentinels)) // the address named, or "error: …"
+	failing := make([]bool, len(p.Sentinels))
 	var wg sync.WaitGroup
 	for i, s := range p.Sentinels {
 		wg.Go(func() { // exits when its exchange ends, at the latest at the probe's deadline
-			addr, err := p.sentinelMaster(ctx, s)
+			addr, f, err := p.sentinelMaster(ctx, s)
 			if err != nil {
 				answers[i] = "error: " + err.Error()
 				return
 			}
-			answers[i] = addr
+			answers[i], failing[i] = addr, f
 		})
 	}
 	wg.Wait()
@@ -47,6 +54,15 @@ func (p *Probe) sentinelAgrees(ctx context.Context) error {
 			continue
 		}
 		if sameAddr(addr, p.Backend) {
+			for i, f := range failing {
+				if f && answers[i] == addr {
+					// The Sentinel that leads a failover is about to
+					// promote a replica (SENTINEL FAILOVER, or a master
+					// it sees down); from then on this master's writes
+					// are erased at its resync, and no Sentinel fences it.
+					return &WrongRoleError{Observed: "the master that Sentinel " + p.Sentinels[i] + " is failing over", Want: p.wantName()}
+				}
+			}
 			return nil
 		}
 		return &WrongRoleError{Observed: fmt.Sprintf("a master that the Sentinels do not name (%d of %d name %s)", n, len(p.Sentinels), addr), Want: p.wantName()}
@@ -85,45 +101,75 @@ func sameAddr(a, b string) bool {
 	return ai != nil && bi != nil && ai.Equal(bi)
 }
 
-// sentinelMaster asks one Sentinel for MasterName's address: "" when it
-// knows no such master (a null array), else host:port.
-func (p *Probe) sentinelMaster(ctx context.Context, addr string) (string, error) {
+// sentinelMaster asks one Sentinel for MasterName's address ("" when it
+// knows no such master: a null array) and whether it is failing that
+// master over (failover_in_progress in SENTINEL MASTER's flags), in one
+// round trip.
+func (p *Probe) sentinelMaster(ctx context.Context, addr string) (master string, failingOver bool, err error) {
 	c, err := p.netDialer().DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { c.Close() })() // a cancelled probe unblocks at once
 	if dl, ok := ctx.Deadline(); ok {
 		c.SetDeadline(dl)
 	}
-	if _, err := c.Write(resp(nil, "SENTINEL", "get-master-addr-by-name", p.MasterName)); err != nil {
-		return "", err
+	cmds := resp(nil, "SENTINEL", "get-master-addr-by-name", p.MasterName)
+	cmds = resp(cmds, "SENTINEL", "MASTER", p.MasterName)
+	if _, err := c.Write(cmds); err != nil {
+		return "", false, err
 	}
-	r := bufio.NewReaderSize(c, 512)
+	r := bufio.NewReaderSize(c, 4096)
+	hp, err := redisArray(r, 2)
+	if err != nil {
+		return "", false, err
+	}
+	fields, err := redisArray(r, 256)
+	if err != nil && hp != nil {
+		return "", false, fmt.Errorf("SENTINEL MASTER: %w", err)
+	}
+	for i := 0; i+1 < len(fields); i += 2 {
+		if fields[i] == "flags" {
+			failingOver = slices.Contains(strings.Split(fields[i+1], ","), "failover_in_progress")
+		}
+	}
+	if hp == nil {
+		return "", failingOver, nil
+	}
+	if len(hp) != 2 {
+		return "", false, fmt.Errorf("unexpected answer %q", hp)
+	}
+	return net.JoinHostPort(hp[0], hp[1]), failingOver, nil
+}
+
+// redisArray reads one reply that must be an array of at most max bulk
+// strings; a null or empty array is nil. An error reply is an error.
+func redisArray(r *bufio.Reader, max int) ([]string, error) {
 	line, _, err := redisReply(r)
 	if err != nil {
-		return "", fmt.Errorf("no answer: %w", err)
+		return nil, fmt.Errorf("no answer: %w", err)
 	}
-	switch {
-	case line == "*-1" || line == "*0" || line == "$-1":
-		return "", nil
-	case line == "*2":
-	case strings.HasPrefix(line, "-"):
-		return "", fmt.Errorf("%s", clip([]byte(line)))
-	default:
-		return "", fmt.Errorf("unexpected answer %q", clip([]byte(line)))
+	if strings.HasPrefix(line, "-") {
+		return nil, fmt.Errorf("%s", clip([]byte(line)))
 	}
-	var hp [2]string
-	for i := range hp {
+	if !strings.HasPrefix(line, "*") {
+		return nil, fmt.Errorf("unexpected answer %q", clip([]byte(line)))
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil || n > max {
+		return nil, fmt.Errorf("unexpected answer %q", clip([]byte(line)))
+	}
+	var out []string
+	for range n {
 		l, bulk, err := redisReply(r)
 		if err != nil {
-			return "", fmt.Errorf("truncated answer: %w", err)
+			return nil, fmt.Errorf("truncated answer: %w", err)
 		}
 		if bulk == nil {
-			return "", fmt.Errorf("unexpected element %q", clip([]byte(l)))
+			return nil, fmt.Errorf("unexpected element %q", clip([]byte(l)))
 		}
-		hp[i] = string(bulk)
+		out = append(out, string(bulk))
 	}
-	return net.JoinHostPort(hp[0], hp[1]), nil
+	return out, nil
 }
