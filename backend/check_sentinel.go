@@ -22,11 +22,13 @@ import (
 // about 10 s), or a killed master restarted with its own configuration,
 // acknowledges writes that its resync erases. Without a majority (too many
 // Sentinels unreachable, or they disagree during a failover) no node is
-// the primary: the error says what each one answered. And the named master
-// stops being the primary as soon as one Sentinel reports that it is
-// failing it over: the leading Sentinel promotes a replica, and the old
-// master acknowledges writes that will be erased, before the others name
-// the new master.
+// the primary: the error says what each one answered.
+//
+// A failover moves faster than the majority: the named master stops being
+// the primary as soon as one Sentinel reports that it is failing it over
+// (the old master would acknowledge writes that its resync erases, before
+// the others name the new one), and the replica that Sentinel promoted is
+// the primary as soon as that Sentinel names it.
 func (p *Probe) sentinelAgrees(ctx context.Context) error {
 	answers := make([]string, len(p.Sentinels)) // the address named, or "error: …"
 	failing := make([]bool, len(p.Sentinels))
@@ -49,23 +51,37 @@ func (p *Probe) sentinelAgrees(ctx context.Context) error {
 		}
 	}
 	need := len(p.Sentinels)/2 + 1
+	majority, votesFor := "", 0
 	for addr, n := range votes {
-		if n < need {
-			continue
+		if n >= need {
+			majority, votesFor = addr, n
 		}
-		if sameAddr(addr, p.Backend) {
-			for i, f := range failing {
-				if f && answers[i] == addr {
-					// The Sentinel that leads a failover is about to
-					// promote a replica (SENTINEL FAILOVER, or a master
-					// it sees down); from then on this master's writes
-					// are erased at its resync, and no Sentinel fences it.
-					return &WrongRoleError{Observed: "the master that Sentinel " + p.Sentinels[i] + " is failing over", Want: p.wantName()}
-				}
-			}
+	}
+	// A Sentinel that is failing the master over names the promoted
+	// replica once it holds the master role and has taken the new
+	// configuration epoch (failover state reconf-slaves onwards: the
+	// promotion is then final). It speaks for the new epoch seconds before
+	// the others hear of it (its next hello), so the promoted node is the
+	// primary from then on.
+	for i, f := range failing {
+		if f && answers[i] != "" && !strings.HasPrefix(answers[i], "error: ") && !sameAddr(answers[i], majority) && sameAddr(answers[i], p.Backend) {
 			return nil
 		}
-		return &WrongRoleError{Observed: fmt.Sprintf("a master that the Sentinels do not name (%d of %d name %s)", n, len(p.Sentinels), addr), Want: p.wantName()}
+	}
+	if majority != "" {
+		if !sameAddr(majority, p.Backend) {
+			return &WrongRoleError{Observed: fmt.Sprintf("a master that the Sentinels do not name (%d of %d name %s)", votesFor, len(p.Sentinels), majority), Want: p.wantName()}
+		}
+		for i, f := range failing {
+			if f {
+				// The Sentinel leading a failover (SENTINEL FAILOVER, or
+				// a master it sees down) promotes a replica; from then on
+				// this master's writes are erased at its resync, and no
+				// Sentinel fences it.
+				return &WrongRoleError{Observed: "the master that Sentinel " + p.Sentinels[i] + " is failing over", Want: p.wantName()}
+			}
+		}
+		return nil
 	}
 	var said []string
 	for i, a := range answers {

@@ -577,5 +577,17 @@ func sentinelScenario(t *testing.T, scenario string) (figures, []int64) {
 		n, _ := strconv.ParseInt(s, 10, 64)
 		present[n] = true
 	}
+	if os.Getenv("FULCRUM_DRILL_DEBUG") == "1" {
+		for _, m := range fr.logs.All(func(m map[string]any) bool { return m["component"] == "health" || m["component"] == "reload" }) {
+			t.Logf("%v %v %v %v %v", m["time"], m["message"], m["backend"], m["reason"], m["role"])
+		}
+		w.mu.Lock()
+		for _, a := range w.writes {
+			if d := a.at.Sub(trigger); d > -300*time.Millisecond && d < 8*time.Second && (a.err != nil || d < time.Second || a.node != old) {
+				t.Logf("seq %d start %+.3f at %+.3f node %s err %v", a.seq, a.start.Sub(trigger).Seconds(), d.Seconds(), a.node, a.err)
+			}
+		}
+		w.mu.Unlock()
+	}
 	return w.analyse(trigger, present, 0, time.Second)
 }
