@@ -31,7 +31,7 @@ import (
 // the primary as soon as that Sentinel names it.
 func (p *Probe) sentinelAgrees(ctx context.Context) error {
 	answers := make([]string, len(p.Sentinels)) // the address named, or "error: …"
-	failing := make([]bool, len(p.Sentinels))
+	failing := make([]string, len(p.Sentinels)) // the address being failed over, or ""
 	var wg sync.WaitGroup
 	for i, s := range p.Sentinels {
 		wg.Go(func() { // exits when its exchange ends, at the latest at the probe's deadline
@@ -44,6 +44,23 @@ func (p *Probe) sentinelAgrees(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	for i, f := range failing {
+		if f != "" && sameAddr(f, p.Backend) {
+			// The Sentinel leading a failover (SENTINEL FAILOVER, or a
+			// master it sees down) promotes a replica; from then on this
+			// master's writes are erased at its resync, and no Sentinel
+			// fences it.
+			return &WrongRoleError{Observed: "the master that Sentinel " + p.Sentinels[i] + " is failing over", Want: p.wantName()}
+		}
+	}
+	for i, f := range failing {
+		if f != "" && !sameAddr(answers[i], f) && sameAddr(answers[i], p.Backend) {
+			// That Sentinel names the replica it promoted once the
+			// promotion is final (failover state reconf-slaves on), seconds
+			// before the others hear of it.
+			return nil
+		}
+	}
 	votes := map[string]int{}
 	for _, a := range answers {
 		if !strings.HasPrefix(a, "error: ") && a != "" {
@@ -51,37 +68,14 @@ func (p *Probe) sentinelAgrees(ctx context.Context) error {
 		}
 	}
 	need := len(p.Sentinels)/2 + 1
-	majority, votesFor := "", 0
 	for addr, n := range votes {
-		if n >= need {
-			majority, votesFor = addr, n
+		if n < need {
+			continue
 		}
-	}
-	// A Sentinel that is failing the master over names the promoted
-	// replica once it holds the master role and has taken the new
-	// configuration epoch (failover state reconf-slaves onwards: the
-	// promotion is then final). It speaks for the new epoch seconds before
-	// the others hear of it (its next hello), so the promoted node is the
-	// primary from then on.
-	for i, f := range failing {
-		if f && answers[i] != "" && !strings.HasPrefix(answers[i], "error: ") && !sameAddr(answers[i], majority) && sameAddr(answers[i], p.Backend) {
+		if sameAddr(addr, p.Backend) {
 			return nil
 		}
-	}
-	if majority != "" {
-		if !sameAddr(majority, p.Backend) {
-			return &WrongRoleError{Observed: fmt.Sprintf("a master that the Sentinels do not name (%d of %d name %s)", votesFor, len(p.Sentinels), majority), Want: p.wantName()}
-		}
-		for i, f := range failing {
-			if f {
-				// The Sentinel leading a failover (SENTINEL FAILOVER, or
-				// a master it sees down) promotes a replica; from then on
-				// this master's writes are erased at its resync, and no
-				// Sentinel fences it.
-				return &WrongRoleError{Observed: "the master that Sentinel " + p.Sentinels[i] + " is failing over", Want: p.wantName()}
-			}
-		}
-		return nil
+		return &WrongRoleError{Observed: fmt.Sprintf("a master that the Sentinels do not name (%d of %d name %s)", n, len(p.Sentinels), addr), Want: p.wantName()}
 	}
 	var said []string
 	for i, a := range answers {
@@ -117,14 +111,17 @@ func sameAddr(a, b string) bool {
 	return ai != nil && bi != nil && ai.Equal(bi)
 }
 
-// sentinelMaster asks one Sentinel for MasterName's address ("" when it
-// knows no such master: a null array) and whether it is failing that
-// master over (failover_in_progress in SENTINEL MASTER's flags), in one
-// round trip.
-func (p *Probe) sentinelMaster(ctx context.Context, addr string) (master string, failingOver bool, err error) {
+// sentinelMaster asks one Sentinel, in one round trip, for MasterName's
+// address (get-master-addr-by-name; "" when it knows no such master: a
+// null array) and, when it is failing that master over
+// (failover_in_progress in SENTINEL MASTER's flags), the address of the
+// master it is failing over: SENTINEL MASTER's ip and port, which stay
+// the old master's until the failover ends, while get-master-addr-by-name
+// already names the promoted replica once its promotion is final.
+func (p *Probe) sentinelMaster(ctx context.Context, addr string) (master, failingOver string, err error) {
 	c, err := p.netDialer().DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return "", false, err
+		return "", "", err
 	}
 	defer c.Close()
 	defer context.AfterFunc(ctx, func() { c.Close() })() // a cancelled probe unblocks at once
@@ -134,27 +131,29 @@ func (p *Probe) sentinelMaster(ctx context.Context, addr string) (master string,
 	cmds := resp(nil, "SENTINEL", "get-master-addr-by-name", p.MasterName)
 	cmds = resp(cmds, "SENTINEL", "MASTER", p.MasterName)
 	if _, err := c.Write(cmds); err != nil {
-		return "", false, err
+		return "", "", err
 	}
 	r := bufio.NewReaderSize(c, 4096)
 	hp, err := redisArray(r, 2)
 	if err != nil {
-		return "", false, err
+		return "", "", err
 	}
-	fields, err := redisArray(r, 256)
+	list, err := redisArray(r, 256)
 	if err != nil && hp != nil {
-		return "", false, fmt.Errorf("SENTINEL MASTER: %w", err)
+		return "", "", fmt.Errorf("SENTINEL MASTER: %w", err)
 	}
-	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == "flags" {
-			failingOver = slices.Contains(strings.Split(fields[i+1], ","), "failover_in_progress")
-		}
+	fields := map[string]string{}
+	for i := 0; i+1 < len(list); i += 2 {
+		fields[list[i]] = list[i+1]
+	}
+	if slices.Contains(strings.Split(fields["flags"], ","), "failover_in_progress") && fields["ip"] != "" {
+		failingOver = net.JoinHostPort(fields["ip"], fields["port"])
 	}
 	if hp == nil {
 		return "", failingOver, nil
 	}
 	if len(hp) != 2 {
-		return "", false, fmt.Errorf("unexpected answer %q", hp)
+		return "", "", fmt.Errorf("unexpected answer %q", hp)
 	}
 	return net.JoinHostPort(hp[0], hp[1]), failingOver, nil
 }

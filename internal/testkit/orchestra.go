@@ -20,6 +20,7 @@ package testkit
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -274,6 +275,35 @@ func (c *PatroniCluster) KillPostmaster(t testing.TB, nd *PatroniNode) {
 	}
 }
 
+// Partition cuts the node's Patroni off from etcd, and etcd alone: packets
+// between its own etcd address (EtcdAddr) and etcd are dropped on the
+// loopback interface, so that Patroni sees timeouts as behind a real
+// partition. heal removes the rules; the test's cleanup does too.
+func (c *PatroniCluster) Partition(t testing.TB, nd *PatroniNode) (heal func()) {
+	t.Helper()
+	needPrograms(t, "iptables")
+	host, port, _ := net.SplitHostPort(nd.EtcdAddr)
+	rules := [][]string{
+		{"INPUT", "-i", "lo", "-p", "tcp", "-d", host, "--dport", port, "-j", "DROP"},
+		{"INPUT", "-i", "lo", "-p", "tcp", "-s", host, "--sport", port, "-j", "DROP"},
+	}
+	for _, r := range rules {
+		run(t, "iptables", append([]string{"-I"}, r...)...)
+	}
+	healed := false
+	heal = func() {
+		if healed {
+			return
+		}
+		healed = true
+		for _, r := range rules {
+			exec.Command("iptables", append([]string{"-D"}, r...)...).Run()
+		}
+	}
+	t.Cleanup(heal)
+	return heal
+}
+
 // Member is one node as Patroni's GET /cluster describes it.
 type Member struct {
 	Name  string `json:"name"`
@@ -297,15 +327,26 @@ func (c *PatroniCluster) Members() []Member {
 	return nil
 }
 
-// LeaderName is the member holding the leader lock as the cluster's REST
-// API reports it, or "".
+// LeaderName is the member holding the leader lock, read from etcd's
+// leader key (as patronictl does), or "" when none holds it.
 func (c *PatroniCluster) LeaderName() string {
-	for _, m := range c.Members() {
-		if m.Role == "leader" || m.Role == "master" {
-			return m.Name
-		}
+	key := base64.StdEncoding.EncodeToString([]byte("/service/fulcrum/leader"))
+	cl := &http.Client{Timeout: 2 * time.Second}
+	resp, err := cl.Post("http://"+c.Etcd+"/v3/kv/range", "application/json", strings.NewReader(`{"key": "`+key+`"}`))
+	if err != nil {
+		return ""
 	}
-	return ""
+	defer resp.Body.Close()
+	var out struct {
+		Kvs []struct {
+			Value string `json:"value"`
+		} `json:"kvs"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out) != nil || len(out.Kvs) == 0 {
+		return ""
+	}
+	v, _ := base64.StdEncoding.DecodeString(out.Kvs[0].Value)
+	return string(v)
 }
 
 // Node returns the node of that name.
