@@ -323,6 +323,9 @@ func TestOrchestraPatroni(t *testing.T) {
 			if r.patroni && f.lost > 0 {
 				t.Errorf("%d acknowledged writes lost (seqs %v); want 0", f.lost, lost)
 			}
+			if r.patroni && f.nonLeader > 0 {
+				t.Errorf("%d writes acknowledged by a node that did not hold the leader lock; want 0", f.nonLeader)
+			}
 		})
 	}
 }
@@ -529,8 +532,16 @@ func TestOrchestraSentinel(t *testing.T) {
 		t.Run(sc, func(t *testing.T) {
 			f, lost := sentinelScenario(t, sc)
 			t.Logf("%s: %v", sc, f)
-			if f.lost > 0 && (sc != "failover" || os.Getenv("FULCRUM_DRILL_STRICT") == "1") {
+			// SENTINEL FAILOVER: the old master acknowledges writes from the
+			// promotion to its next check, which no check can fence (see
+			// docs/databases.md); the figure is reported, and asserted
+			// only under FULCRUM_DRILL_STRICT=1.
+			strict := sc != "failover" || os.Getenv("FULCRUM_DRILL_STRICT") == "1"
+			if strict && f.lost > 0 {
 				t.Errorf("%d acknowledged writes lost (seqs %v); want 0", f.lost, lost)
+			}
+			if strict && f.nonLeader > 0 {
+				t.Errorf("%d writes acknowledged by a node the Sentinels did not name; want 0", f.nonLeader)
 			}
 		})
 	}
