@@ -1,7 +1,10 @@
 package backend
 
 import (
+	"bufio"
+	"context"
 	"errors"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -86,4 +89,78 @@ func TestSentinelCheck(t *testing.T) {
 	wantRole(t, "one Sentinel of three", p, "", "no majority of the 3 Sentinels names a master")
 	p.Sentinels, p.MasterName = ss.Sentinels, "nosuchmaster"
 	wantRole(t, "unknown master name", p, "", "no majority of the 3 Sentinels names a master for \"nosuchmaster\"")
+}
+
+// fakeSentinel answers get-master-addr-by-name with named ("" = a null
+// array) and SENTINEL MASTER with the record's address rec and, with
+// failing, the failover_in_progress flag, as a Sentinel does in each phase
+// of a failover.
+func fakeSentinel(t *testing.T, named, rec string, failing bool) string {
+	return testkit.NewServer(t, func(c *net.TCPConn) {
+		r := bufio.NewReader(c)
+		for range 2 {
+			v, err := testkit.ReadRESP(r)
+			args, _ := v.([]any)
+			if err != nil || len(args) < 2 {
+				return
+			}
+			switch args[1] {
+			case "get-master-addr-by-name":
+				if named == "" {
+					c.Write([]byte("*-1\r\n"))
+					continue
+				}
+				h, p, _ := net.SplitHostPort(named)
+				c.Write(testkit.RESP(h, p))
+			case "MASTER":
+				h, p, _ := net.SplitHostPort(rec)
+				flags := "master"
+				if failing {
+					flags = "master,failover_in_progress"
+				}
+				c.Write(testkit.RESP("name", "mymaster", "ip", h, "port", p, "flags", flags))
+			}
+		}
+	}).Addr
+}
+
+// TestSentinelFailoverPhases: through the phases of a failover (old master
+// M, promoted replica R, the first Sentinel leading), M stops being the
+// primary as soon as the leader is failing it over, R is the primary as
+// soon as the leader names it, and neither is before a majority or the
+// leader says so.
+func TestSentinelFailoverPhases(t *testing.T) {
+	const m, r = "127.0.0.1:6379", "127.0.0.1:6380"
+	type sentinel struct {
+		named, rec string
+		failing    bool
+	}
+	for _, tc := range []struct {
+		name string
+		s    [3]sentinel
+		m, r string // "" = primary, else a substring of the error
+	}{
+		{"steady", [3]sentinel{{m, m, false}, {m, m, false}, {m, m, false}}, "", "do not name (3 of 3 name " + m},
+		{"failover begins", [3]sentinel{{m, m, true}, {m, m, false}, {m, m, false}}, "is failing over", "do not name"},
+		{"promotion final at the leader", [3]sentinel{{r, m, true}, {m, m, false}, {m, m, false}}, "is failing over", ""},
+		{"others switched, leader reconfiguring", [3]sentinel{{r, m, true}, {r, r, false}, {r, r, false}}, "is failing over", ""},
+		{"done", [3]sentinel{{r, r, false}, {r, r, false}, {r, r, false}}, "do not name (3 of 3 name " + r, ""},
+		{"no majority", [3]sentinel{{m, m, false}, {r, r, false}, {"", "", false}}, "no majority", "no majority"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var addrs []string
+			for _, s := range tc.s {
+				addrs = append(addrs, fakeSentinel(t, s.named, s.rec, s.failing))
+			}
+			for _, node := range []struct{ addr, want string }{{m, tc.m}, {r, tc.r}} {
+				p := &Probe{Kind: CheckRedis, Backend: node.addr, Role: RolePrimary, Sentinels: addrs, MasterName: "mymaster"}
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				err := p.sentinelAgrees(ctx)
+				cancel()
+				if node.want == "" && err != nil || node.want != "" && (err == nil || !strings.Contains(err.Error(), node.want)) {
+					t.Errorf("%s: sentinelAgrees = %v; want %q", node.addr, err, node.want)
+				}
+			}
+		})
+	}
 }
