@@ -431,6 +431,16 @@ func patroniScenario(t *testing.T, scenario string, patroni bool) (figures, []in
 		n, _ := strconv.ParseInt(r[0], 10, 64)
 		present[n] = true
 	}
+	if os.Getenv("FULCRUM_DRILL_DEBUG") == "1" {
+		w.mu.Lock()
+		for _, r := range w.reads {
+			t.Logf("read %+.3f max %d on %s", r.start.Sub(trigger).Seconds(), r.maxSeq, r.node)
+		}
+		w.mu.Unlock()
+		for _, m := range fr.logs.All(func(m map[string]any) bool { return m["component"] == "health" }) {
+			t.Logf("%v", m)
+		}
+	}
 	return w.analyse(trigger, present, maxLag, 150*time.Millisecond)
 }
 
