@@ -91,10 +91,11 @@ func subUsage(fs *flag.FlagSet) {
 
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
-	var raw, verbose *bool
+	var raw, verbose, events *bool
 	addr, code := adminCommand("status", args, stdout, stderr, func(fs *flag.FlagSet) {
 		raw = fs.Bool("json", false, "print the JSON as served")
 		verbose = fs.Bool("v", false, "also print each backend's whole reason and last check error")
+		events = fs.Bool("events", false, "print the recent state changes (backends and services), oldest first, instead of the table")
 	})
 	if addr == "" {
 		return code
@@ -114,7 +115,9 @@ func status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
 		return 1
 	}
-	if *verbose {
+	if *events {
+		admin.WriteEvents(stdout, st.Events)
+	} else if *verbose {
 		admin.WriteTableVerbose(stdout, st)
 	} else {
 		admin.WriteTable(stdout, st)

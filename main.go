@@ -234,7 +234,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade,
-			Log: func() (uint64, bool) { return sink.Dropped(), sink.Stalled() }}
+			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
+			Events: m.Events, Watcher: m.Watcher()}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)

@@ -86,6 +86,10 @@ type Source struct {
 	// start because stderr did not take them, and whether it drops now.
 	// Nil: fulcrum_log_dropped_total is not served.
 	Log func() (dropped uint64, stalled bool)
+	// Events lists the recent state changes for /status and the console;
+	// Watcher knows each service's fallback and hold state. Nil: not shown.
+	Events  func() []backend.Event
+	Watcher *status.Watcher
 }
 
 // endpoints is what GET / lists, in the order shown.
@@ -488,5 +492,5 @@ type (
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
 	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit,
-		Draining: src.Draining, Instance: src.Instance, Version: src.Version})
+		Draining: src.Draining, Instance: src.Instance, Version: src.Version, Events: src.Events, Watcher: src.Watcher})
 }

@@ -60,11 +60,13 @@ type override struct {
 // SetOverride sets the operator's state; by says who asked (logged and
 // shown). It reports whether it changed.
 func (b *Backend) SetOverride(o Override, by string, now time.Time) bool {
-	if Override(b.ovr.v.Swap(int32(o))) == o {
+	was := Override(b.ovr.v.Swap(int32(o)))
+	if was == o {
 		return false
 	}
 	b.ovr.since.Store(now.UnixNano())
 	b.ovr.by.Store(&by)
+	b.events.Add(Event{At: now, Service: b.Service, Backend: b.Name, From: "set " + was.String(), To: "set " + o.String(), Reason: by})
 	return true
 }
 

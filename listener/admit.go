@@ -99,6 +99,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	}
 	var tm timing
 	fail := func(t *sched.Target, end string, err error) {
+		if t == nil { // counted before the close, as rejections are
+			svc.Group.Unserved(end)
+		}
 		closeFD(c)
 		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
 	}

@@ -93,6 +93,7 @@ type Manager struct {
 	dirty  chan struct{}      // StateChanged → saveLoop
 	handed atomic.Bool        // HandOver was called: the state file is another process's now
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
+	watch  status.Watcher     // each service's own state (fallback, holding), read after every swap
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
 	cur        *conf.Config
@@ -120,8 +121,17 @@ func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Serv
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
 	m.health = health.New(log, m.Table, m.refresh)
 	m.pool.Changes = m.health.Changes()
+	m.watch.Log, m.watch.Events = log.With().Str("component", "service").Logger(), &m.pool.Events
 	return m
 }
+
+// Events returns the last state changes of backends and services, oldest
+// first: the pool's ring, which outlives reloads.
+func (m *Manager) Events() []backend.Event { return m.pool.Events.List() }
+
+// Watcher follows each service's own state (fallback, holding) from one
+// table to the next.
+func (m *Manager) Watcher() *status.Watcher { return &m.watch }
 
 // Table returns the running table; nil before the first Apply.
 func (m *Manager) Table() *sched.Table {

@@ -1,0 +1,89 @@
+package reload
+
+import (
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/internal/testkit"
+	"fulcrum/status"
+)
+
+// TestServiceHistory: a service that runs on its fallback says so (a log
+// line at the start and at the end, its state and since when, a count),
+// each backend keeps its transitions and downtime, the ring keeps every
+// change across a reload, and a connection ended without a backend is
+// counted by its end reason.
+func TestServiceHistory(t *testing.T) {
+	testkit.CheckLeaks(t)
+	w := testkit.NewServer(t, testkit.Greeter("writer"))
+	replica := testkit.DeadAddr(t)
+	dead := testkit.DeadAddr(t)
+	health := func(s string) string {
+		return "[services." + s + ".health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	}
+	services := []svc{
+		{name: "ro", listen: []string{"127.0.0.1:0"}, extra: "fallback = \"rw\"\n" + health("ro"), backends: []be{{"r", replica, 1, ""}}},
+		{name: "rw", listen: []string{"127.0.0.2:0"}, extra: health("rw"), backends: []be{{"w", w.Addr, 1, ""}}},
+		{name: "lone", listen: []string{"127.0.0.3:0"}, backends: []be{{"x", dead, 1, ""}}},
+	}
+	dir := t.TempDir()
+	r := startRun(t, dir, render(services...))
+	fellBack := r.logs.Wait(t, 5*time.Second, "ro on its fallback", func(m map[string]any) bool {
+		return m["service"] == "ro" && m["fallback"] == "rw"
+	})
+	if !strings.Contains(fellBack["message"].(string), "new connections go to service rw") {
+		t.Errorf("fallback line %q; want it to name the service that serves", fellBack["message"])
+	}
+	if st := r.m.Watcher().State("ro"); st.Serving != status.ServingFallback || st.Fallback != "rw" || st.Fallbacks != 1 || st.Since.IsZero() {
+		t.Errorf("ro's state on its fallback: %+v; want fallback rw, once, with a since", st)
+	}
+	if name, err := testkit.Greeting(r.addr("127.0.0.1:0")); name != "writer" {
+		t.Errorf("ro on its fallback: %q, %v; want the writer", name, err)
+	}
+	testkit.NewServerAt(t, replica, testkit.Greeter("replica"))
+	r.logs.Wait(t, 5*time.Second, "ro back on its own", func(m map[string]any) bool {
+		return m["service"] == "ro" && m["was"] == "fallback rw"
+	})
+	if st := r.m.Watcher().State("ro"); st.Serving != status.ServingOwn || st.Fallbacks != 1 {
+		t.Errorf("ro's state with its replica back: %+v; want own, fallbacks still 1", st)
+	}
+
+	// A dial that fails with nowhere else to go: counted as its access line ends.
+	c, err := net.Dial("tcp", r.addr("127.0.0.3:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("a connection to a dead backend read a byte; want it closed")
+	}
+	c.Close()
+	if n := r.ptr.Load().Service("lone").Group.UnservedCounts()["connect failed"]; n != 1 {
+		t.Errorf("lone's connections ended with connect failed: %d; want 1", n)
+	}
+
+	// A reload keeps the ring and the backends' history.
+	services[2].extra = "connect_timeout = \"2s\"\n"
+	renameOver(t, r.path, render(services...))
+	r.expectGen(2, 5*time.Second)
+	b := r.ptr.Load().Service("ro").Targets[0].B
+	if h := b.History(time.Now()); h.Transitions != 2 || h.Downtime <= 0 {
+		t.Errorf("ro/r's history: %+v; want 2 transitions (down, up) and some downtime", h)
+	}
+	var got []string
+	for _, e := range r.m.Events() {
+		if e.Service == "ro" {
+			got = append(got, e.Backend+": "+e.From+" → "+e.To)
+		}
+	}
+	want := []string{"r: up → down", ": own → fallback rw", "r: down → up", ": fallback rw → own"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ro's events after a reload: %q; want %q", got, want)
+	}
+	if ev := r.m.Events(); len(ev) == 0 || ev[0].Seq != 1 || ev[0].At.IsZero() || ev[0].Reason == "" {
+		t.Errorf("first event %+v; want seq 1, a time and a reason", ev)
+	}
+}
