@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"syscall"
@@ -60,17 +61,52 @@ func adminCommandArgs(name, operands string, n int, args []string, stdout, stder
 	if addr != "" {
 		return addr, rest, 0
 	}
+	var listen netip.AddrPort
 	cfg, err := conf.Load(*path)
-	if err != nil {
+	var ce *conf.Error
+	switch {
+	case err == nil:
+		listen = cfg.Admin.Listen
+	case errors.As(err, &ce):
+		// Someone is editing the file, and the daemon runs its last good
+		// table: all this command needs is [admin] listen, read leniently.
+		invalid := err
+		if listen, err = conf.AdminListen(*path); err == nil && listen.IsValid() {
+			warnInvalid(stderr, name, listen.String(), invalid)
+		} else {
+			err = configError(*path, invalid) // the file's own errors say it best
+		}
+	default:
 		err = configError(*path, err)
-	} else if !cfg.Admin.Listen.IsValid() {
+	}
+	if err == nil && !listen.IsValid() {
 		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
 		return "", nil, 1
 	}
-	return cfg.Admin.Listen.String(), rest, 0
+	return listen.String(), rest, 0
+}
+
+// warnInvalid says, above a command's output, that the file on disk is
+// invalid and that the running daemon at addr ignores it, naming the
+// generation it runs when it answers.
+func warnInvalid(w io.Writer, name, addr string, invalid error) {
+	table := "the running table"
+	c := adminClient
+	c.Timeout = 2 * time.Second
+	if resp, err := c.Get("http://" + addr + "/status"); err == nil {
+		var st struct {
+			Generation uint64 `json:"generation"`
+		}
+		if json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st) == nil && st.Generation > 0 {
+			table = fmt.Sprintf("the running table %d", st.Generation)
+		}
+		resp.Body.Close()
+	}
+	fmt.Fprintf(w, "fulcrum %s: the file on disk is invalid; %s ignores it:\n  %s\n", name, table,
+		strings.ReplaceAll(invalid.Error(), "\n", "\n  "))
 }
 
 // unreachable adds what an operator should check when nothing answers at
