@@ -127,6 +127,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if why := conf.Exposed(*path); why != "" {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
 			}
+			for _, w := range cfg.Warnings() {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			}
 			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
 			}
@@ -218,6 +221,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if why := conf.Exposed(*path); why != "" {
 		mlog.Warn().Msg(why)
+	}
+	for _, w := range cfg.Warnings() {
+		mlog.Warn().Msg(w)
 	}
 	stopAdmin := func() {}
 	if a := cfg.Admin.Listen; a.IsValid() {
