@@ -416,7 +416,7 @@ See fulcrum(8) and fulcrum.toml(5).
 // first contact, not an invalid file.
 func configError(path string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("no configuration at %s; pass -config FILE, start from the example in systemd/fulcrum.toml, or try `fulcrum demo`", path)
+		return fmt.Errorf("no configuration at %s; pass -config FILE, start from the example (/usr/share/doc/fulcrum/examples/fulcrum.toml from the package, systemd/fulcrum.toml in the source), or try `fulcrum demo`", path)
 	}
 	var ce *conf.Error
 	if errors.As(err, &ce) {
