@@ -241,13 +241,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade,
 			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
-			Events: m.Events, Watcher: m.Watcher()}
+			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
-		defer func() {                                                                             // after the drain, so that it can be watched
+		sampled := make(chan struct{})
+		go func() { // the console's plots; exits when stopAdmin is called
+			defer close(sampled)
+			src.History.Run(actx, time.Second, func() admin.Status { return admin.Snapshot(src) })
+		}()
+		defer func() { // after the drain, so that it can be watched
 			stopAdmin()
+			<-sampled
 			if err := <-done; err != nil {
 				mlog.Warn().Err(err).Msg("admin listener")
 			}

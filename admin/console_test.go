@@ -1,0 +1,90 @@
+package admin
+
+import (
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"fulcrum/status"
+)
+
+// TestConsolePage: a browser gets the console, curl the index; the page
+// and its files come from the binary, name nothing elsewhere, and are
+// served under a policy that forbids inline script and framing.
+func TestConsolePage(t *testing.T) {
+	srv := httptest.NewServer(Handler(emptySource()))
+	defer srv.Close()
+	get := func(path, accept string) (*http.Response, string) {
+		req, _ := http.NewRequest("GET", srv.URL+path, nil)
+		req.Header.Set("Accept", accept)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	resp, body := get("/", "text/html,application/xhtml+xml,*/*;q=0.8")
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") || !strings.Contains(body, `src="/console/console.js"`) {
+		t.Errorf("GET / from a browser: %s %q; want the console page", ct, body[:min(len(body), 200)])
+	}
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+		t.Errorf("the console's policy %q; want its own scripts only and no framing", csp)
+	}
+	if _, body := get("/", "*/*"); !strings.Contains(body, "admin listener") {
+		t.Errorf("GET / from curl: %q; want the text index", body)
+	}
+	for _, f := range []string{"console.js", "console.css"} {
+		if resp, _ := get("/console/"+f, "*/*"); resp.StatusCode != 200 {
+			t.Errorf("GET /console/%s = %s", f, resp.Status)
+		}
+	}
+	if resp, _ := get("/console/../admin.go", "*/*"); resp.StatusCode != 404 {
+		t.Errorf("GET /console/../admin.go = %s; want 404", resp.Status)
+	}
+	external := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}`)
+	fs.WalkDir(console, "console", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, _ := console.ReadFile(p)
+		if m := external.FindString(string(b)); m != "" {
+			t.Errorf("%s names %q: the console must need nothing from elsewhere", p, m)
+		}
+		return nil
+	})
+}
+
+// TestHistory: samples become per-backend series of connections, new
+// connections per second and check latency, oldest first, bounded.
+func TestHistory(t *testing.T) {
+	h := &History{Len: 3}
+	t0 := time.Unix(1000, 0)
+	st := func(active int64, total uint64, lat float64) status.Status {
+		return status.Status{Services: []status.Service{{Name: "s", Backends: []status.Backend{{Name: "b", Active: active, Total: total,
+			LastCheck: &status.LastCheck{LatencyMS: lat}}}}}}
+	}
+	h.Sample(st(1, 10, 0.5), t0, 0)
+	h.Sample(st(2, 14, 0.7), t0.Add(time.Second), time.Second)
+	h.Sample(st(3, 20, 0.9), t0.Add(3*time.Second), 2*time.Second)
+	h.Sample(st(4, 20, 1.1), t0.Add(4*time.Second), time.Second)
+	j := h.JSON()
+	b, _ := json.Marshal(j)
+	want := `{"times":[1001000,1003000,1004000],"series":{"s/b":{"conns":[2,3,4],"rate":[4,3,0],"latency_ms":[0.7,0.9,1.1]}}}`
+	if string(b) != want {
+		t.Errorf("history %s; want %s", b, want)
+	}
+	for range 3 { // gone for a whole ring: forgotten
+		h.Sample(status.Status{}, t0.Add(5*time.Second), time.Second)
+	}
+	if j := h.JSON(); len(j.Series) != 0 {
+		t.Errorf("a backend gone for %d samples is still kept: %v", 3, j.Series)
+	}
+}
