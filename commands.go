@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -191,7 +192,14 @@ func drain(args []string, stdout, stderr io.Writer) int {
 // set asks the running daemon to hold one backend (drain, maint) or to let
 // it go (ready): POST /backends/SERVICE/BACKEND/STATE.
 func set(args []string, stdout, stderr io.Writer) int {
-	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, nil)
+	for _, a := range args {
+		if a == "-list" || a == "--list" {
+			return setList(args, stdout, stderr)
+		}
+	}
+	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, func(fs *flag.FlagSet) {
+		fs.Bool("list", false, "print the running daemon's SERVICE/BACKEND names, one a line, and exit (for shell completion)")
+	})
 	if addr == "" {
 		return code
 	}
@@ -215,6 +223,37 @@ func set(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	stdout.Write(body)
+	return 0
+}
+
+// setList prints the running daemon's SERVICE/BACKEND names, one a line,
+// for shell completion.
+func setList(args []string, stdout, stderr io.Writer) int {
+	args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "-list" || a == "--list" })
+	addr, code := adminCommand("set", args, stdout, stderr, func(fs *flag.FlagSet) {
+		fs.Bool("list", false, "print the running daemon's SERVICE/BACKEND names, one a line, and exit (for shell completion)")
+	})
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/status")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %v\n", unreachable(err))
+		return 1
+	}
+	defer resp.Body.Close()
+	var st admin.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %s: %v\n", addr, err)
+		return 1
+	}
+	for _, s := range st.Services {
+		for _, b := range s.Backends {
+			if !b.Removed {
+				fmt.Fprintf(stdout, "%s/%s\n", s.Name, b.Name)
+			}
+		}
+	}
 	return 0
 }
 

@@ -21,7 +21,7 @@ func fakeAdmin(t *testing.T) string {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(`{"generation": 7, "services": []}`))
+		w.Write([]byte(`{"generation": 7, "services": [{"name": "ro", "backends": [{"name": "pg2"}, {"name": "pg3"}, {"name": "old", "removed": true}]}]}`))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	mux.HandleFunc("POST /drain", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("draining\n")) })
@@ -76,5 +76,15 @@ func TestCommandsWithInvalidFile(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := healthz([]string{"-config", path}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "configuration is invalid") {
 		t.Errorf("healthz with no readable [admin] listen: exit %d, stderr %q; want 1 and the file's errors", code, errb.String())
+	}
+}
+
+// TestSetList: fulcrum set -list prints the running daemon's names, for
+// shell completion.
+func TestSetList(t *testing.T) {
+	addr := fakeAdmin(t)
+	var out, errb bytes.Buffer
+	if code := set([]string{"-list", "-admin", addr}, &out, &errb); code != 0 || out.String() != "ro/pg2\nro/pg3\n" {
+		t.Errorf("set -list = %d, %q (stderr %q); want ro/pg2 and ro/pg3", code, out.String(), errb.String())
 	}
 }

@@ -266,7 +266,7 @@ func routes(src Source) *http.ServeMux {
 		svc, name := r.PathValue("service"), r.PathValue("backend")
 		changed, err := src.Set(svc, name, o, who(r))
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusNotFound)
+			http.Error(w, err.Error()+validNames(src, svc), http.StatusNotFound)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

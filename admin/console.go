@@ -58,3 +58,29 @@ func who(r *http.Request) string {
 	}
 	return by
 }
+
+// validNames lists, after a `fulcrum set` for a name that does not exist,
+// the names that do: the service's backends, or every SERVICE/BACKEND when
+// the service is unknown.
+func validNames(src Source, service string) string {
+	if src.Table == nil {
+		return ""
+	}
+	t := src.Table()
+	if t == nil {
+		return ""
+	}
+	var names []string
+	if s := t.Service(service); s != nil {
+		for _, tg := range s.All() {
+			names = append(names, tg.B.Name)
+		}
+		return "; its backends: " + strings.Join(names, ", ")
+	}
+	for _, s := range t.Services {
+		for _, tg := range s.All() {
+			names = append(names, s.Name+"/"+tg.B.Name)
+		}
+	}
+	return "; the backends: " + strings.Join(names, ", ")
+}

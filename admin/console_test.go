@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
+	"fulcrum/sched"
 	"fulcrum/status"
 )
 
@@ -86,5 +89,35 @@ func TestHistory(t *testing.T) {
 	}
 	if j := h.JSON(); len(j.Series) != 0 {
 		t.Errorf("a backend gone for %d samples is still kept: %v", 3, j.Series)
+	}
+}
+
+// TestSetTypoListsNames: a `fulcrum set` for a backend or service that
+// does not exist is answered with the names that do.
+func TestSetTypoListsNames(t *testing.T) {
+	tbl := &sched.Table{Gen: 1, Services: []*sched.Service{
+		{Name: "ro", Targets: []sched.Target{{B: backend.New("ro", "pg2")}, {B: backend.New("ro", "pg3")}}},
+		{Name: "rw", Targets: []sched.Target{{B: backend.New("rw", "pg1")}}},
+	}}
+	src := emptySource()
+	src.Table = func() *sched.Table { return tbl }
+	src.Set = func(svc, name string, o backend.Override, by string) (bool, error) {
+		return false, fmt.Errorf("no backend %q in service %s", name, svc)
+	}
+	srv := httptest.NewServer(Handler(src))
+	defer srv.Close()
+	for path, want := range map[string]string{
+		"/backends/ro/pg9/drain": `no backend "pg9" in service ro; its backends: pg2, pg3`,
+		"/backends/r/pg2/drain":  "; the backends: ro/pg2, ro/pg3, rw/pg1",
+	} {
+		resp, err := http.Post(srv.URL+path, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 404 || !strings.Contains(string(b), want) {
+			t.Errorf("POST %s = %d %q; want 404 and %q", path, resp.StatusCode, b, want)
+		}
 	}
 }

@@ -44,6 +44,9 @@ func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 		if len(s.SplitBrain) > 0 {
 			fmt.Fprintf(w, "  SPLIT BRAIN: %s claim primary\n", strings.Join(s.SplitBrain, ", "))
 		}
+		if s.Hint != "" {
+			fmt.Fprintf(w, "  hint: %s\n", s.Hint)
+		}
 		switch s.Serving {
 		case status.ServingFallback:
 			fmt.Fprintf(w, "  fallback: %s%s: no backend of its own is eligible\n", s.Fallback, sinceWhen(s.ServingSince, now))

@@ -381,6 +381,10 @@ func (b *Backend) Timeline() uint64 {
 	return b.health.timeline
 }
 
+// ReasonAwaitingRole is the reason of a backend that AwaitRole holds out
+// of rotation until its first role check.
+const ReasonAwaitingRole = "waiting for the first role check"
+
 // AwaitRole keeps a backend whose checks now want role, and that no check
 // has yet seen in that role, out of rotation until its next check: a
 // service that wants a primary must not send writes to a node it has not
@@ -397,7 +401,7 @@ func (b *Backend) AwaitRole(role string) {
 	h.awaiting = true
 	if b.down.Load() == 0 { // one already out of rotation keeps its state (and its log stays quiet)
 		h.initial = h.since.IsZero() && h.transitions == 0
-		b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+		b.setBits(downActive, 0, ReasonAwaitingRole, time.Now())
 	}
 }
 

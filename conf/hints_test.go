@@ -90,3 +90,43 @@ func TestCredentialsDirectory(t *testing.T) {
 		t.Errorf("Parse without CREDENTIALS_DIRECTORY: %v; want it named", err)
 	}
 }
+
+// TestSummaryFailover: -check's summary shows what a database recipe
+// sets: the checks, roles, max_lag, fallback, hold_timeout, on_down and
+// [admin].
+func TestSummaryFailover(t *testing.T) {
+	src := `[admin]
+listen = "127.0.0.1:9900"
+[services.rw]
+listen = ["127.0.0.1:15432"]
+scheduler = "first"
+hold_timeout = "10s"
+on_down = "close"
+health = { check = "pgsql", role = "primary", interval = "1s" }
+backends = [{ name = "pg1", address = "127.0.0.1:5432" }]
+[services.ro]
+listen = ["127.0.0.1:15433"]
+scheduler = "wlc"
+fallback = "rw"
+health = { check = "pgsql", role = "replica", max_lag = "10s" }
+backends = [{ name = "pg2", address = "127.0.0.1:5433" }, { name = "pg3", address = "127.0.0.1:5434", health = { max_lag = "30s" } }]
+`
+	cfg, err := Parse("f.toml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	cfg.WriteSummary(&b)
+	for _, want := range []string{
+		"admin: listen 127.0.0.1:9900",
+		"hold_timeout 10s  on_down close  split_brain refuse",
+		"health: pgsql every 1s (timeout 1s, rise 2, fall 3), role primary, user fulcrum",
+		"fallback rw  on_down keep",
+		"role replica, max_lag 10s",
+		"health: max_lag 30s",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -2,6 +2,7 @@ package reload
 
 import (
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -85,5 +86,49 @@ func TestServiceHistory(t *testing.T) {
 	}
 	if ev := r.m.Events(); len(ev) == 0 || ev[0].Seq != 1 || ev[0].At.IsZero() || ev[0].Reason == "" {
 		t.Errorf("first event %+v; want seq 1, a time and a reason", ev)
+	}
+}
+
+// TestUnresolvedAddressShown: status names a backend given by host name
+// with that name, "(unresolved)" until it has an address, and the address
+// once it has one — never "invalid AddrPort".
+func TestUnresolvedAddressShown(t *testing.T) {
+	b := testkit.NewServer(t, greetEcho("b"))
+	dns := &dnsStub{}
+	port := b.Addr[strings.LastIndex(b.Addr, ":")+1:]
+	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "b", addr: "b.test:" + port, weight: 1}}})
+	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	addr := func() string {
+		return status.Of(status.Source{Table: r.m.Table}).Services[0].Backends[0].Address
+	}
+	if got, want := addr(), "b.test:"+port+" (unresolved)"; got != want {
+		t.Errorf("address before the name resolves: %q; want %q", got, want)
+	}
+	dns.set("b.test", netip.MustParseAddr("127.0.0.1"))
+	r.hup <- struct{}{}
+	r.expectGen(2, 10*time.Second)
+	if got, want := addr(), "b.test:"+port+" (127.0.0.1:"+port+")"; got != want {
+		t.Errorf("address once resolved: %q; want %q", got, want)
+	}
+}
+
+// TestHealthyStartQuiet: a backend waiting for its first role check is out
+// of rotation for a moment at every start; that is not a warning, nor
+// history (no event, no transition).
+func TestHealthyStartQuiet(t *testing.T) {
+	testkit.CheckLeaks(t)
+	rd := testkit.StartRedis(t)
+	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"500ms\"\ntimeout = \"500ms\"\nrise = 1\nfall = 1\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: health, backends: []be{{"a", rd.Addr, 1, ""}}}))
+	r.logs.Wait(t, 10*time.Second, "a up", backendLine("backend up", "a"))
+	if warned := r.logs.All(func(m map[string]any) bool { return m["message"] == "backend down" && m["level"] == "warn" }); len(warned) > 0 {
+		t.Errorf("a healthy start warned %v", warned)
+	}
+	if h := r.ptr.Load().Service("rw").Targets[0].B.History(time.Now()); h.Transitions != 0 || h.Downtime != 0 {
+		t.Errorf("history after a healthy start: %+v; want none", h)
+	}
+	if ev := r.m.Events(); len(ev) != 0 {
+		t.Errorf("events after a healthy start: %+v; want none", ev)
 	}
 }

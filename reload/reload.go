@@ -125,6 +125,14 @@ func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Serv
 	return m
 }
 
+// hostOf is the backend's address as written when it is a host name.
+func hostOf(b conf.Backend) string {
+	if b.Host == "" {
+		return ""
+	}
+	return b.Address
+}
+
 // Events returns the last state changes of backends and services, oldest
 // first: the pool's ring, which outlives reloads.
 func (m *Manager) Events() []backend.Event { return m.pool.Events.List() }
@@ -370,7 +378,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			if b.Host != "" {
 				p.addrErrs[bk] = aerr
 			}
-			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
+			t := sched.Target{B: bk, Addr: addr, Host: hostOf(b), Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: b.ProxyProtocol,
 				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups", CutOnRole: b.OnRoleChange == "close"}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"fulcrum/backend"
@@ -119,7 +120,10 @@ type Service struct {
 	ServingSince time.Time `json:"serving_since,omitzero"`
 	Fallback     string    `json:"fallback,omitempty"`
 	Fallbacks    uint64    `json:"fallbacks"`
-	Backends     []Backend `json:"backends"`
+	// Hint is what the status suggests beyond the states: when every
+	// backend's check fails to log in, the check's own credentials.
+	Hint     string    `json:"hint,omitempty"`
+	Backends []Backend `json:"backends"`
 }
 
 // Backend is one backend: its settings in this generation, its state by
@@ -270,6 +274,13 @@ func Of(src Source) Status {
 			for i, tg := range s.All() {
 				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets), now)
 				b.Limit = tg.MaxConns
+				if tg.Host != "" { // a name: say which, and whether it has an address yet
+					if tg.Addr.Addr().IsValid() {
+						b.Address = tg.Host + " (" + tg.Addr.String() + ")"
+					} else {
+						b.Address = tg.Host + " (unresolved)"
+					}
+				}
 				b.Weight = tg.Weight
 				if !b.Up() {
 					b.Weight = 0
@@ -289,6 +300,7 @@ func Of(src Source) Status {
 				ss.Backends = append(ss.Backends, removedOf(d))
 				return true
 			})
+			ss.Hint = credentialsHint(ss.Backends)
 			st.Services = append(st.Services, ss)
 		}
 	}
@@ -401,4 +413,30 @@ func (st Status) Line() string {
 		line += "; last reload failed: " + st.Reload.LastError
 	}
 	return line
+}
+
+// authFailures are the words each database answers a failed login with.
+var authFailures = []string{"password authentication failed", "SQLSTATE 28P01", "SQLSTATE 28000", "Access denied for user",
+	"WRONGPASS", "NOAUTH", "invalid password", "invalid username-password pair"}
+
+// credentialsHint says that the check's own credentials are probably wrong
+// when every backend (two at least) last failed its check with a login
+// error: one server refusing is that server's business; all of them
+// refusing is the user or password_file the checks share.
+func credentialsHint(bs []Backend) string {
+	n := 0
+	for _, b := range bs {
+		if b.Removed {
+			continue
+		}
+		c := b.LastCheck
+		if c == nil || c.OK || !slices.ContainsFunc(authFailures, func(w string) bool { return strings.Contains(c.Error, w) }) {
+			return ""
+		}
+		n++
+	}
+	if n < 2 {
+		return ""
+	}
+	return "every backend refuses the check's login: the check's own credentials (user, password_file) are probably wrong, not the servers"
 }
