@@ -86,6 +86,12 @@ function backendRow(s, b, now) {
   const rates = (hs.rate || []).filter((v) => v !== null);
   const rate = rates.length ? rates[rates.length - 1] : null;
   const weight = b.removed ? "-" : (b.weight === b.configured_weight ? `${b.weight}` : `${b.weight}/${b.configured_weight}`);
+  // where the effective weight comes from
+  let wsrc = "file";
+  if (b.removed) wsrc = "removed";
+  else if (b.override) wsrc = "set " + b.override;
+  else if (b.state !== "up") wsrc = b.cause || b.state;
+  else if (b.weight < b.configured_weight) wsrc = "slow start";
   const notes = [b.cause && !b.state.includes(b.cause) ? b.cause : "", b.backup ? "backup" : ""].filter(Boolean).join(", ");
   let role = esc(b.role || "");
   if (b.lag_seconds !== undefined && b.lag_seconds !== null) role += ` <span class="sub">lag ${latency(b.lag_seconds * 1000)}</span>`;
@@ -99,9 +105,9 @@ function backendRow(s, b, now) {
   const limit = b.max_conns ? ` / ${b.max_conns}` : "";
   return `<tr data-backend="${esc(key)}" data-state="${esc(b.state)}" data-override="${esc(b.override || "ready")}">
 <td data-label="backend"><strong>${esc(b.name)}</strong><span class="sub">${esc(b.address)}</span></td>
-<td data-label="state"><span class="badge ${stateClass(b.state)}">${esc(b.state)}</span>${notes ? ` <small>(${esc(notes)})</small>` : ""}${reason}</td>
+<td data-label="state"><span class="badge ${b.override ? "s-held" : stateClass(b.state)}">${b.override ? "held: " + esc(b.override) : esc(b.state)}</span>${notes ? ` <small>(${esc(notes)})</small>` : ""}${reason}</td>
 <td data-label="in state" class="num">${b.since ? short((now - Date.parse(b.since)) / 1000) : "since start"}</td>
-<td data-label="weight" class="num" title="effective/configured">${weight}</td>
+<td data-label="weight" class="num" title="effective/configured">${weight}<span class="sub">${esc(wsrc)}</span></td>
 <td data-label="role">${role}</td>
 <td data-label="conns" class="num">${b.active}${limit}<span class="sub">${b.total} total</span></td>
 <td data-label="new/s" class="num">${rate === null ? "-" : rate.toFixed(1)}</td>

@@ -230,6 +230,13 @@ backends  = [{ name = "replica", address = %q }]
 	for range 3 {
 		greet(t, web)
 	}
+	run(t, ctx, 30*time.Second, "the plots drawn from /history",
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[bool](`[...document.querySelectorAll("svg.spark polyline")].some(p => p.getAttribute("points").split(" ").length > 3)`,
+				chromedp.WithPollingTimeout(25*time.Second))(ctx, tg)
+			return err
+		}),
+	)
 	shot := value(t, ctx, 20*time.Second, "a screenshot", chromedp.FullScreenshot(100))
 	out := filepath.Join(t.TempDir(), "console.png")
 	if os.Getenv("FULCRUM_CONSOLE_SCREENSHOT") == "1" {
@@ -248,5 +255,8 @@ backends  = [{ name = "replica", address = %q }]
 	overflow := value(t, ctx, 10*time.Second, "measure the page", chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth + 1`))
 	if overflow {
 		t.Error("on a 390 px wide screen the console scrolls sideways")
+	}
+	if p := os.Getenv("FULCRUM_CONSOLE_PHONE"); p != "" { // to look at by hand
+		os.WriteFile(p, value(t, ctx, 20*time.Second, "a phone screenshot", chromedp.FullScreenshot(100)), 0o644)
 	}
 }
