@@ -88,3 +88,22 @@ func TestSetList(t *testing.T) {
 		t.Errorf("set -list = %d, %q (stderr %q); want ro/pg2 and ro/pg3", code, out.String(), errb.String())
 	}
 }
+
+// TestCheckWarns: -check says what is valid but most likely not meant,
+// and -q keeps quiet about it.
+func TestCheckWarns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fulcrum.toml")
+	os.WriteFile(path, []byte("[services.ro]\nlisten = [\"127.0.0.1:15433\"]\nscheduler = \"lc\"\nbackends = [{ name = \"a\", address = \"127.0.0.1:5432\", weight = 3 }, { name = \"b\", address = \"127.0.0.2:5432\" }]\n"), 0o644)
+	var out, errb bytes.Buffer
+	if code := run([]string{"-check", "-config", path}, &out, &errb); code != 0 {
+		t.Fatalf("-check = %d: %s", code, errb.String())
+	}
+	if want := `fulcrum: warning: services.ro: scheduler "lc" ignores weights, and its backends have different weights (3, 1); use "wlc"`; !strings.Contains(errb.String(), want) {
+		t.Errorf("-check stderr %q; want %q", errb.String(), want)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := run([]string{"-check", "-q", "-config", path}, &out, &errb); code != 0 || out.Len()+errb.Len() != 0 {
+		t.Errorf("-check -q = %d, %q %q; want 0 and nothing", code, out.String(), errb.String())
+	}
+}

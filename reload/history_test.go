@@ -132,3 +132,32 @@ func TestHealthyStartQuiet(t *testing.T) {
 		t.Errorf("events after a healthy start: %+v; want none", ev)
 	}
 }
+
+// TestHoldingLogged: a service with hold_timeout whose every backend is
+// down says, once, that it holds new connections and for how long, and
+// once that a backend is eligible again; a reload to a file with weights
+// an unweighted scheduler ignores warns.
+func TestHoldingLogged(t *testing.T) {
+	testkit.CheckLeaks(t)
+	addr := testkit.DeadAddr(t)
+	health := "[services.rw.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	s := svc{name: "rw", listen: []string{"127.0.0.1:0"}, extra: "hold_timeout = \"10s\"\n" + health, backends: []be{{"a", addr, 1, ""}}}
+	r := startRun(t, t.TempDir(), render(s))
+	r.logs.Wait(t, 5*time.Second, "holding", func(m map[string]any) bool {
+		return m["service"] == "rw" && m["message"] == "no eligible backend; holding new connections up to 10s"
+	})
+	if st := r.m.Watcher().State("rw"); st.Serving != status.ServingHolding {
+		t.Errorf("rw's state: %+v; want holding", st)
+	}
+	testkit.NewServerAt(t, addr, greetEcho("a"))
+	r.logs.Wait(t, 5*time.Second, "the end of the hold", func(m map[string]any) bool {
+		return m["service"] == "rw" && m["was"] == "holding" && m["message"] == "a backend of its own is eligible again"
+	})
+	s.scheduler, s.backends = "lc", append(s.backends, be{"b", addr, 3, ""})
+	s.backends[1].name = "b"
+	renameOver(t, r.path, render(s))
+	r.logs.Wait(t, 5*time.Second, "the weights warning", func(m map[string]any) bool {
+		msg, _ := m["message"].(string)
+		return m["level"] == "warn" && strings.HasPrefix(msg, `services.rw: scheduler "lc" ignores weights`)
+	})
+}
