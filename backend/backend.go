@@ -43,6 +43,7 @@ type Backend struct {
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 	drainAt      atomic.Int64  // unix nanoseconds when the current drain began; 0 when not draining
+	zeroAt       atomic.Int64  // unix nanoseconds when its configured weight became 0 (NoteWeight); 0 while above 0
 	ovr          override      // the operator's state (`fulcrum set`); see Condition
 	checks       checkStats    // active check results and durations, for status and metrics
 

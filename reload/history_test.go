@@ -161,3 +161,22 @@ func TestHoldingLogged(t *testing.T) {
 		return m["level"] == "warn" && strings.HasPrefix(msg, `services.rw: scheduler "lc" ignores weights`)
 	})
 }
+
+// TestWeightZeroSince: a drain by weight 0 is dated from the reload that
+// set it, not from when the backend last came up.
+func TestWeightZeroSince(t *testing.T) {
+	a := testkit.NewServer(t, greetEcho("a"))
+	s := svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n",
+		backends: []be{{"a", a.Addr, 1, ""}, {"b", a.Addr, 1, ""}}}
+	r := startRun(t, t.TempDir(), render(s))
+	since := func() time.Time {
+		return status.Of(status.Source{Table: r.m.Table}).Services[0].Backends[0].Since
+	}
+	started := time.Now()
+	s.backends[0].weight = 0
+	renameOver(t, r.path, render(s))
+	r.expectGen(2, 5*time.Second)
+	if got := since(); got.Before(started) {
+		t.Errorf("a drained by weight 0 since %v; want no earlier than the reload (%v)", got, started)
+	}
+}

@@ -525,12 +525,14 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 // longer names start draining; draining ones that came back are undrained.
 func (m *Manager) settle(old, next *sched.Table) {
 	kept := map[*backend.Backend]bool{}
+	now := time.Now()
 	for _, s := range next.Services {
 		for _, t := range s.All() {
 			kept[t.B] = true
 			if t.B.Draining() {
 				t.B.Undrain()
 			}
+			t.B.NoteWeight(t.Base, now) // a drain by weight 0 is dated from the table that made it
 		}
 	}
 	if old == nil {
