@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/listener"
 	"fulcrum/sched"
 	"fulcrum/status"
 )
@@ -119,5 +120,80 @@ func TestSetTypoListsNames(t *testing.T) {
 		if resp.StatusCode != 404 || !strings.Contains(string(b), want) {
 			t.Errorf("POST %s = %d %q; want 404 and %q", path, resp.StatusCode, b, want)
 		}
+	}
+}
+
+// TestTableFallbackAndEvents: fulcrum status shows a service on its
+// fallback with since when, what ended without a backend, a replica's
+// lag and the credentials hint; -events prints the ring.
+func TestTableFallbackAndEvents(t *testing.T) {
+	now := time.Now()
+	lag := 1.5
+	st := Status{Generation: 4, Services: []status.Service{{
+		Name: "ro", Scheduler: "wlc", Serving: status.ServingFallback, Fallback: "rw", ServingSince: now.Add(-90 * time.Second),
+		Unserved: map[string]uint64{"no backend": 30, "connect failed": 2}, Fallbacks: 2, Hint: "every backend refuses the check's login",
+		Backends: []status.Backend{{Name: "pg2", State: "down", Cause: "check", Role: "replica", LagSeconds: &lag, Transitions: 3, DowntimeSeconds: 75}},
+	}}}
+	var b strings.Builder
+	writeTable(&b, st, true, now)
+	for _, want := range []string{
+		"fallback: rw (since " + now.Add(-90*time.Second).Local().Format(time.TimeOnly) + ", 1m30s ago)",
+		"ended without a backend: connect failed 2, no backend 30;  held 0 (expired 0);  fallbacks 2",
+		"hint: every backend refuses the check's login",
+		"down (check, replica, lag 1.50s)",
+		"pg2: 3 state changes, down 1m15s in all",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	at := time.Date(2026, 12, 1, 20, 30, 10, 393e6, time.Local)
+	WriteEvents(&b, []backend.Event{{Seq: 1, At: at, Service: "ro", Backend: "pg1", From: "up", To: "down", Reason: "check failed 2 times"},
+		{Seq: 2, At: at, Service: "ro", From: "own", To: "fallback rw", Reason: "no backend of its own is eligible"}})
+	for _, want := range []string{"2026-12-01 20:30:10.393  ro/pg1  up → down", "ro      own → fallback rw"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("events lack %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestHistoryMetrics: the fallback, the connections ended without a
+// backend and a backend's transitions are served as metrics.
+func TestHistoryMetrics(t *testing.T) {
+	var pool backend.Pool
+	r, w := pool.Get("ro", "r"), pool.Get("rw", "w")
+	rw := &sched.Service{Name: "rw", Scheduler: "wrr", Group: pool.Group("rw"), Targets: []sched.Target{{B: w, Weight: 1, Base: 1}}}
+	ro := &sched.Service{Name: "ro", Scheduler: "wrr", Group: pool.Group("ro"), Targets: []sched.Target{{B: r, Weight: 1, Base: 1}}, Fallback: rw}
+	tbl := sched.NewTable(1, []*sched.Service{ro, rw}, nil)
+	watch := &status.Watcher{Events: &pool.Events}
+	watch.Swapped(listener.NewSnapshot(tbl, nil), time.Now()) // first sight: ro on its own
+	r.StartDown("test: down")
+	watch.Swapped(listener.NewSnapshot(tbl, nil), time.Now())
+	ro.Group.Unserved("no backend")
+	src := emptySource()
+	src.Table, src.Watcher, src.Events = func() *sched.Table { return tbl }, watch, pool.Events.List
+	srv := httptest.NewServer(Handler(src))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`fulcrum_service_fallback{fallback="rw",service="ro"} 1`,
+		`fulcrum_service_serving{service="ro",serving="fallback"} 1`,
+		`fulcrum_service_fallbacks_total{service="ro"} 1`,
+		`fulcrum_service_unserved_total{reason="no backend",service="ro"} 1`,
+		`fulcrum_backend_transitions_total{backend="r",service="ro"} 1`,
+		`fulcrum_backend_state_since_timestamp_seconds{backend="r",service="ro"}`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if ev := pool.Events.List(); len(ev) != 2 || ev[0].To != "down" || ev[1].To != "fallback rw" {
+		t.Errorf("events %+v; want r down, then ro on its fallback", ev)
 	}
 }
