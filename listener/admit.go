@@ -427,6 +427,9 @@ func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, 
 	}
 	if t != nil {
 		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
+		if t.B.Service != svc.Name { // picked from its fallback's backends
+			e = e.Str("fallback", t.B.Service)
+		}
 	}
 	if tm.dialled != 0 {
 		e = e.Float64("queue_ms", ms(tm.queue))

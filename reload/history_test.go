@@ -44,6 +44,9 @@ func TestServiceHistory(t *testing.T) {
 	if name, err := testkit.Greeting(r.addr("127.0.0.1:0")); name != "writer" {
 		t.Errorf("ro on its fallback: %q, %v; want the writer", name, err)
 	}
+	r.logs.Wait(t, 5*time.Second, "the access line naming the fallback", func(m map[string]any) bool {
+		return m["message"] == "connection" && m["service"] == "ro" && m["backend"] == "w" && m["fallback"] == "rw"
+	})
 	testkit.NewServerAt(t, replica, testkit.Greeter("replica"))
 	r.logs.Wait(t, 5*time.Second, "ro back on its own", func(m map[string]any) bool {
 		return m["service"] == "ro" && m["was"] == "fallback rw"
