@@ -91,6 +91,12 @@ func TestHistory(t *testing.T) {
 	if j := h.JSON(); len(j.Series) != 0 {
 		t.Errorf("a backend gone for %d samples is still kept: %v", 3, j.Series)
 	}
+	h = &History{Len: 3, MaxSeries: 2}
+	many := status.Status{Services: []status.Service{{Name: "s", Backends: []status.Backend{{Name: "a"}, {Name: "b"}, {Name: "c"}}}}}
+	h.Sample(many, t0, 0)
+	if j := h.JSON(); len(j.Series) != 2 || j.Series["s/c"].Conns != nil {
+		t.Errorf("with MaxSeries 2, series %v; want s/a and s/b only", j.Series)
+	}
 }
 
 // TestSetTypoListsNames: a `fulcrum set` for a backend or service that

@@ -12,10 +12,13 @@ import (
 // History keeps, per backend, the last Len one-second samples of its open
 // connections, new connections per second and last check latency: the
 // console's small plots. It lives in memory only and is bounded: Len
-// samples of three numbers per backend, and a backend gone for Len samples
-// is forgotten. Run samples; the rest may be called from any goroutine.
+// samples of three numbers for at most MaxSeries backends (the first in
+// the status's order; 3.6 MiB at the defaults), and a backend gone for Len
+// samples is forgotten. Run samples; the rest may be called from any
+// goroutine.
 type History struct {
-	Len int // samples kept; 0: DefaultHistory
+	Len       int // samples kept; 0: DefaultHistory
+	MaxSeries int // backends sampled; 0: DefaultHistorySeries
 
 	mu     sync.Mutex // protects the fields below
 	times  []int64    // unix milliseconds of each sample, a ring of Len
@@ -27,10 +30,14 @@ type History struct {
 // DefaultHistory is how many samples a History keeps: five minutes.
 const DefaultHistory = 300
 
+// DefaultHistorySeries is how many backends a History samples: more than
+// one screen shows, and a bound for configurations of thousands.
+const DefaultHistorySeries = 1000
+
 // series is one backend's samples, aligned with History.times; NaN where
 // the backend was not in the status.
 type series struct {
-	conns, rate, latency []float64
+	conns, rate, latency []float32
 	total                uint64 // its connections total at the last sample
 	seen                 bool   // total is from the sample before
 	absent               int    // samples in a row it was missing from
@@ -70,25 +77,33 @@ func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
 	h.times[i] = now.UnixMilli()
 	h.next = (i + 1) % n
 	h.filled = min(h.filled+1, n)
+	most := h.MaxSeries
+	if most <= 0 {
+		most = DefaultHistorySeries
+	}
+	nan := float32(math.NaN())
 	present := map[string]bool{}
 	for _, s := range st.Services {
 		for _, b := range s.Backends {
 			k := s.Name + "/" + b.Name
-			present[k] = true
 			sr := h.series[k]
 			if sr == nil {
+				if len(h.series) >= most {
+					continue
+				}
 				sr = &series{conns: nans(n), rate: nans(n), latency: nans(n)}
 				h.series[k] = sr
 			}
-			sr.conns[i] = float64(b.Active)
-			sr.rate[i] = math.NaN()
+			present[k] = true
+			sr.conns[i] = float32(b.Active)
+			sr.rate[i] = nan
 			if sr.seen && dt > 0 && b.Total >= sr.total {
-				sr.rate[i] = float64(b.Total-sr.total) / dt.Seconds()
+				sr.rate[i] = float32(float64(b.Total-sr.total) / dt.Seconds())
 			}
 			sr.total, sr.seen, sr.absent = b.Total, true, 0
-			sr.latency[i] = math.NaN()
+			sr.latency[i] = nan
 			if b.LastCheck != nil {
-				sr.latency[i] = b.LastCheck.LatencyMS
+				sr.latency[i] = float32(b.LastCheck.LatencyMS)
 			}
 		}
 	}
@@ -96,7 +111,7 @@ func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
 		if present[k] {
 			continue
 		}
-		sr.conns[i], sr.rate[i], sr.latency[i] = math.NaN(), math.NaN(), math.NaN()
+		sr.conns[i], sr.rate[i], sr.latency[i] = nan, nan, nan
 		sr.seen = false
 		if sr.absent++; sr.absent >= n {
 			delete(h.series, k)
@@ -104,10 +119,10 @@ func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
 	}
 }
 
-func nans(n int) []float64 {
-	s := make([]float64, n)
+func nans(n int) []float32 {
+	s := make([]float32, n)
 	for i := range s {
-		s[i] = math.NaN()
+		s[i] = float32(math.NaN())
 	}
 	return s
 }
@@ -142,10 +157,11 @@ func (h *History) JSON() HistoryJSON {
 		idx[j] = (start + j) % n
 		out.Times = append(out.Times, h.times[idx[j]])
 	}
-	pick := func(v []float64) []*float64 {
+	pick := func(v []float32) []*float64 {
 		o := make([]*float64, len(idx))
 		for j, i := range idx {
-			if x := v[i]; !math.IsNaN(x) {
+			if x := float64(v[i]); !math.IsNaN(x) {
+				x = math.Round(x*1000) / 1000 // float32's noise off
 				o[j] = &x
 			}
 		}
