@@ -260,6 +260,9 @@ func WriteEvents(w io.Writer, events []backend.Event) {
 	fmt.Fprintln(tw, "time\twhat\tchange\treason")
 	for _, e := range events {
 		what := e.Service
+		if what == "" {
+			what = "(reload)"
+		}
 		if e.Backend != "" {
 			what += "/" + e.Backend
 		}

@@ -78,10 +78,17 @@ func TestServiceHistory(t *testing.T) {
 		t.Errorf("ro/r's history: %+v; want 2 transitions (down, up) and some downtime", h)
 	}
 	var got []string
+	reloads := 0
 	for _, e := range r.m.Events() {
 		if e.Service == "ro" {
 			got = append(got, e.Backend+": "+e.From+" → "+e.To)
 		}
+		if e.Service == "" && e.From == "generation 1" && e.To == "generation 2" {
+			reloads++
+		}
+	}
+	if reloads != 1 {
+		t.Errorf("the reload is in the events %d times; want once", reloads)
 	}
 	want := []string{"r: up → down", ": own → fallback rw", "r: down → up", ": fallback rw → own"}
 	if !slices.Equal(got, want) {
@@ -181,5 +188,20 @@ func TestWeightZeroSince(t *testing.T) {
 	r.expectGen(2, 5*time.Second)
 	if got := since(); got.Before(started) {
 		t.Errorf("a drained by weight 0 since %v; want no earlier than the reload (%v)", got, started)
+	}
+}
+
+// TestRefusedReloadEvent: a file that is refused is in the events, with
+// its first problem, beside the generation that keeps serving.
+func TestRefusedReloadEvent(t *testing.T) {
+	a := testkit.NewServer(t, greetEcho("a"))
+	s := svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, 1, ""}}}
+	r := startRun(t, t.TempDir(), render(s))
+	s.scheduler = "leastconn"
+	renameOver(t, r.path, render(s))
+	r.expectRefused(`did you mean "wlc"?`, 5*time.Second)
+	ev := r.m.Events()
+	if len(ev) != 1 || ev[0].From != "generation 1" || ev[0].To != "reload refused" || !strings.Contains(ev[0].Reason, "leastconn") {
+		t.Errorf("events after a refused reload: %+v; want one, naming the problem", ev)
 	}
 }

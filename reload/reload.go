@@ -335,6 +335,12 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		e.Int("services", len(p.table.Services)).Msg("configuration applied")
 	} else {
 		e.Msg("reload applied")
+		why := "reload applied"
+		if trigger != "" {
+			why += " (" + trigger + ")"
+		}
+		m.pool.Events.Add(backend.Event{At: time.Now(), From: fmt.Sprintf("generation %d", old.Gen),
+			To: fmt.Sprintf("generation %d", p.table.Gen), Reason: why})
 	}
 	return nil
 }

@@ -156,7 +156,7 @@ function render(st) {
   }
   $("services").innerHTML = svcs.map((s) => serviceCard(s, now)).join("");
   const ev = (st.events || []).slice(-100).reverse();
-  $("events").innerHTML = ev.length ? ev.map((e) => `<li data-seq="${e.seq}"><time datetime="${esc(e.at)}" title="${esc(e.at)}">${clock(e.at)}</time><span>${esc(e.service)}${e.backend ? "/" + esc(e.backend) : ""}</span><span><strong>${esc(e.from)} → ${esc(e.to)}</strong> <span class="why">${esc(e.reason)}</span></span></li>`).join("")
+  $("events").innerHTML = ev.length ? ev.map((e) => `<li data-seq="${e.seq}"><time datetime="${esc(e.at)}" title="${esc(e.at)}">${clock(e.at)}</time><span>${e.service ? esc(e.service) : "(reload)"}${e.backend ? "/" + esc(e.backend) : ""}</span><span><strong>${esc(e.from)} → ${esc(e.to)}</strong> <span class="why">${esc(e.reason)}</span></span></li>`).join("")
     : `<li><span>no state changes since start</span></li>`;
   $("updated").textContent = "updated " + new Date(now).toLocaleTimeString([], { hour12: false });
 }
