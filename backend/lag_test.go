@@ -39,6 +39,11 @@ func TestReplicationLagKept(t *testing.T) {
 			}
 		}
 	}
+	for deadline := time.Now().Add(30 * time.Second); rep.Exec(t, "SELECT pg_last_xact_replay_timestamp() IS NOT NULL")[0][0] != "t"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // replay gives no event but its timestamp; before it, a paused replica's lag is unknown
+			t.Fatal("the replica replayed nothing in 30s")
+		}
+	}
 	r, stop := check(rep.Addr)
 	await("a caught-up replica", r, func(l time.Duration, ok bool) bool { return ok && l == 0 })
 	rep.Exec(t, "SELECT pg_wal_replay_pause()")
