@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -60,17 +62,52 @@ func adminCommandArgs(name, operands string, n int, args []string, stdout, stder
 	if addr != "" {
 		return addr, rest, 0
 	}
+	var listen netip.AddrPort
 	cfg, err := conf.Load(*path)
-	if err != nil {
+	var ce *conf.Error
+	switch {
+	case err == nil:
+		listen = cfg.Admin.Listen
+	case errors.As(err, &ce):
+		// Someone is editing the file, and the daemon runs its last good
+		// table: all this command needs is [admin] listen, read leniently.
+		invalid := err
+		if listen, err = conf.AdminListen(*path); err == nil && listen.IsValid() {
+			warnInvalid(stderr, name, listen.String(), invalid)
+		} else {
+			err = configError(*path, invalid) // the file's own errors say it best
+		}
+	default:
 		err = configError(*path, err)
-	} else if !cfg.Admin.Listen.IsValid() {
+	}
+	if err == nil && !listen.IsValid() {
 		err = fmt.Errorf("%s has no [admin] listen; set one, or pass -admin ADDR", *path)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum %s: %v\n", name, err)
 		return "", nil, 1
 	}
-	return cfg.Admin.Listen.String(), rest, 0
+	return listen.String(), rest, 0
+}
+
+// warnInvalid says, above a command's output, that the file on disk is
+// invalid and that the running daemon at addr ignores it, naming the
+// generation it runs when it answers.
+func warnInvalid(w io.Writer, name, addr string, invalid error) {
+	table := "the running table"
+	c := adminClient
+	c.Timeout = 2 * time.Second
+	if resp, err := c.Get("http://" + addr + "/status"); err == nil {
+		var st struct {
+			Generation uint64 `json:"generation"`
+		}
+		if json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st) == nil && st.Generation > 0 {
+			table = fmt.Sprintf("the running table %d", st.Generation)
+		}
+		resp.Body.Close()
+	}
+	fmt.Fprintf(w, "fulcrum %s: the file on disk is invalid; %s ignores it:\n  %s\n", name, table,
+		strings.ReplaceAll(invalid.Error(), "\n", "\n  "))
 }
 
 // unreachable adds what an operator should check when nothing answers at
@@ -91,10 +128,11 @@ func subUsage(fs *flag.FlagSet) {
 
 // status prints the running daemon's /status as a table.
 func status(args []string, stdout, stderr io.Writer) int {
-	var raw, verbose *bool
+	var raw, verbose, events *bool
 	addr, code := adminCommand("status", args, stdout, stderr, func(fs *flag.FlagSet) {
 		raw = fs.Bool("json", false, "print the JSON as served")
 		verbose = fs.Bool("v", false, "also print each backend's whole reason and last check error")
+		events = fs.Bool("events", false, "print the recent state changes (backends and services), oldest first, instead of the table")
 	})
 	if addr == "" {
 		return code
@@ -114,7 +152,9 @@ func status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
 		return 1
 	}
-	if *verbose {
+	if *events {
+		admin.WriteEvents(stdout, st.Events)
+	} else if *verbose {
 		admin.WriteTableVerbose(stdout, st)
 	} else {
 		admin.WriteTable(stdout, st)
@@ -152,7 +192,14 @@ func drain(args []string, stdout, stderr io.Writer) int {
 // set asks the running daemon to hold one backend (drain, maint) or to let
 // it go (ready): POST /backends/SERVICE/BACKEND/STATE.
 func set(args []string, stdout, stderr io.Writer) int {
-	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, nil)
+	for _, a := range args {
+		if a == "-list" || a == "--list" {
+			return setList(args, stdout, stderr)
+		}
+	}
+	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, func(fs *flag.FlagSet) {
+		fs.Bool("list", false, "print the running daemon's SERVICE/BACKEND names, one a line, and exit (for shell completion)")
+	})
 	if addr == "" {
 		return code
 	}
@@ -176,6 +223,37 @@ func set(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	stdout.Write(body)
+	return 0
+}
+
+// setList prints the running daemon's SERVICE/BACKEND names, one a line,
+// for shell completion.
+func setList(args []string, stdout, stderr io.Writer) int {
+	args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "-list" || a == "--list" })
+	addr, code := adminCommand("set", args, stdout, stderr, func(fs *flag.FlagSet) {
+		fs.Bool("list", false, "print the running daemon's SERVICE/BACKEND names, one a line, and exit (for shell completion)")
+	})
+	if addr == "" {
+		return code
+	}
+	resp, err := adminClient.Get("http://" + addr + "/status")
+	if err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %v\n", unreachable(err))
+		return 1
+	}
+	defer resp.Body.Close()
+	var st admin.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		fmt.Fprintf(stderr, "fulcrum set: %s: %v\n", addr, err)
+		return 1
+	}
+	for _, s := range st.Services {
+		for _, b := range s.Backends {
+			if !b.Removed {
+				fmt.Fprintf(stdout, "%s/%s\n", s.Name, b.Name)
+			}
+		}
+	}
 	return 0
 }
 

@@ -127,6 +127,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if why := conf.Exposed(*path); why != "" {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
 			}
+			for _, w := range cfg.Warnings() {
+				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+			}
 			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
 				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
 			}
@@ -219,6 +222,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if why := conf.Exposed(*path); why != "" {
 		mlog.Warn().Msg(why)
 	}
+	for _, w := range cfg.Warnings() {
+		mlog.Warn().Msg(w)
+	}
 	stopAdmin := func() {}
 	if a := cfg.Admin.Listen; a.IsValid() {
 		ln := adminLn
@@ -234,13 +240,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade,
-			Log: func() (uint64, bool) { return sink.Dropped(), sink.Stalled() }}
+			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
+			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)
 		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
-		defer func() {                                                                             // after the drain, so that it can be watched
+		sampled := make(chan struct{})
+		go func() { // the console's plots; exits when stopAdmin is called
+			defer close(sampled)
+			src.History.Run(actx, time.Second, func() admin.Status { return admin.Snapshot(src) })
+		}()
+		defer func() { // after the drain, so that it can be watched
 			stopAdmin()
+			<-sampled
 			if err := <-done; err != nil {
 				mlog.Warn().Err(err).Msg("admin listener")
 			}
@@ -409,7 +422,7 @@ See fulcrum(8) and fulcrum.toml(5).
 // first contact, not an invalid file.
 func configError(path string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("no configuration at %s; pass -config FILE, start from the example in systemd/fulcrum.toml, or try `fulcrum demo`", path)
+		return fmt.Errorf("no configuration at %s; pass -config FILE, start from the example (/usr/share/doc/fulcrum/examples/fulcrum.toml from the package, systemd/fulcrum.toml in the source), or try `fulcrum demo`", path)
 	}
 	var ce *conf.Error
 	if errors.As(err, &ce) {

@@ -86,13 +86,22 @@ type Source struct {
 	// start because stderr did not take them, and whether it drops now.
 	// Nil: fulcrum_log_dropped_total is not served.
 	Log func() (dropped uint64, stalled bool)
+	// Events lists the recent state changes for /status and the console;
+	// Watcher knows each service's fallback and hold state. Nil: not shown.
+	Events  func() []backend.Event
+	Watcher *status.Watcher
+	// History holds the console's per-backend samples (GET /history);
+	// nil: it serves none. Its owner runs its sampler.
+	History *History
 }
 
 // endpoints is what GET / lists, in the order shown.
 var endpoints = [][2]string{
+	{"GET /", "the web console, in a browser (this list otherwise)"},
 	{"GET /metrics", "Prometheus metrics"},
 	{"GET /status", "the live snapshot as JSON (what `fulcrum status` prints)"},
 	{"GET /healthz", "200 while this instance should get traffic, else 503 and why"},
+	{"GET /history", "the console's samples of the last minutes per backend, as JSON"},
 	{"POST /drain", "take the instance out of rotation (`fulcrum drain`)"},
 	{"POST /undrain", "put it back (`fulcrum drain -undo`)"},
 	{"POST /backends/{service}/{backend}/{drain|maint|ready}", "hold one backend (`fulcrum set`)"},
@@ -169,11 +178,27 @@ func routes(src Source) *http.ServeMux {
 	reg := registryWith(src, hz)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		if wantsHTML(r) {
+			serveConsole(w, r, "index.html")
+			return
+		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "fulcrum %s admin listener\n\n", src.Version)
 		for _, e := range endpoints {
 			fmt.Fprintf(w, "%-14s %s\n", e[0], e[1])
 		}
+	})
+	mux.HandleFunc("GET /console/{file}", func(w http.ResponseWriter, r *http.Request) {
+		serveConsole(w, r, r.PathValue("file"))
+	})
+	mux.HandleFunc("GET /history", func(w http.ResponseWriter, r *http.Request) {
+		var h HistoryJSON
+		if src.History != nil {
+			h = src.History.JSON()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		json.NewEncoder(w).Encode(h)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
@@ -199,7 +224,7 @@ func routes(src Source) *http.ServeMux {
 				http.Error(w, "no instance to drain", http.StatusNotFound)
 				return
 			}
-			by := r.Method + " " + r.URL.Path + " from " + r.RemoteAddr
+			by := who(r)
 			changed := false
 			if on {
 				changed = src.Instance.Drain(by)
@@ -239,9 +264,9 @@ func routes(src Source) *http.ServeMux {
 			return
 		}
 		svc, name := r.PathValue("service"), r.PathValue("backend")
-		changed, err := src.Set(svc, name, o, "POST "+r.URL.Path+" from "+r.RemoteAddr)
+		changed, err := src.Set(svc, name, o, who(r))
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusNotFound)
+			http.Error(w, err.Error()+validNames(src, svc), http.StatusNotFound)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -488,5 +513,5 @@ type (
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
 	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit,
-		Draining: src.Draining, Instance: src.Instance, Version: src.Version})
+		Draining: src.Draining, Instance: src.Instance, Version: src.Version, Events: src.Events, Watcher: src.Watcher})
 }

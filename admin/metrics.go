@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -42,6 +43,14 @@ var (
 	serviceHolding  = prometheus.NewDesc("fulcrum_service_holding", "Connections waiting for an eligible backend now (hold_timeout).", sLabels, nil)
 	serviceHeld     = prometheus.NewDesc("fulcrum_service_held_total", "Connections that waited for an eligible backend (hold_timeout).", sLabels, nil)
 	serviceHoldExp  = prometheus.NewDesc("fulcrum_service_hold_expired_total", "Connections closed because no backend became eligible within hold_timeout.", sLabels, nil)
+	serviceUnserved = prometheus.NewDesc("fulcrum_service_unserved_total", "Connections fulcrum ended without handing them to any backend, by reason as their access line says: \"no backend\" (nothing eligible, or hold_timeout passed), \"connect failed\" (every dial failed), \"full\" (max_conns).", []string{"service", "reason"}, nil)
+	serviceFallback = prometheus.NewDesc("fulcrum_service_fallback", "1 while the service has no eligible backend of its own and new connections go to its fallback service (label fallback).", []string{"service", "fallback"}, nil)
+	serviceFBTotal  = prometheus.NewDesc("fulcrum_service_fallbacks_total", "Times the service began to send new connections to its fallback.", sLabels, nil)
+	serviceServing  = prometheus.NewDesc("fulcrum_service_serving", "1 for where new connections of the service go now: serving=\"own\" backends, \"fallback\", \"holding\" (hold_timeout) or \"refusing\".", []string{"service", "serving"}, nil)
+	backendTrans    = prometheus.NewDesc("fulcrum_backend_transitions_total", "Changes of the backend's health state (up, down, wrong role).", bLabels, nil)
+	backendDowntime = prometheus.NewDesc("fulcrum_backend_downtime_seconds_total", "Time the backend spent down or in the wrong role.", bLabels, nil)
+	backendSince    = prometheus.NewDesc("fulcrum_backend_state_since_timestamp_seconds", "When the backend entered its current state; absent when up since it was first configured.", bLabels, nil)
+	backendLag      = prometheus.NewDesc("fulcrum_backend_replication_lag_seconds", "The replication lag the backend's last check measured (pgsql, a replica); absent when none did.", bLabels, nil)
 	serviceRetries  = prometheus.NewDesc("fulcrum_service_retries_total", "Dials tried after a failed one.", sLabels, nil)
 	listenAccepts   = prometheus.NewDesc("fulcrum_listener_accepts_total", "Connections accepted on the listen address.", []string{"listen"}, nil)
 	listenErrors    = prometheus.NewDesc("fulcrum_listener_accept_errors_total", "Failed accepts (EMFILE, ENFILE…) on the listen address.", []string{"listen"}, nil)
@@ -61,7 +70,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
+	for _, d := range []*prometheus.Desc{serviceActive, serviceWaiting, serviceQueued, serviceRefused, serviceRejected, serviceRetries, serviceSplit, serviceSplits, serviceHolding, serviceHeld, serviceHoldExp, serviceUnserved, serviceFallback, serviceFBTotal, serviceServing, backendTrans, backendDowntime, backendSince, backendLag, backendActive, backendTotal, backendBytes, backendFails, backendDrained, backendUp,
 		backendState, backendChecks, backendResults, backendDrainDL, backendRole, backendCut, backendWeight, listenAccepts, listenErrors, listenRefused, connsOpen, connsMax, connsWaits, reloadsTotal, reloadsFailed, generation, lastReload, lastReloadError,
 		instDraining, instHealthy, logDropped} {
 		ch <- d
@@ -91,6 +100,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		for reason, n := range s.Rejected {
 			counter(serviceRejected, float64(n), s.Name, reason)
 		}
+		for reason, n := range s.Unserved {
+			counter(serviceUnserved, float64(n), s.Name, reason)
+		}
+		if s.Serving != "" {
+			for _, v := range []string{status.ServingOwn, status.ServingFallback, status.ServingHolding, status.ServingRefusing} {
+				gauge(serviceServing, boolf(s.Serving == v), s.Name, v)
+			}
+			counter(serviceFBTotal, float64(s.Fallbacks), s.Name)
+			if s.Fallback != "" {
+				gauge(serviceFallback, 1, s.Name, s.Fallback)
+			}
+		}
 		for _, b := range s.Backends {
 			l := []string{s.Name, b.Name}
 			gauge(backendActive, float64(b.Active), l...)
@@ -109,6 +130,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				}
 			}
 			counter(backendCut, float64(b.CutClosed), l...)
+			counter(backendTrans, float64(b.Transitions), l...)
+			counter(backendDowntime, b.DowntimeSeconds, l...)
+			if !b.Since.IsZero() {
+				gauge(backendSince, float64(b.Since.UnixNano())/1e9, l...)
+			}
+			if b.LagSeconds != nil {
+				gauge(backendLag, *b.LagSeconds, l...)
+			}
 			if c := b.Checks; c.Count > 0 {
 				buckets := make(map[float64]uint64, len(c.Counts))
 				for i, n := range c.Counts {

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/status"
 )
 
@@ -43,12 +44,29 @@ func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 		if len(s.SplitBrain) > 0 {
 			fmt.Fprintf(w, "  SPLIT BRAIN: %s claim primary\n", strings.Join(s.SplitBrain, ", "))
 		}
+		if s.Hint != "" {
+			fmt.Fprintf(w, "  hint: %s\n", s.Hint)
+		}
+		switch s.Serving {
+		case status.ServingFallback:
+			fmt.Fprintf(w, "  fallback: %s%s: no backend of its own is eligible\n", s.Fallback, sinceWhen(s.ServingSince, now))
+		case status.ServingHolding:
+			fmt.Fprintf(w, "  HOLDING%s: no eligible backend; new connections wait (hold_timeout)\n", sinceWhen(s.ServingSince, now))
+		case status.ServingRefusing:
+			fmt.Fprintf(w, "  REFUSING%s: no eligible backend; new connections are closed\n", sinceWhen(s.ServingSince, now))
+		}
+		if len(s.Unserved) > 0 || s.Held > 0 || s.Fallbacks > 0 {
+			fmt.Fprintf(w, "  ended without a backend: %s;  held %d (expired %d);  fallbacks %d\n", counts(s.Unserved), s.Held, s.HoldExpired, s.Fallbacks)
+		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  backend\taddress\tweight\tstate\tsince\tlast check\tactive\tconns\tbytes in\tbytes out\tconnect fails")
 		var notes []string
 		for _, b := range s.Backends {
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\n", b.Name, b.Address, weight(b), stateCell(b, now),
 				ago(b.Since, now), lastCheck(b.LastCheck, now), b.Active, b.Total, bytes(b.BytesIn), bytes(b.BytesOut), b.ConnectFails)
+			if verbose && (b.Transitions > 0 || b.DowntimeSeconds > 0) {
+				notes = append(notes, fmt.Sprintf("  %s: %d state changes, down %s in all", b.Name, b.Transitions, short(time.Duration(b.DowntimeSeconds*float64(time.Second)))))
+			}
 			if verbose && b.Reason != "" {
 				notes = append(notes, fmt.Sprintf("  %s: %s", b.Name, b.Reason))
 			}
@@ -142,6 +160,9 @@ func stateCell(b BackendStatus, now time.Time) string {
 	if b.Role != "" {
 		notes = append(notes, b.Role)
 	}
+	if b.LagSeconds != nil && b.Role == "replica" {
+		notes = append(notes, "lag "+latency(*b.LagSeconds*1000))
+	}
 	if b.Backup {
 		notes = append(notes, "backup")
 	}
@@ -200,4 +221,52 @@ func short(d time.Duration) string {
 	}
 	d = d.Round(time.Hour)
 	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// sinceWhen is " (since 15:04:05, 3m ago)", or "" for the zero time.
+func sinceWhen(t, now time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf(" (since %s, %s ago)", t.Local().Format(time.TimeOnly), short(now.Sub(t)))
+}
+
+// counts is "connect failed 2, no backend 30" in the order of the names;
+// "none" when empty.
+func counts(m map[string]uint64) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// WriteEvents prints the recent state changes, oldest first, one a line:
+// "2026-12-01 20:30:10.393  ro/pg1  up → down  check failed 2 times: …".
+func WriteEvents(w io.Writer, events []backend.Event) {
+	if len(events) == 0 {
+		fmt.Fprintln(w, "no state changes since start")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "time\twhat\tchange\treason")
+	for _, e := range events {
+		what := e.Service
+		if what == "" {
+			what = "(reload)"
+		}
+		if e.Backend != "" {
+			what += "/" + e.Backend
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.At.Local().Format("2006-01-02 15:04:05.000"), what, e.From, e.To, e.Reason)
+	}
+	tw.Flush()
 }

@@ -43,12 +43,15 @@ type Backend struct {
 	draining     atomic.Bool   // no new connections; set by Drain, cleared by Undrain
 	closing      atomic.Bool   // the drain deadline passed: sessions are being closed
 	drainAt      atomic.Int64  // unix nanoseconds when the current drain began; 0 when not draining
+	zeroAt       atomic.Int64  // unix nanoseconds when its configured weight became 0 (NoteWeight); 0 while above 0
 	ovr          override      // the operator's state (`fulcrum set`); see Condition
 	checks       checkStats    // active check results and durations, for status and metrics
 
 	down    atomic.Int32    // health: downActive | downPassive bits; 0 = up
 	health  healthState     // health details, under its own mutex
 	changes chan<- *Backend // where health transitions are reported; nil = nowhere
+	events  *Events         // where state changes are recorded; nil = nowhere
+	lag     atomic.Int64    // replication lag its last check measured, in nanoseconds; -1: unknown
 	group   *Group          // the service's shared state; nil for a backend made by New
 	pending atomic.Bool     // a report is in changes, not yet Seen
 	failing atomic.Bool     // passive: a failure count is pending (PassiveOK's fast path)
@@ -59,7 +62,16 @@ type Backend struct {
 
 // New returns a backend with zeroed counters.
 func New(service, name string) *Backend {
-	return &Backend{Service: service, Name: name, sessions: map[io.Closer]struct{}{}}
+	b := &Backend{Service: service, Name: name, sessions: map[io.Closer]struct{}{}}
+	b.lag.Store(-1)
+	return b
+}
+
+// Lag is the replication lag the backend's last check measured (a pgsql
+// check of a replica); ok is false when no check measured one.
+func (b *Backend) Lag() (lag time.Duration, ok bool) {
+	n := b.lag.Load()
+	return time.Duration(n), n >= 0
 }
 
 // Acquire takes a connection slot. It fails when the backend is draining or,

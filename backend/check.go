@@ -14,6 +14,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -88,7 +89,15 @@ type Probe struct {
 	MasterName string
 	Backend    string // the backend's own host:port, as the Sentinels name it
 
-	dialer *net.Dialer // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
+	dialer *net.Dialer   // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
+	lag    *atomic.Int64 // where a check stores the replication lag it measured (ns, -1 unknown); nil: nowhere
+}
+
+// noteLag keeps the replication lag a check measured; negative: unknown.
+func (p *Probe) noteLag(d time.Duration) {
+	if p.lag != nil {
+		p.lag.Store(int64(max(d, -1)))
+	}
 }
 
 func (p *Probe) netDialer() *net.Dialer {

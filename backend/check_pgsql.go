@@ -72,6 +72,7 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	wal, _ := strconv.ParseUint(string(row[1]), 10, 64) // NULL (nothing replayed yet): 0
 	if string(row[0]) != "t" {
 		a := Answer{Role: RolePrimary, Timeline: walTimeline(string(row[2]))}
+		p.noteLag(-1)
 		a, err := p.patroniAgrees(ctx, a)
 		if err == nil { // a primary by Patroni's word too: the one to measure lag against
 			p.WAL.Primary(asked, a.Timeline, wal)
@@ -79,19 +80,35 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 		return a, err
 	}
 	a := Answer{Role: RoleReplica}
+	// The lag, kept for status and metrics (noteLag) whether or not
+	// max_lag asks for it: against the primary; with no primary seen
+	// (lately: a dead one measures nothing), or nothing replayed, the
+	// replica's own view.
+	fresh := p.MaxLag
+	if fresh <= 0 {
+		fresh = lagFresh
+	}
+	lag, known := p.WAL.Lag(time.Now(), wal, fresh)
+	var lagErr error
+	if !known || row[1] == nil {
+		own, err := strconv.ParseFloat(string(row[3]), 64)
+		switch {
+		case err != nil:
+			known, lagErr = false, fmt.Errorf("pgsql: replication lag %q: %w", row[3], err)
+		case own < 0 || row[1] == nil:
+			known, lagErr = false, fmt.Errorf("replication lag unknown: nothing replayed yet")
+		default:
+			lag, known = time.Duration(own*float64(time.Second)), true
+		}
+	}
+	if known {
+		p.noteLag(lag)
+	} else {
+		p.noteLag(-1)
+	}
 	if p.MaxLag > 0 && p.Role == RoleReplica {
-		// Against the primary; with no primary seen (lately: a dead one
-		// measures nothing), or nothing replayed, the replica's own view.
-		lag, known := p.WAL.Lag(time.Now(), wal, p.MaxLag)
-		if !known || row[1] == nil {
-			own, err := strconv.ParseFloat(string(row[3]), 64)
-			if err != nil {
-				return a, fmt.Errorf("pgsql: replication lag %q: %w", row[3], err)
-			}
-			if own < 0 || row[1] == nil {
-				return a, fmt.Errorf("replication lag unknown: nothing replayed yet")
-			}
-			lag = time.Duration(own * float64(time.Second))
+		if lagErr != nil {
+			return a, lagErr
 		}
 		if lag > p.MaxLag {
 			return a, fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), p.MaxLag)
@@ -99,6 +116,11 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	}
 	return p.patroniAgrees(ctx, a)
 }
+
+// lagFresh is how recently a primary must have answered for the lag of a
+// replica without max_lag (measured for status and metrics only) to be
+// taken against it, as max_lag is for one with it.
+const lagFresh = 10 * time.Second
 
 // walTimeline reads the timeline from a WAL file name (its first 8 hex
 // digits); 0 when the name is not one.

@@ -60,11 +60,13 @@ type override struct {
 // SetOverride sets the operator's state; by says who asked (logged and
 // shown). It reports whether it changed.
 func (b *Backend) SetOverride(o Override, by string, now time.Time) bool {
-	if Override(b.ovr.v.Swap(int32(o))) == o {
+	was := Override(b.ovr.v.Swap(int32(o)))
+	if was == o {
 		return false
 	}
 	b.ovr.since.Store(now.UnixNano())
 	b.ovr.by.Store(&by)
+	b.events.Add(Event{At: now, Service: b.Service, Backend: b.Name, From: "set " + was.String(), To: "set " + o.String(), Reason: by})
 	return true
 }
 
@@ -120,9 +122,24 @@ func (b *Backend) Condition(base int) Condition {
 		return Condition{State: s, Cause: cause, Reason: reason, Since: since}
 	}
 	if base <= 0 {
+		if n := b.zeroAt.Load(); n != 0 && time.Unix(0, n).After(since) {
+			since = time.Unix(0, n) // the drain's own time, not when it last came up
+		}
 		return Condition{State: StateDraining, Cause: "weight 0", Reason: "weight 0 in the configuration", Since: since}
 	}
 	return Condition{State: StateUp, Reason: reason, Since: since}
+}
+
+// NoteWeight records the configured weight of a table just swapped in (at
+// now): the first with weight 0 dates a drain by weight, which Condition
+// shows as its since. Called by reload for every backend of each table.
+func (b *Backend) NoteWeight(base int, now time.Time) {
+	switch {
+	case base > 0:
+		b.zeroAt.Store(0)
+	case b.zeroAt.Load() == 0:
+		b.zeroAt.Store(now.UnixNano())
+	}
 }
 
 // drainSince is when the current drain began; zero if unknown.

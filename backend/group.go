@@ -2,6 +2,7 @@ package backend
 
 import (
 	"container/list"
+	"maps"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,31 @@ type Group struct {
 	limits limits
 	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
 	wal    WALClock  // pgsql: where the service's primaries were, for its replicas' max_lag
+
+	unservedMu sync.Mutex        // protects unserved
+	unserved   map[string]uint64 // connections ended without a backend, by the access line's end reason
+}
+
+// Unserved counts a connection that fulcrum ended without ever handing it
+// to a backend, for why: the end reason its access line gives ("no
+// backend", "connect failed", "full"). It runs only on that path.
+func (g *Group) Unserved(why string) {
+	g.unservedMu.Lock()
+	if g.unserved == nil {
+		g.unserved = map[string]uint64{}
+	}
+	g.unserved[why]++
+	g.unservedMu.Unlock()
+}
+
+// UnservedCounts returns Unserved's counts by reason; nil when none.
+func (g *Group) UnservedCounts() map[string]uint64 {
+	g.unservedMu.Lock()
+	defer g.unservedMu.Unlock()
+	if len(g.unserved) == 0 {
+		return nil
+	}
+	return maps.Clone(g.unserved)
 }
 
 // WAL is the clock the service's pgsql checks share (see WALClock): its

@@ -72,24 +72,50 @@ func causeOf(bits int32) string {
 // healthState is the part of Backend that health checks and passive
 // failures change.
 type healthState struct {
-	mu           sync.Mutex // protects the fields below (the down bits are atomic, in Backend)
-	reason       string     // why the last transition happened
-	upSince      time.Time  // when it last came up; zero if up since it was created
-	since        time.Time  // when its State last changed; zero if never
-	cause        string     // short form of reason: "check", "passive", "resolve"; "" when up or in the wrong role
-	checkOK      int        // consecutive successful checks
-	checkFail    int        // consecutive failed checks
-	fails        int        // passive: connect failures in the current window
-	windowStart  time.Time  // passive: start of that window
-	passiveUntil time.Time  // passive: down until then
-	role         string     // the role the last successful check observed; "" if none did
-	roleChecked  bool       // a check has observed a role at least once
-	awaiting     bool       // set by AwaitRole: the first check result decides at once
-	lastRole     string     // the last role any check observed, kept across failed checks; "" if none
-	roleFrom     string     // a role change not yet taken by TakeRoleChange: the role before; "" if none
-	timeline     uint64     // pgsql: the timeline the last check saw it write on as a primary; 0 if none
-	logged       State      // the state the health controller last logged (see Announce)
-	loggedAny    bool       // it has logged one
+	mu           sync.Mutex    // protects the fields below (the down bits are atomic, in Backend)
+	reason       string        // why the last transition happened
+	upSince      time.Time     // when it last came up; zero if up since it was created
+	since        time.Time     // when its State last changed; zero if never
+	cause        string        // short form of reason: "check", "passive", "resolve"; "" when up or in the wrong role
+	checkOK      int           // consecutive successful checks
+	checkFail    int           // consecutive failed checks
+	fails        int           // passive: connect failures in the current window
+	windowStart  time.Time     // passive: start of that window
+	passiveUntil time.Time     // passive: down until then
+	role         string        // the role the last successful check observed; "" if none did
+	roleChecked  bool          // a check has observed a role at least once
+	awaiting     bool          // set by AwaitRole: the first check result decides at once
+	lastRole     string        // the last role any check observed, kept across failed checks; "" if none
+	roleFrom     string        // a role change not yet taken by TakeRoleChange: the role before; "" if none
+	timeline     uint64        // pgsql: the timeline the last check saw it write on as a primary; 0 if none
+	logged       State         // the state the health controller last logged (see Announce)
+	loggedAny    bool          // it has logged one
+	transitions  uint64        // changes of State since the backend was created
+	downFor      time.Duration // time spent out of StateUp in periods that have ended
+	downAt       time.Time     // when the current period out of StateUp began; zero while up
+	// initial: a backend never seen before awaits its first role check
+	// (AwaitRole): that wait and its end are not history (no event, no
+	// transition, no downtime), only the start.
+	initial bool
+}
+
+// History is what a backend's health did since it was created: how many
+// times its state changed, and how long it spent out of StateUp (down or
+// in the wrong role), the current period included.
+type History struct {
+	Transitions uint64
+	Downtime    time.Duration
+}
+
+// History reads the backend's health history at now.
+func (b *Backend) History(now time.Time) History {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	h := History{Transitions: b.health.transitions, Downtime: b.health.downFor}
+	if at := b.health.downAt; !at.IsZero() && now.After(at) {
+		h.Downtime += now.Sub(at)
+	}
+	return h
 }
 
 // Down reports whether the backend is down, by checks or by passive
@@ -133,11 +159,24 @@ func (b *Backend) setBits(set, clear int32, reason string, now time.Time) {
 		old := b.down.Load()
 		next := old&^clear | set
 		if old == next || b.down.CompareAndSwap(old, next) {
-			if stateOf(old) != stateOf(next) {
+			if from, to := stateOf(old), stateOf(next); from != to {
 				b.health.reason, b.health.since, b.health.cause = reason, now, causeOf(next)
 				if next == 0 {
 					b.health.upSince = now
 				}
+				if b.health.initial {
+					b.changed()
+					return
+				}
+				b.health.transitions++
+				switch {
+				case to != StateUp && b.health.downAt.IsZero():
+					b.health.downAt = now
+				case to == StateUp && !b.health.downAt.IsZero():
+					b.health.downFor += now.Sub(b.health.downAt)
+					b.health.downAt = time.Time{}
+				}
+				b.events.Add(Event{At: now, Service: b.Service, Backend: b.Name, From: from.String(), To: to.String(), Reason: reason})
 				b.changed()
 			}
 			return
@@ -235,6 +274,8 @@ type CheckSpec struct {
 //
 // A backend waiting for its first role check (AwaitRole) is probed at once.
 func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
+	spec.Probe.lag = &b.lag
+	defer b.lag.Store(-1) // checks off: nothing measures it any more
 	first := time.Duration(rand.Int64N(int64(spec.Interval)) + 1)
 	if b.awaitingRole() {
 		first = time.Nanosecond
@@ -340,6 +381,10 @@ func (b *Backend) Timeline() uint64 {
 	return b.health.timeline
 }
 
+// ReasonAwaitingRole is the reason of a backend that AwaitRole holds out
+// of rotation until its first role check.
+const ReasonAwaitingRole = "waiting for the first role check"
+
 // AwaitRole keeps a backend whose checks now want role, and that no check
 // has yet seen in that role, out of rotation until its next check: a
 // service that wants a primary must not send writes to a node it has not
@@ -355,7 +400,8 @@ func (b *Backend) AwaitRole(role string) {
 	}
 	h.awaiting = true
 	if b.down.Load() == 0 { // one already out of rotation keeps its state (and its log stays quiet)
-		b.setBits(downActive, 0, "waiting for the first role check", time.Now())
+		h.initial = h.since.IsZero() && h.transitions == 0
+		b.setBits(downActive, 0, ReasonAwaitingRole, time.Now())
 	}
 }
 
@@ -379,6 +425,7 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	if h.awaiting {
 		h.awaiting = false
 		rise, fall = 1, 1
+		defer func() { h.initial = false }() // the first result decides, quietly; history starts after it
 	}
 	if err == nil {
 		h.checkOK++

@@ -10,6 +10,9 @@ type Pool struct {
 	// health changed (up to down or back). Sends never block: when the
 	// channel is full a report is dropped, and the reader should rescan.
 	Changes chan<- *Backend
+	// Events records every backend's state changes (and the services'
+	// own, which their owner adds); it outlives reloads with the pool.
+	Events Events
 
 	mu     sync.Mutex // protects m and groups
 	m      map[key]*Backend
@@ -69,6 +72,7 @@ func (d *Draft) Get(service, name string) *Backend {
 	if !ok {
 		b = New(service, name)
 		b.changes = d.p.Changes
+		b.events = &d.p.Events
 		b.group = d.Group(service)
 	}
 	d.bs[k] = b

@@ -29,8 +29,8 @@ _fulcrum() {
 
 	local flags
 	case $cmd in
-	status) flags='-config -admin -json -v -h' ;;
-	set) flags='-config -admin -h' ;;
+	status) flags='-config -admin -json -v -events -h' ;;
+	set) flags='-config -admin -list -h' ;;
 	drain) flags='-config -admin -undo -h' ;;
 	healthz) flags='-config -admin -h' ;;
 	upgrade) flags='-config -admin -h' ;;
@@ -45,6 +45,17 @@ _fulcrum() {
 	fi
 	if [[ $cmd == set && $cur != -* && $prev == */* ]]; then
 		COMPREPLY=($(compgen -W 'drain maint ready' -- "$cur"))
+		return
+	fi
+	if [[ $cmd == set && $cur != -* && $prev != -config && $prev != -admin ]]; then
+		# The running daemon's names, asked the way this command line would ask.
+		local ask=() j
+		for ((j = 1; j < COMP_CWORD; j++)); do
+			case ${COMP_WORDS[j]} in
+			-config | -admin) ask+=("${COMP_WORDS[j]}" "${COMP_WORDS[j+1]}") ;;
+			esac
+		done
+		COMPREPLY=($(compgen -W "$(fulcrum set -list "${ask[@]}" 2>/dev/null)" -- "$cur"))
 		return
 	fi
 	COMPREPLY=($(compgen -W "$flags" -- "$cur"))

@@ -702,7 +702,16 @@ func (w *walker) passwordFile(key, p string) string {
 	if p == "" {
 		return ""
 	}
-	if !filepath.IsAbs(p) && w.file != "" {
+	if rest, ok := credential(p); ok {
+		// systemd's LoadCredential=: the file is in $CREDENTIALS_DIRECTORY,
+		// which systemd sets for the service's processes only.
+		dir := os.Getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			w.errorf(key, "%s names $CREDENTIALS_DIRECTORY, which is not set: systemd sets it for a unit with LoadCredential= (run the check as the unit does: systemctl start fulcrum, or set it by hand)", p)
+			return p
+		}
+		p = filepath.Join(dir, rest)
+	} else if !filepath.IsAbs(p) && w.file != "" {
 		p = filepath.Join(filepath.Dir(w.file), p)
 	}
 	f, err := os.Open(p)
@@ -717,6 +726,18 @@ func (w *walker) passwordFile(key, p string) string {
 		w.errorf(key, "cannot read the password file %s: %v", p, err)
 	}
 	return p
+}
+
+// credential reports whether password_file p names a file in systemd's
+// credentials directory ("$CREDENTIALS_DIRECTORY/pg.pw" or
+// "${CREDENTIALS_DIRECTORY}/pg.pw") and, if so, the name in it.
+func credential(p string) (string, bool) {
+	for _, pre := range []string{"$CREDENTIALS_DIRECTORY/", "${CREDENTIALS_DIRECTORY}/"} {
+		if rest, ok := strings.CutPrefix(p, pre); ok && rest != "" {
+			return rest, true
+		}
+	}
+	return "", false
 }
 
 // tableSize reads table_size, as sched.CheckTableSize allows.

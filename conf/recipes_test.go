@@ -9,8 +9,8 @@ import (
 )
 
 // TestDatabaseRecipes: every TOML block of docs/databases.md is a valid
-// configuration, with its password files (under /etc/fulcrum) made up in a
-// temporary directory.
+// configuration, with its password files (under /etc/fulcrum, or in
+// systemd's $CREDENTIALS_DIRECTORY) made up in a temporary directory.
 func TestDatabaseRecipes(t *testing.T) {
 	doc, err := os.ReadFile("../docs/databases.md")
 	if err != nil {
@@ -22,6 +22,7 @@ func TestDatabaseRecipes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	t.Setenv("CREDENTIALS_DIRECTORY", dir) // as systemd sets it with LoadCredential=
 	blocks := regexp.MustCompile("(?s)```toml\n(.*?)```").FindAllSubmatch(doc, -1)
 	if len(blocks) < 4 {
 		t.Fatalf("%d TOML blocks in docs/databases.md; want the four recipes", len(blocks))

@@ -129,6 +129,10 @@ func (t *table) done() {
 	}
 	sort.Strings(unknown)
 	for _, k := range unknown {
+		if k == "password" && t.isUsed("password_file") {
+			t.w.errorf(t.key(k), "unknown key: passwords go in password_file (a file only fulcrum can read), never in the configuration")
+			continue
+		}
 		if s := suggest(k, slices.Clone(t.used)); s != "" {
 			t.w.errorf(t.key(k), "unknown key (did you mean %q?)", s)
 		} else {
@@ -158,7 +162,11 @@ func (t *table) oneOf(k, def string, choices ...string) string {
 			return s
 		}
 	}
-	t.w.errorf(t.key(k), "%q is not one of %s", s, strings.Join(choices, ", "))
+	if hint := enumHint(k, s, choices); hint != "" {
+		t.w.errorf(t.key(k), "%q is not one of %s (%s)", s, strings.Join(choices, ", "), hint)
+	} else {
+		t.w.errorf(t.key(k), "%q is not one of %s", s, strings.Join(choices, ", "))
+	}
 	return def
 }
 

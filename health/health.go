@@ -192,7 +192,11 @@ func (c *Controller) transition(b *backend.Backend) {
 		case backend.StateWrongRole:
 			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("role", role).Str("reason", reason).Msg("backend in the wrong role")
 		default:
-			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
+			e := c.log.Warn()
+			if reason == backend.ReasonAwaitingRole {
+				e = c.log.Debug() // every start and role change does this for a moment: not news
+			}
+			e.Str("service", b.Service).Str("backend", b.Name).Str("reason", reason).Msg("backend down")
 		}
 	}
 	c.cut(b, st)

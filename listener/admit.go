@@ -99,6 +99,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	}
 	var tm timing
 	fail := func(t *sched.Target, end string, err error) {
+		if t == nil { // counted before the close, as rejections are
+			svc.Group.Unserved(end)
+		}
 		closeFD(c)
 		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
 	}
@@ -424,6 +427,9 @@ func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, 
 	}
 	if t != nil {
 		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
+		if t.B.Service != svc.Name { // picked from its fallback's backends
+			e = e.Str("fallback", t.B.Service)
+		}
 	}
 	if tm.dialled != 0 {
 		e = e.Float64("queue_ms", ms(tm.queue))

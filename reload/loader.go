@@ -142,6 +142,9 @@ func (l *loader) read(ctx context.Context, force, again, recheck bool) (res load
 	if err != nil {
 		return loaded{err: err, trigger: trigger}, true
 	}
+	for _, w := range cfg.Warnings() { // valid, and most likely not meant
+		m.log.Warn().Msg(w)
+	}
 	return loaded{cfg: cfg, dns: lookupAll(ctx, m.lookup(), cfg.Names(), m.resolved(), m.resolveTimeout()), trigger: trigger}, true
 }
 

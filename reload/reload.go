@@ -93,6 +93,7 @@ type Manager struct {
 	dirty  chan struct{}      // StateChanged → saveLoop
 	handed atomic.Bool        // HandOver was called: the state file is another process's now
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
+	watch  status.Watcher     // each service's own state (fallback, holding), read after every swap
 
 	mu         sync.Mutex // serialises Apply, refresh and Shutdown; protects cur, dns and stopped
 	cur        *conf.Config
@@ -120,8 +121,25 @@ func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Serv
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
 	m.health = health.New(log, m.Table, m.refresh)
 	m.pool.Changes = m.health.Changes()
+	m.watch.Log, m.watch.Events = log.With().Str("component", "service").Logger(), &m.pool.Events
 	return m
 }
+
+// hostOf is the backend's address as written when it is a host name.
+func hostOf(b conf.Backend) string {
+	if b.Host == "" {
+		return ""
+	}
+	return b.Address
+}
+
+// Events returns the last state changes of backends and services, oldest
+// first: the pool's ring, which outlives reloads.
+func (m *Manager) Events() []backend.Event { return m.pool.Events.List() }
+
+// Watcher follows each service's own state (fallback, holding) from one
+// table to the next.
+func (m *Manager) Watcher() *status.Watcher { return &m.watch }
 
 // Table returns the running table; nil before the first Apply.
 func (m *Manager) Table() *sched.Table {
@@ -317,6 +335,12 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		e.Int("services", len(p.table.Services)).Msg("configuration applied")
 	} else {
 		e.Msg("reload applied")
+		why := "reload applied"
+		if trigger != "" {
+			why += " (" + trigger + ")"
+		}
+		m.pool.Events.Add(backend.Event{At: time.Now(), From: fmt.Sprintf("generation %d", old.Gen),
+			To: fmt.Sprintf("generation %d", p.table.Gen), Reason: why})
 	}
 	return nil
 }
@@ -360,7 +384,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			if b.Host != "" {
 				p.addrErrs[bk] = aerr
 			}
-			t := sched.Target{B: bk, Addr: addr, Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
+			t := sched.Target{B: bk, Addr: addr, Host: hostOf(b), Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: b.ProxyProtocol,
 				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups", CutOnRole: b.OnRoleChange == "close"}
@@ -507,12 +531,14 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 // longer names start draining; draining ones that came back are undrained.
 func (m *Manager) settle(old, next *sched.Table) {
 	kept := map[*backend.Backend]bool{}
+	now := time.Now()
 	for _, s := range next.Services {
 		for _, t := range s.All() {
 			kept[t.B] = true
 			if t.B.Draining() {
 				t.B.Undrain()
 			}
+			t.B.NoteWeight(t.Base, now) // a drain by weight 0 is dated from the table that made it
 		}
 	}
 	if old == nil {

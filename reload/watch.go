@@ -2,12 +2,14 @@ package reload
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/systemd"
 )
@@ -298,6 +300,11 @@ func (r *runner) refuse(err error, trigger string) {
 		e = e.Str("trigger", trigger)
 	}
 	e.Msgf("reload refused, generation %d keeps serving: %d problems", gen, len(list))
+	first := ""
+	if len(list) > 0 {
+		first = list[0]
+	}
+	m.pool.Events.Add(backend.Event{At: time.Now(), From: fmt.Sprintf("generation %d", gen), To: "reload refused", Reason: first})
 }
 
 // flatten lists the errors joined in err (errors.Join, as conf returns

@@ -3,6 +3,7 @@ package reload
 import (
 	"slices"
 	"strings"
+	"time"
 
 	"fulcrum/backend"
 	"fulcrum/conf"
@@ -108,6 +109,7 @@ func newest(claim []*sched.Target) *sched.Target {
 // its claimants or writer change, the health controller cuts the sessions
 // of the claimants not kept as the writer (health's CutSplitBrain).
 func (m *Manager) swapped(old *sched.Table, next *listener.Snapshot) {
+	m.watch.Swapped(next, time.Now())
 	for _, s := range next.Services {
 		s.Group.Kick()
 	}

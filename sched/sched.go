@@ -64,6 +64,7 @@ var ErrNoBackend = errors.New("no backend available")
 type Target struct {
 	B        *backend.Backend
 	Addr     netip.AddrPort // where to dial
+	Host     string         // host:port as written when the address is a host name (for status views); "" for an IP address
 	Weight   int            // effective weight: 0 = no new connections; lower than Base during slow start
 	MaxConns int            // connections at once; 0 = unlimited. A full target is skipped, not removed
 

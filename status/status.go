@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"fulcrum/backend"
@@ -33,6 +34,13 @@ type Source struct {
 	// Instance answers for the instance's drain and /healthz; nil: none.
 	Instance *cluster.Instance
 	Version  string
+	// Watcher knows each service's own state (fallback, holding) and
+	// since when; nil: not shown.
+	Watcher *Watcher
+	// Events lists the recent state changes, oldest first; nil: none.
+	Events func() []backend.Event
+	// Now is the time of asking; nil: time.Now.
+	Now func() time.Time
 }
 
 // Drain is a backend being drained: removed from the configuration and
@@ -56,6 +64,9 @@ type Status struct {
 	// Connections is the process's connection limit (derived from
 	// RLIMIT_NOFILE) and its use; nil when not known.
 	Connections *Connections `json:"connections,omitempty"`
+	// Events are the last state changes of backends and services, oldest
+	// first, as the pool's ring keeps them across reloads.
+	Events []backend.Event `json:"events,omitempty"`
 }
 
 // Connections is the process's connection limit and its use.
@@ -94,10 +105,25 @@ type Service struct {
 	// Holding is how many connections wait for an eligible backend now
 	// (hold_timeout); Held how many had to, HoldExpired how many of those
 	// were closed when it ran out.
-	Holding     int64     `json:"holding"`
-	Held        uint64    `json:"held"`
-	HoldExpired uint64    `json:"hold_expired"`
-	Backends    []Backend `json:"backends"`
+	Holding     int64  `json:"holding"`
+	Held        uint64 `json:"held"`
+	HoldExpired uint64 `json:"hold_expired"`
+	// Unserved counts the connections fulcrum ended without a backend, by
+	// the end reason of their access line: "no backend", "connect failed",
+	// "full".
+	Unserved map[string]uint64 `json:"unserved,omitempty"`
+	// Serving says where new connections go now: "own" backends, its
+	// "fallback" (Fallback names it), "holding" them (hold_timeout) or
+	// "refusing" them; ServingSince is since when (absent: since start).
+	// Fallbacks counts the times it began to use its fallback.
+	Serving      string    `json:"serving,omitempty"`
+	ServingSince time.Time `json:"serving_since,omitzero"`
+	Fallback     string    `json:"fallback,omitempty"`
+	Fallbacks    uint64    `json:"fallbacks"`
+	// Hint is what the status suggests beyond the states: when every
+	// backend's check fails to log in, the check's own credentials.
+	Hint     string    `json:"hint,omitempty"`
+	Backends []Backend `json:"backends"`
 }
 
 // Backend is one backend: its settings in this generation, its state by
@@ -131,6 +157,17 @@ type Backend struct {
 	ConnectFails uint64 `json:"connect_failures"`
 	DrainClosed  uint64 `json:"drain_closed"`
 	CutClosed    uint64 `json:"cut_closed"` // sessions ended by on_down / on_up
+
+	// Transitions counts its health state changes since it was first
+	// configured; DowntimeSeconds is the time it spent down or in the wrong
+	// role, the current period included.
+	Transitions     uint64  `json:"transitions"`
+	DowntimeSeconds float64 `json:"downtime_seconds"`
+	// LagSeconds is the replication lag its last check measured (a pgsql
+	// check of a replica); absent when none did.
+	LagSeconds *float64 `json:"lag_seconds,omitempty"`
+	// Limit is its max_conns; 0: none.
+	Limit int `json:"max_conns,omitempty"`
 
 	// Checks are the active check counters, for metrics only.
 	Checks backend.CheckStats `json:"-"`
@@ -172,6 +209,13 @@ type Route struct {
 // Of reads src into a Status.
 func Of(src Source) Status {
 	st := Status{Version: src.Version}
+	now := time.Now()
+	if src.Now != nil {
+		now = src.Now()
+	}
+	if src.Events != nil {
+		st.Events = src.Events()
+	}
 	if src.Instance != nil {
 		is := src.Instance.Status()
 		st.Instance = &is
@@ -212,6 +256,7 @@ func Of(src Source) Status {
 				ss.SplitBrains = g.Splits
 				h := s.Group.HoldStats()
 				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
+				ss.Unserved = s.Group.UnservedCounts()
 				for why, n := range s.Group.Rejected() {
 					if ss.Rejected == nil {
 						ss.Rejected = map[string]uint64{}
@@ -219,11 +264,23 @@ func Of(src Source) Status {
 					ss.Rejected[why.String()] = n
 				}
 			}
+			if src.Watcher != nil {
+				ws := src.Watcher.State(s.Name)
+				ss.Serving, ss.ServingSince, ss.Fallback, ss.Fallbacks = ws.Serving, ws.Since, ws.Fallback, ws.Fallbacks
+			}
 			for _, a := range s.Listen {
 				ss.Listen = append(ss.Listen, a.String())
 			}
 			for i, tg := range s.All() {
-				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets))
+				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets), now)
+				b.Limit = tg.MaxConns
+				if tg.Host != "" { // a name: say which, and whether it has an address yet
+					if tg.Addr.Addr().IsValid() {
+						b.Address = tg.Host + " (" + tg.Addr.String() + ")"
+					} else {
+						b.Address = tg.Host + " (unresolved)"
+					}
+				}
 				b.Weight = tg.Weight
 				if !b.Up() {
 					b.Weight = 0
@@ -243,6 +300,7 @@ func Of(src Source) Status {
 				ss.Backends = append(ss.Backends, removedOf(d))
 				return true
 			})
+			ss.Hint = credentialsHint(ss.Backends)
 			st.Services = append(st.Services, ss)
 		}
 	}
@@ -290,21 +348,26 @@ func Of(src Source) Status {
 
 // removedOf is a removed backend still draining.
 func removedOf(d Drain) Backend {
-	b := backendOf(d.B, d.Addr, 0, d.Backup)
+	b := backendOf(d.B, d.Addr, 0, d.Backup, time.Now())
 	b.Removed, b.DrainDeadline = true, d.Deadline
 	return b
 }
 
 // backendOf reads one backend whose configured weight is base.
-func backendOf(bk *backend.Backend, addr netip.AddrPort, base int, backup bool) Backend {
+func backendOf(bk *backend.Backend, addr netip.AddrPort, base int, backup bool, now time.Time) Backend {
 	c := bk.Condition(base)
+	h := bk.History(now)
 	s := bk.Stats()
 	_, role := bk.State()
 	b := Backend{Name: bk.Name, Address: addr.String(), Configured: base, Backup: backup,
 		State: c.State.String(), Cause: c.Cause, Role: role, Reason: c.Reason, Since: c.Since,
 		Active: s.Active, Total: s.Total, BytesIn: s.BytesIn, BytesOut: s.BytesOut,
 		ConnectFails: s.ConnectFails, DrainClosed: s.DrainClosed, CutClosed: s.CutClosed,
-		Checks: bk.Checks()}
+		Checks: bk.Checks(), Transitions: h.Transitions, DowntimeSeconds: h.Downtime.Seconds()}
+	if lag, ok := bk.Lag(); ok {
+		v := lag.Seconds()
+		b.LagSeconds = &v
+	}
 	if c.State == backend.StateUp {
 		b.Reason = "" // the reason it last came up is history, not state
 	}
@@ -350,4 +413,30 @@ func (st Status) Line() string {
 		line += "; last reload failed: " + st.Reload.LastError
 	}
 	return line
+}
+
+// authFailures are the words each database answers a failed login with.
+var authFailures = []string{"password authentication failed", "SQLSTATE 28P01", "SQLSTATE 28000", "Access denied for user",
+	"WRONGPASS", "NOAUTH", "invalid password", "invalid username-password pair"}
+
+// credentialsHint says that the check's own credentials are probably wrong
+// when every backend (two at least) last failed its check with a login
+// error: one server refusing is that server's business; all of them
+// refusing is the user or password_file the checks share.
+func credentialsHint(bs []Backend) string {
+	n := 0
+	for _, b := range bs {
+		if b.Removed {
+			continue
+		}
+		c := b.LastCheck
+		if c == nil || c.OK || !slices.ContainsFunc(authFailures, func(w string) bool { return strings.Contains(c.Error, w) }) {
+			return ""
+		}
+		n++
+	}
+	if n < 2 {
+		return ""
+	}
+	return "every backend refuses the check's login: the check's own credentials (user, password_file) are probably wrong, not the servers"
 }

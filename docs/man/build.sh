@@ -20,6 +20,9 @@ body=$(mktemp)
 trap 'rm -f "$body" "$body.md"' EXIT
 awk '
 NR == 1 && /^# / { next }
+/^<!-- man: skip/ { skip = 1; next }
+/^<!-- man: end -->/ { skip = 0; next }
+skip { next }
 function cell(s) { gsub(/^[ \t]+|[ \t]+$/, "", s); return s }
 /^\|/ {
 	n = split($0, c, "|")

@@ -40,6 +40,23 @@ gzip -9n "$root/usr/share/man/man8/fulcrum.8" "$root/usr/share/man/man5/fulcrum.
 doc=$root/usr/share/doc/fulcrum
 install -d "$doc"
 install -m 0644 "$here/copyright" "$doc/copyright"
+# The documentation the man pages send readers to, as in the source tree
+# (the man pages' own sources and the design notes for contributors left
+# out), and the example configuration.
+install -m 0644 "$top/README.md" "$doc/README.md"
+for f in "$top"/docs/*.md; do
+	case ${f##*/} in design.md) continue ;; esac
+	install -m 0644 "$f" "$doc/${f##*/}"
+done
+for d in monitoring keepalived bird consul-template kubernetes; do
+	install -d "$doc/$d"
+	find "$top/docs/$d" -maxdepth 1 -type f -exec install -m 0644 {} "$doc/$d/" \;
+done
+install -d "$doc/examples"
+install -m 0644 "$top/systemd/fulcrum.toml" "$doc/examples/fulcrum.toml"
+# Debian policy: documentation over 4 KiB is compressed (links between
+# the pages then name .md files that are .md.gz; readers follow them by name).
+find "$doc" -type f -size +4k ! -name copyright ! -name '*.gz' ! -name '*.json' ! -name '*.yml' ! -name '*.toml' -exec gzip -9n {} +
 {
 	echo "fulcrum ($debver) unstable; urgency=medium"
 	echo
