@@ -316,7 +316,11 @@ type Service struct {
 	// are turned away.
 	SplitBrain  []string
 	SplitWriter string
-	Fallback    *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
+	// Writer is the backend kept as the writer of a first service with
+	// failback (set by reload, which also gives it to the picker as
+	// Options.Writer); "" without failback.
+	Writer   string
+	Fallback *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // All returns the primary and backup targets in one new slice (not for the
