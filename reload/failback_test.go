@@ -13,6 +13,7 @@ import (
 	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // namer is a loopback backend that writes its name and a newline on each
@@ -195,8 +196,8 @@ func TestFailbackNever(t *testing.T) {
 	if got := askAll(t, r, 20); !allOf(got, "b") {
 		t.Fatalf("with a back up, failback never: %v; want b every time", got)
 	}
-	if w := r.ptr.Load().Service("db").Writer; w != "b" {
-		t.Errorf("writer %q; want b", w)
+	if st := status.Of(status.Source{Table: r.m.Table, Reloads: r.m.Status}); len(st.Services) != 1 || st.Services[0].Writer != "b" {
+		t.Errorf("/status writer %+v; want b", st.Services)
 	}
 	r.stop() // writes the state file as it exits
 	st, err := ReadState(sf)
