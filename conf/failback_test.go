@@ -28,6 +28,12 @@ func TestFailback(t *testing.T) {
 		if s := cfg.Services[0]; s.Failback != tt.mode || s.FailbackAfter != tt.after {
 			t.Errorf("%q: failback %q after %v; want %q after %v", tt.src, s.Failback, s.FailbackAfter, tt.mode, tt.after)
 		}
+		var sum strings.Builder
+		cfg.WriteSummary(&sum)
+		if want := map[string]string{"": "scheduler first  listen", "never": "scheduler first (failback never)",
+			"manual": "scheduler first (failback manual)", "after": "scheduler first (failback after:2s)"}[tt.mode]; !strings.Contains(sum.String(), want) {
+			t.Errorf("%q: summary\n%s\nwant %q", tt.src, sum.String(), want)
+		}
 	}
 	for _, tt := range []struct{ src, want string }{
 		{"failback = \"never\"\n", `f.toml:4: services.s.failback: needs scheduler = "first" (the one writer it keeps); have scheduler = "wrr"`},
