@@ -282,6 +282,9 @@ func TestFailbackAfter(t *testing.T) {
 	r.logs.Wait(t, 5*time.Second, "b's sessions cut", func(m map[string]any) bool {
 		return m["message"] == "sessions cut (writer moved, on_down = close)" && m["backend"] == "b"
 	})
+	r.logs.Wait(t, 5*time.Second, "the cut session's access line", func(m map[string]any) bool {
+		return m["message"] == "connection" && m["backend"] == "b" && m["end"] == backend.CutWriter
+	})
 }
 
 func isTimeout(err error) bool {
