@@ -189,15 +189,16 @@ func drain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// set asks the running daemon to hold one backend (drain, maint) or to let
-// it go (ready): POST /backends/SERVICE/BACKEND/STATE.
+// set asks the running daemon to hold one backend (drain, maint), to let
+// it go (ready), or to make it the writer of its failback service
+// (writer): POST /backends/SERVICE/BACKEND/STATE.
 func set(args []string, stdout, stderr io.Writer) int {
 	for _, a := range args {
 		if a == "-list" || a == "--list" {
 			return setList(args, stdout, stderr)
 		}
 	}
-	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready", 2, args, stdout, stderr, func(fs *flag.FlagSet) {
+	addr, rest, code := adminCommandArgs("set", "SERVICE/BACKEND drain|maint|ready|writer", 2, args, stdout, stderr, func(fs *flag.FlagSet) {
 		fs.Bool("list", false, "print the running daemon's SERVICE/BACKEND names, one a line, and exit (for shell completion)")
 	})
 	if addr == "" {
@@ -208,8 +209,8 @@ func set(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum set: %q is not SERVICE/BACKEND\n", rest[0])
 		return 2
 	}
-	if _, ok := backend.ParseOverride(rest[1]); !ok {
-		fmt.Fprintf(stderr, "fulcrum set: %q is not one of drain, maint, ready\n", rest[1])
+	if _, ok := backend.ParseOverride(rest[1]); !ok && rest[1] != "writer" {
+		fmt.Fprintf(stderr, "fulcrum set: %q is not one of drain, maint, ready, writer\n", rest[1])
 		return 2
 	}
 	path := "/backends/" + url.PathEscape(svc) + "/" + url.PathEscape(name) + "/" + rest[1]

@@ -6,7 +6,7 @@
 //	fulcrum version                                version, commit, Go version, build date (also -version)
 //	fulcrum status [-config PATH | -admin ADDR]     the running daemon's backends and counters
 //	fulcrum drain [-undo] [-config PATH | -admin ADDR]  take the instance out of rotation (or back)
-//	fulcrum set [-config PATH | -admin ADDR] SERVICE/BACKEND drain|maint|ready  hold one backend (or let it go)
+//	fulcrum set [-config PATH | -admin ADDR] SERVICE/BACKEND drain|maint|ready|writer  hold one backend (or let it go, or make it the writer)
 //	fulcrum healthz [-config PATH | -admin ADDR]    exit 0 if /healthz says 200 (for exec probes)
 //	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
@@ -239,7 +239,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
 		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Upgrade: up.Upgrade,
+			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
 			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
 			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
 		actx, cancel := context.WithCancel(context.Background())
@@ -406,7 +406,7 @@ func mainUsage(fs *flag.FlagSet) {
        fulcrum version                       version, commit, Go version, build date
        fulcrum status [-config FILE | -admin ADDR] [-json] [-v]
        fulcrum drain [-undo] [-config FILE | -admin ADDR]
-       fulcrum set [-config FILE | -admin ADDR] SERVICE/BACKEND drain|maint|ready
+       fulcrum set [-config FILE | -admin ADDR] SERVICE/BACKEND drain|maint|ready|writer
        fulcrum healthz [-config FILE | -admin ADDR]
        fulcrum upgrade [-config FILE | -admin ADDR]
        fulcrum demo [-listen ADDR] [-n N]

@@ -66,6 +66,10 @@ type Source struct {
 	// /backends/{service}/{backend}/{state}); by says who asked. Nil: the
 	// endpoint answers 404.
 	Set func(service, name string, o backend.Override, by string) (changed bool, err error)
+	// Promote applies `fulcrum set SERVICE/BACKEND writer` (POST
+	// /backends/{service}/{backend}/writer): the backend becomes the writer
+	// of its failback service. Nil: that state answers 404.
+	Promote func(service, name, by string) (changed bool, err error)
 	// Draining lists the backends draining after their removal, so that
 	// they stay in view until gone; nil: none are listed.
 	Draining func() []status.Drain
@@ -105,6 +109,7 @@ var endpoints = [][2]string{
 	{"POST /drain", "take the instance out of rotation (`fulcrum drain`)"},
 	{"POST /undrain", "put it back (`fulcrum drain -undo`)"},
 	{"POST /backends/{service}/{backend}/{drain|maint|ready}", "hold one backend (`fulcrum set`)"},
+	{"POST /backends/{service}/{backend}/writer", "make it the writer of its failback service (`fulcrum set`)"},
 	{"POST /upgrade", "hand over to the binary now installed (`fulcrum upgrade`)"},
 }
 
@@ -254,13 +259,17 @@ func routes(src Source) *http.ServeMux {
 	})))
 	// Same rules as /drain: POST, and same-origin for browsers.
 	mux.Handle("POST /backends/{service}/{backend}/{state}", http.NewCrossOriginProtection().Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("state") == "writer" {
+			promote(w, r, src.Promote)
+			return
+		}
 		if src.Set == nil {
 			http.Error(w, "no backends to set", http.StatusNotFound)
 			return
 		}
 		o, ok := backend.ParseOverride(r.PathValue("state"))
 		if !ok {
-			http.Error(w, fmt.Sprintf("state %q is not one of drain, maint, ready", r.PathValue("state")), http.StatusBadRequest)
+			http.Error(w, fmt.Sprintf("state %q is not one of drain, maint, ready, writer", r.PathValue("state")), http.StatusBadRequest)
 			return
 		}
 		svc, name := r.PathValue("service"), r.PathValue("backend")
@@ -277,6 +286,26 @@ func routes(src Source) *http.ServeMux {
 		fmt.Fprintf(w, "%s/%s %s %s\n", svc, name, word, o)
 	})))
 	return mux
+}
+
+// promote answers POST /backends/{service}/{backend}/writer.
+func promote(w http.ResponseWriter, r *http.Request, do func(service, name, by string) (bool, error)) {
+	if do == nil {
+		http.Error(w, "no writers to set", http.StatusNotFound)
+		return
+	}
+	svc, name := r.PathValue("service"), r.PathValue("backend")
+	changed, err := do(svc, name, "POST "+r.URL.Path+" from "+r.RemoteAddr)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	word := "now"
+	if !changed {
+		word = "already"
+	}
+	fmt.Fprintf(w, "%s/%s %s the writer\n", svc, name, word)
 }
 
 // drainWord says what a drain request did, in the words `fulcrum drain` prints.

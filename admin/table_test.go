@@ -92,7 +92,7 @@ func TestSetEndpoint(t *testing.T) {
 	}{
 		{"/backends/pg/a/maint", nil, 200, "pg/a now maint"},
 		{"/backends/pg/a/maint", nil, 200, "pg/a already maint"},
-		{"/backends/pg/a/sideways", nil, 400, "not one of drain, maint, ready"},
+		{"/backends/pg/a/sideways", nil, 400, "not one of drain, maint, ready, writer"},
 		{"/backends/pg/nosuch/drain", nil, 404, "no backend"},
 		{"/backends/pg/a/ready", []string{"Sec-Fetch-Site", "cross-site"}, 403, ""},
 	} {

@@ -250,6 +250,7 @@ const (
 	CutRoleChange = "role change"  // on_role_change = "close": it answered in another role than before
 	CutSplitBrain = "split brain"  // a split brain began, and it is a claimant that is not the one writer
 	CutBackup     = "primary back" // on_up = "close-backups": a primary backend came back
+	CutWriter     = "writer moved" // failback with on_down = "close": another backend became the writer while it was up
 )
 
 // Cutter is a tracked session that can say why it was closed: Cut passes

@@ -44,7 +44,7 @@ _fulcrum() {
 		return
 	fi
 	if [[ $cmd == set && $cur != -* && $prev == */* ]]; then
-		COMPREPLY=($(compgen -W 'drain maint ready' -- "$cur"))
+		COMPREPLY=($(compgen -W 'drain maint ready writer' -- "$cur"))
 		return
 	fi
 	if [[ $cmd == set && $cur != -* && $prev != -config && $prev != -admin ]]; then

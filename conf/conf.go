@@ -234,6 +234,15 @@ type Service struct {
 	Backends []Backend        // in file order: the order schedulers walk
 	Fallback string           // another service whose eligible backends take this one's connections while none of its own is eligible; "" = none
 
+	// Failback is scheduler = "first"'s sticky writer (failback): ""
+	// (default) moves new connections back to the first backend as soon as
+	// it is up again; "never" keeps them on the current writer until it
+	// fails; "after" until the preferred backend has been up for
+	// FailbackAfter; "manual" until an operator promotes a backend
+	// (`fulcrum set SERVICE/BACKEND writer`).
+	Failback      string
+	FailbackAfter time.Duration
+
 	// SNI routes by name (docs/routing.md): the server names this service
 	// takes on its listen addresses, which it may then share with other
 	// routed services. Exact names, "*.suffix" one-label wildcards, or "*",
@@ -558,6 +567,35 @@ func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) t
 	return d
 }
 
+// failback reads a service's failback: "never", "manual" or
+// "after:DURATION" (returned as "after" and the duration), only with
+// scheduler = "first"; absent, "" (today's behaviour: back to the first
+// backend as soon as it is up).
+func (w *walker) failback(t *table, scheduler sched.Kind) (string, time.Duration) {
+	v := t.str("failback", "")
+	if v == "" {
+		return "", 0
+	}
+	if scheduler != "first" {
+		w.errorf(t.key("failback"), `needs scheduler = "first" (the one writer it keeps); have scheduler = %q`, scheduler)
+		return "", 0
+	}
+	switch v {
+	case "never", "manual":
+		return v, 0
+	}
+	if ds, ok := strings.CutPrefix(v, "after:"); ok {
+		d, err := time.ParseDuration(ds)
+		if err == nil && d > 0 {
+			return "after", d
+		}
+		w.errorf(t.key("failback"), `%q: after: needs a positive duration, such as "after:30s"`, v)
+		return "", 0
+	}
+	w.errorf(t.key("failback"), `%q is not one of never, manual, after:DURATION (such as "after:30s")`, v)
+	return "", 0
+}
+
 // OnDowns, OnUps, OnRoleChanges and SplitBrains are the values of
 // on_down, on_up, on_role_change and split_brain.
 var (
@@ -752,6 +790,7 @@ func (w *walker) tableSize(t *table, def int) int {
 
 func (w *walker) service(name string, t *table, defaults Settings, listeners map[netip.AddrPort]string) Service {
 	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
+	s.Failback, s.FailbackAfter = w.failback(t, s.Scheduler)
 	s.SNI, s.ALPN = w.routeKeys(t)
 
 	addrs, ok := t.strs("listen")

@@ -37,6 +37,13 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 			params = fmt.Sprintf(" (hash_key %s)", s.HashKey)
 		case "mh":
 			params = fmt.Sprintf(" (hash_key %s, table_size %d)", s.HashKey, s.TableSize)
+		case "first":
+			switch s.Failback {
+			case "after":
+				params = fmt.Sprintf(" (failback after:%s)", s.FailbackAfter)
+			case "never", "manual":
+				params = " (failback " + s.Failback + ")"
+			}
 		}
 		fmt.Fprintf(w, "\nservice %s  scheduler %s%s  listen %s\n", s.Name, s.Scheduler, params, strings.Join(listen, " "))
 		fmt.Fprintf(w, "  connect_timeout %s  idle_timeout %s  retries %d  drain_timeout %s\n",

@@ -12,6 +12,8 @@ package health
 //     backups are cut.
 //   - a split brain (CutSplitBrain, called by reload as the table that
 //     shows it is swapped in): every claimant but the one writer kept.
+//   - failback: the writer a first service no longer keeps, if still up
+//     and its on_down is "close" (CutWriter, called by reload likewise).
 //
 // Each cut is counted on the backend (CutClosed), logged with its reason,
 // and every session cut ends with one of backend's Cut* reasons as its
@@ -90,6 +92,27 @@ func (c *Controller) CutSplitBrain(svc *sched.Service) {
 			}
 			c.log.Error().Str("service", svc.Name).Str("backend", name).Int("sessions", n).
 				Str("reason", reason).Msg("sessions cut (split brain)")
+		}
+	}
+}
+
+// CutWriter ends the established sessions of old, the writer that a
+// failback service (scheduler = "first" with failback) no longer keeps,
+// if its on_down is "close" and it is still up: a writer that went down
+// is on_down's, and a drained or held one keeps its sessions as drain
+// means. Sessions left on a node that is no longer the writer would write
+// beside the new one (Galera's certification conflicts, a multi-writer
+// MySQL's divergence). reload calls it right after swapping in the table
+// with the new writer.
+func (c *Controller) CutWriter(svc *sched.Service, old string) {
+	for i := range svc.Targets {
+		tg := &svc.Targets[i]
+		if tg.B.Name != old || !tg.CutOnDown || !tg.Up() {
+			continue
+		}
+		if n := tg.B.Cut(backend.CutWriter); n > 0 {
+			c.log.Warn().Str("service", svc.Name).Str("backend", old).Int("sessions", n).
+				Str("reason", svc.Writer+" is the writer now").Msg("sessions cut (writer moved, on_down = close)")
 		}
 	}
 }

@@ -104,6 +104,10 @@ type Manager struct {
 	stopDrains context.CancelFunc
 	seq        atomic.Uint64              // the last Table.Seq handed out
 	restore    map[[2]string]SavedBackend // Restore's state, for the first apply; nil after it
+	writers    map[string]writerState     // failback: each such service's writer (failback.go); replaced whole at each commit
+	promote    map[string]promotion       // failback: Promote's wishes, for the next build
+	started    time.Time                  // the first commit: health known before it counts from it (failback)
+	failback   *time.Timer                // the next after: failback's refresh; nil when none is due
 
 	statusMu sync.Mutex // protects status and draining
 	status   Status
@@ -180,6 +184,7 @@ func (m *Manager) refresh() {
 	}
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
 	m.swapped(old, m.publish(p))
+	m.commitWriters(p)
 	m.StateChanged() // health may have changed
 }
 
@@ -296,6 +301,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	m.restoreOnce(p)          // before the swap: a backend down before a restart takes nothing
 	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
 	m.swapped(old, m.publish(p))
+	m.commitWriters(p)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
 	m.health.SetChecks(p.jobs)
@@ -356,6 +362,11 @@ type plan struct {
 	// addrErrs holds, for every backend named by a host name, why it has no
 	// address (nil: it has one); set on the backend at commit.
 	addrErrs map[*backend.Backend]error
+	// failback (failback.go): each failback service's writer, the moves
+	// decided, and when the next after: failback is due (zero: none).
+	writers     map[string]writerState
+	moves       []writerMove
+	failbackDue time.Time
 }
 
 // rateSpec is one service's accept_rate, to be set on its live group.
@@ -411,6 +422,8 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 		p.policies[cs.Name] = policy(cfg, cs)
 		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
+		svc.SplitBrain, svc.SplitWriter = singleWriter(cs, prim, back)
+		m.planWriter(p, &cs, svc, prim, now) // before the picker's reuse is decided: a new writer is a new picker
 		var prevP, prevB *sched.Service
 		if old != nil {
 			if ps := old.Service(cs.Name); ps != nil && ps.Scheduler == cs.Scheduler && ps.Options == svc.Options {
@@ -418,7 +431,6 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 				prevB = &sched.Service{Targets: ps.Backups, Picker: ps.BackupPicker}
 			}
 		}
-		svc.SplitBrain, svc.SplitWriter = singleWriter(cs, prim, back)
 		var err error
 		if svc.Targets, svc.Picker, err = picker(cs.Scheduler, svc.Options, prim, prevP); err != nil {
 			return nil, fmt.Errorf("service %s: %w", cs.Name, err)
@@ -613,6 +625,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.mu.Lock()
 	if !m.stopped {
 		m.stopped = true
+		if m.failback != nil {
+			m.failback.Stop()
+			m.failback = nil
+		}
 		m.notify(systemd.Stopping)
 		m.srv.Close()
 		var open int64

@@ -15,8 +15,8 @@ import (
 )
 
 // SavedState is what [admin] state_file keeps across restarts: the
-// instance's drain, the operators' per-backend overrides (`fulcrum set`)
-// and each backend's last known health. It is written whole, atomically
+// instance's drain, the operators' per-backend overrides (`fulcrum set`),
+// each backend's last known health and each failback service's writer. It is written whole, atomically
 // (a temporary file renamed over the old one), whenever one of them
 // changes, and read once at start.
 type SavedState struct {
@@ -28,6 +28,15 @@ type SavedState struct {
 	Saved    time.Time      `json:"saved"`
 	Instance *SavedDrain    `json:"instance_drain,omitempty"` // absent: the instance was not drained
 	Backends []SavedBackend `json:"backends,omitempty"`
+	Writers  []SavedWriter  `json:"writers,omitempty"` // failback services' writers; absent in files of earlier releases
+}
+
+// SavedWriter is the writer of a service with failback (scheduler =
+// "first"), so that a restart keeps new connections where they were.
+type SavedWriter struct {
+	Service string    `json:"service"`
+	Backend string    `json:"backend"`
+	Since   time.Time `json:"since,omitzero"` // when it became the writer
 }
 
 // SavedDrain is the instance's drain: who asked and when.
@@ -90,7 +99,8 @@ func SetAside(path string, now time.Time) (string, error) {
 }
 
 // Restore hands the state read at start to the Manager, before Run or the
-// first Apply: the first configuration applied puts each named backend that
+// first Apply: each failback service's writer stays the writer if it is
+// up, and the first configuration applied puts each named backend that
 // it still has back in its override, and a backend that was down stays down
 // until its active checks pass rise times (one without active checks comes
 // up at once, as it would at any start). Backends the file no longer names
@@ -101,6 +111,10 @@ func (m *Manager) Restore(st SavedState) {
 	m.restore = map[[2]string]SavedBackend{}
 	for _, b := range st.Backends {
 		m.restore[[2]string{b.Service, b.Backend}] = b
+	}
+	m.writers = map[string]writerState{}
+	for _, w := range st.Writers {
+		m.writers[w.Service] = writerState{w.Backend, w.Since} // the first build keeps it if it is up (failback.go)
 	}
 }
 
@@ -208,6 +222,11 @@ func (m *Manager) saveState(last *[]byte) {
 		inst, err = json.Marshal(st.Instance)
 		body = append(body, inst...)
 	}
+	if err == nil {
+		var ws []byte
+		ws, err = json.Marshal(st.Writers)
+		body = append(body, ws...)
+	}
 	if err != nil || bytes.Equal(body, *last) {
 		return
 	}
@@ -235,6 +254,13 @@ func (m *Manager) savedState() SavedState {
 	if t == nil {
 		return st
 	}
+	m.mu.Lock()
+	for _, s := range t.Services {
+		if w, ok := m.writers[s.Name]; ok && w.name != "" {
+			st.Writers = append(st.Writers, SavedWriter{Service: s.Name, Backend: w.name, Since: w.since.UTC()})
+		}
+	}
+	m.mu.Unlock()
 	for _, s := range t.Services {
 		for _, tg := range s.All() {
 			sb := SavedBackend{Service: s.Name, Backend: tg.B.Name}

@@ -58,6 +58,27 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkFirstWriter: first with a sticky writer (failback) in the
+// middle of the list, the pick reading it ahead of the list order.
+func BenchmarkFirstWriter(b *testing.B) {
+	for _, n := range []int{3, 100, 10000} {
+		ts := benchTargets(n)
+		p, err := New("first", ts, nil, Options{Writer: ts[n/2].B.Name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run("n="+itoa(n), func(b *testing.B) {
+			b.ReportAllocs()
+			var req Request
+			for b.Loop() {
+				if i, err := p.Pick(&req); err != nil || i != n/2 {
+					b.Fatal(i, err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkBuild: building each scheduler for 10,000 backends (mh's table
 // included).
 func BenchmarkBuild(b *testing.B) {

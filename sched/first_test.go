@@ -41,3 +41,34 @@ func TestFirst(t *testing.T) {
 		t.Errorf("Pick allocates %v times; want 0", n)
 	}
 }
+
+// TestFirstWriter: with a writer, first picks it while it is eligible,
+// even with the list's first target eligible; a writer down, full or tried
+// gives way to the list order; an unknown writer is none; and picking
+// allocates nothing.
+func TestFirstWriter(t *testing.T) {
+	ts := weighted(1, 1, 1)
+	p, err := New("first", ts, nil, Options{Writer: "B"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := picks(p, ts, 4); !slices.Equal(got, []string{"B", "B", "B", "B"}) {
+		t.Errorf("picks with writer B = %v; want B every time", got)
+	}
+	var r Request
+	if n := testing.AllocsPerRun(100, func() { p.Pick(&r) }); n != 0 {
+		t.Errorf("Pick allocates %v times; want 0", n)
+	}
+	r.MarkTried(1)
+	if i, _ := p.Pick(&r); i != 0 {
+		t.Errorf("pick with B tried = %d; want 0 (A, the list order)", i)
+	}
+	ts[1].B.PassiveFail(1, time.Hour, time.Now())
+	if got := picks(p, ts, 2); !slices.Equal(got, []string{"A", "A"}) {
+		t.Errorf("picks with writer B down = %v; want A (the list order)", got)
+	}
+	q, _ := New("first", ts, nil, Options{Writer: "nobody"})
+	if got := picks(q, ts, 1); got[0] != "A" {
+		t.Errorf("pick with an unknown writer = %v; want A", got)
+	}
+}

@@ -177,6 +177,11 @@ type Options struct {
 	// of backends, at most MaxTableSize; 0 = DefaultTableSize. Maglev's
 	// balance needs it about 100× the number of backends.
 	TableSize int
+	// Writer is first's sticky writer (failback): the name of the backend
+	// that takes every new connection while it is eligible, before the list
+	// order applies; "" (default) is the list order alone. reload sets it;
+	// the other schedulers ignore it.
+	Writer string
 	// Source, when set, replaces the runtime's random generator for random,
 	// wrandom and p2c, so tests can seed them. A picker with a Source is not
 	// safe for concurrent use (rand.Rand has no lock). nil in production.
@@ -276,7 +281,7 @@ func New(name Kind, targets []Target, prev Picker, o Options) (Picker, error) {
 		}
 		return newMaglevSched(targets, o.tableSize(), wp)
 	case "first":
-		return newFirstSched(targets), nil
+		return newFirstSched(targets, o.Writer), nil
 	}
 	return nil, fmt.Errorf("unknown scheduler %q", name)
 }
@@ -312,7 +317,11 @@ type Service struct {
 	// are turned away.
 	SplitBrain  []string
 	SplitWriter string
-	Fallback    *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
+	// Writer is the backend kept as the writer of a first service with
+	// failback (set by reload, which also gives it to the picker as
+	// Options.Writer); "" without failback.
+	Writer   string
+	Fallback *Service // picks from here while none of this service's backends is eligible; nil = none. Same table
 }
 
 // All returns the primary and backup targets in one new slice (not for the

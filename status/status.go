@@ -102,6 +102,7 @@ type Service struct {
 	SplitBrain  []string `json:"split_brain,omitempty"`
 	SplitWriter string   `json:"split_writer,omitempty"` // the claimant kept as the writer (split_brain first or newest); absent while it refuses
 	SplitBrains uint64   `json:"split_brains"`
+	Writer      string   `json:"writer,omitempty"` // scheduler first with failback: the backend kept as the writer
 	// Holding is how many connections wait for an eligible backend now
 	// (hold_timeout); Held how many had to, HoldExpired how many of those
 	// were closed when it ran out.
@@ -249,7 +250,7 @@ func Of(src Source) Status {
 	}
 	if t != nil {
 		for _, s := range t.Services {
-			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter}
+			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
