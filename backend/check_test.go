@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -420,5 +421,38 @@ func TestAwaitRoleQuiet(t *testing.T) {
 	b.checked(nil, 3, 3, time.Now())
 	if st, _ := b.State(); st != StateUp {
 		t.Errorf("after one check in the right role: %v; want up at once", st)
+	}
+}
+
+// TestFailedReasonCountsItsKind: a down backend's reason counts the checks
+// that failed as the latest did, from when that kind of failure began, not
+// every failure since the last pass (the operator trial saw "check failed
+// 308 times: conn closed" where 308 were wrong-role answers before the
+// node died).
+func TestFailedReasonCountsItsKind(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "a")
+	start := time.Date(2026, 12, 1, 3, 4, 5, 0, time.Local)
+	wrong := &WrongRoleError{Observed: RoleReplica, Want: RolePrimary}
+	b.observed(Answer{Role: RoleReplica}, true)
+	for i := range 5 {
+		b.checked(wrong, 2, 3, start.Add(time.Duration(i)*time.Second))
+	}
+	died := start.Add(10 * time.Second)
+	b.checked(errors.New("conn closed"), 2, 3, died)
+	if _, reason, _ := b.Health(); reason != "check failed once: conn closed" {
+		t.Fatalf("reason after the first failure of its kind = %q; want %q (fall counts every failure, the reason only its kind)", reason, "check failed once: conn closed")
+	}
+	for i := 1; i < 3; i++ {
+		b.checked(errors.New("conn closed"), 2, 3, died.Add(time.Duration(i)*time.Second))
+	}
+	want := "check failed 3 times since " + died.Format("15:04:05") + ": conn closed"
+	if _, reason, _ := b.Health(); reason != want {
+		t.Errorf("reason = %q; want %q", reason, want)
+	}
+	b.checked(nil, 2, 3, died.Add(5*time.Second))
+	b.checked(errors.New("timeout"), 2, 1, died.Add(6*time.Second))
+	if _, reason, _ := b.Health(); reason != "check failed once: timeout" {
+		t.Errorf("reason after a pass and one failure = %q; want %q", reason, "check failed once: timeout")
 	}
 }

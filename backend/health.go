@@ -73,12 +73,15 @@ func causeOf(bits int32) string {
 // failures change.
 type healthState struct {
 	mu           sync.Mutex    // protects the fields below (the down bits are atomic, in Backend)
-	reason       string        // why the last transition happened
+	reason       string        // why the last transition happened; while checks keep it down, what they fail with now
 	upSince      time.Time     // when it last came up; zero if up since it was created
 	since        time.Time     // when its State last changed; zero if never
 	cause        string        // short form of reason: "check", "passive", "resolve"; "" when up or in the wrong role
 	checkOK      int           // consecutive successful checks
 	checkFail    int           // consecutive failed checks
+	failKind     string        // the error of the latest failed check ("" after a pass)
+	failKindN    int           // consecutive failed checks with that same error
+	failSince    time.Time     // when the first of those failed
 	fails        int           // passive: connect failures in the current window
 	windowStart  time.Time     // passive: start of that window
 	passiveUntil time.Time     // passive: down until then
@@ -430,6 +433,7 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	if err == nil {
 		h.checkOK++
 		h.checkFail = 0
+		h.failKind, h.failKindN = "", 0
 		if h.checkOK >= rise && b.down.Load() != 0 {
 			// Active checks outrank a passive mark: rise passes clear every bit.
 			b.setBits(0, downPassive|downActive|downRole, "check passed "+itoa(h.checkOK)+" times", now)
@@ -438,6 +442,13 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	}
 	h.checkFail++
 	h.checkOK = 0
+	if msg := err.Error(); msg != h.failKind {
+		// Another kind of failure starts its own count: the reason tells
+		// what fails now, not every failure since the last pass (308
+		// wrong-role answers do not explain a node that died since).
+		h.failKind, h.failKindN, h.failSince = msg, 0, now
+	}
+	h.failKindN++
 	var wr *WrongRoleError
 	if errors.As(err, &wr) {
 		b.setBits(downRole, downActive, err.Error(), now)
@@ -446,7 +457,21 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 	if h.checkFail < fall {
 		return
 	}
-	b.setBits(downActive, downRole, "check failed "+itoa(h.checkFail)+" times: "+err.Error(), now)
+	reason := failedReason(h.failKindN, h.failSince, err)
+	b.setBits(downActive, downRole, reason, now)
+	if h.cause == "check" {
+		h.reason = reason // still down by its checks: the reason follows what fails now (since stays the transition's)
+	}
+}
+
+// failedReason is a down backend's reason: how many consecutive checks
+// have failed with err's own words, since when (the clock time of the
+// first: a reason is read later, so a relative age would go stale).
+func failedReason(n int, since time.Time, err error) string {
+	if n == 1 {
+		return "check failed once: " + err.Error()
+	}
+	return "check failed " + itoa(n) + " times since " + since.Format("15:04:05") + ": " + err.Error()
 }
 
 // SetAddressError marks the backend down while its host name has no
@@ -478,6 +503,7 @@ func (b *Backend) ClearActive() {
 	b.health.mu.Lock()
 	defer b.health.mu.Unlock()
 	b.health.checkOK, b.health.checkFail = 0, 0
+	b.health.failKind, b.health.failKindN = "", 0
 	b.health.role, b.health.awaiting = "", false
 	b.health.lastRole, b.health.roleFrom, b.health.timeline = "", "", 0
 	b.setBits(0, downActive|downRole, "checks off", time.Now())
