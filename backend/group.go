@@ -121,6 +121,13 @@ type admitter struct {
 // Admit takes one of max service slots (any number if max <= 0), waiting
 // until deadline for one in arrival order; it reports whether it took one.
 func (g *Group) Admit(max int, deadline time.Time) bool {
+	return g.AdmitUnless(max, deadline, 0, nil)
+}
+
+// AdmitUnless is Admit that, while it waits, calls gone every interval
+// and stops waiting (reporting false) once it reports true: a connection
+// whose client left gives its place up. gone nil: Admit.
+func (g *Group) AdmitUnless(max int, deadline time.Time, every time.Duration, gone func() bool) bool {
 	if g.Acquire(max) {
 		return true
 	}
@@ -152,15 +159,29 @@ func (g *Group) Admit(max int, deadline time.Time) bool {
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	select {
-	case <-w.grant:
-		return true
-	case <-t.C:
+	var tick <-chan time.Time
+	if gone != nil {
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		tick = tk.C
+	}
+wait:
+	for {
+		select {
+		case <-w.grant:
+			return true
+		case <-t.C:
+			break wait
+		case <-tick:
+			if gone() {
+				break wait
+			}
+		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w.granted {
-		return true // handed over as the time ran out: take it
+		return true // handed over as the time ran out (or as it left): take it
 	}
 	g.admitQ.Remove(e)
 	g.admitting.Add(-1)

@@ -105,21 +105,27 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		closeFD(c)
 		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
 	}
-	if !l.holdService(pol, start) {
+	if !l.holdService(pol, start, c, &tm) {
+		if tm.waited && clientGone(c) {
+			fail(nil, endGone, errClientGone)
+			return
+		}
 		svc.Group.Refused()
 		fail(nil, endFull, errFull)
 		return
 	}
 	ready := h.toBackend(pol, r.Client, orig)
-	bc, t, tries, err := s.connect(svc, pol, &r, ready, start, &tm, i)
-	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) {
+	bc, t, tries, err := s.connect(c, svc, pol, &r, ready, start, &tm, i)
+	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
 		s.handOff(i)
-		bc, t, tries, err, svc, pol = s.connectHeld(key, svc, pol, &r, ready, start, &tm)
+		bc, t, tries, err, svc, pol = s.connectHeld(c, key, svc, pol, &r, ready, start, &tm)
 	}
 	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
+		case errors.Is(err, errClientGone):
+			end = endGone
 		case errors.Is(err, errFull):
 			end = endFull
 			svc.Group.Refused()
@@ -181,14 +187,14 @@ func (l *lease) holdSource(g *backend.Group, a netip.Addr, max int) bool {
 }
 
 // holdService takes a slot of the service (pol.MaxConns) in the group the
-// source slot is in, waiting up to pol.QueueTimeout from start for one. It
-// reports false when the connection must be refused.
-func (l *lease) holdService(pol *Policy, start time.Time) bool {
-	ok := false
-	if pol.QueueTimeout <= 0 {
-		ok = l.g.Acquire(pol.MaxConns)
-	} else {
-		ok = l.g.Admit(pol.MaxConns, start.Add(pol.QueueTimeout))
+// source slot is in, waiting up to pol.QueueTimeout from start for one
+// (and marking tm waited), unless the client of socket c leaves
+// meanwhile. It reports false when the connection must be refused.
+func (l *lease) holdService(pol *Policy, start time.Time, c int, tm *timing) bool {
+	ok := l.g.Acquire(pol.MaxConns)
+	if !ok && pol.QueueTimeout > 0 {
+		tm.waited = true
+		ok = l.g.AdmitUnless(pol.MaxConns, start.Add(pol.QueueTimeout), goneEvery, func() bool { return clientGone(c) })
 	}
 	l.service = ok
 	return ok
@@ -265,8 +271,10 @@ func screen(svc *sched.Service, pol *Policy, client netip.AddrPort) (backend.Rej
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed. ready, if not nil, prepares each connected backend before
 // it is taken (routes.go): one it fails counts as a failed dial. il, if
-// not nil, is handed off before a dial waits (handOff).
-func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
+// not nil, is handed off before a dial waits (handOff). A connection that
+// waited (tm.waited) looks, before each dial, whether its client (socket
+// c) left meanwhile: errClientGone (gone.go).
+func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -292,12 +300,20 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 			}
 			if w == nil {
 				w = svc.Group.Enqueue()
+				tm.waited = true
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(start.Add(pol.QueueTimeout)) {
+			woken, gone := waitWatching(c, start.Add(pol.QueueTimeout), w.Wait)
+			if gone {
+				return -1, nil, tries, errClientGone
+			}
+			if !woken {
 				return -1, nil, tries, errFull
 			}
 			continue
+		}
+		if tm.waited && clientGone(c) {
+			return -1, nil, tries, errClientGone
 		}
 		t := &targets[i]
 		if !t.B.Acquire(t.MaxConns) {
@@ -319,16 +335,16 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
-		c, err := s.dial(pol, t.Addr, il)
+		bc, err := s.dial(pol, t.Addr, il)
 		if err == nil && ready != nil {
-			if err = ready(c, t); err != nil {
-				closeFD(c)
+			if err = ready(bc, t); err != nil {
+				closeFD(bc)
 			}
 		}
 		if err == nil {
 			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
-			return c, t, tries, nil
+			return bc, t, tries, nil
 		}
 		t.B.Release()
 		if localError(err) {
@@ -409,6 +425,7 @@ type timing struct {
 	retries int           // dials that failed before it
 	dialled int8          // 1 once a dial began: queue is set
 	held    bool          // the connection is held (hold_timeout): its redials are no passive failures (hold.go)
+	waited  bool          // it waited (a queue, a hold): it looks whether its client left before a dial (gone.go)
 }
 
 func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
