@@ -71,7 +71,6 @@ func (g *Group) WAL() *WALClock { return &g.wal }
 
 func newGroup(service string) *Group {
 	g := &Group{Service: service}
-	g.limits.logEvery.Interval = time.Second
 	return g
 }
 
@@ -345,7 +344,7 @@ func (r Reject) String() string {
 type limits struct {
 	rejected [rejectKinds]atomic.Uint64
 	limiter  atomic.Pointer[rate.Limiter] // nil: no accept_rate
-	logEvery rate.Sometimes               // rejection log lines, at most one a second
+	logEvery Every                        // rejection log lines, at most one a second
 
 	srcMu sync.Mutex // protects sources
 	srcs  map[netip.Addr]int
@@ -415,10 +414,14 @@ func (g *Group) ReleaseSource(a netip.Addr, max int) {
 }
 
 // Reject counts a connection turned away for why, and runs log at most
-// once a second per service (so a flood does not flood the log).
-func (g *Group) Reject(why Reject, log func(total uint64)) {
+// once a second per service (so a flood does not flood the log), with the
+// count for why and the number of rejections not logged since the last
+// line (Every).
+func (g *Group) Reject(why Reject, log func(total, suppressed uint64)) {
 	n := g.limits.rejected[why].Add(1)
-	g.limits.logEvery.Do(func() { log(n) })
+	if held, ok := g.limits.logEvery.Allow(); ok {
+		log(n, held)
+	}
 }
 
 // Rejected returns the counts of connections turned away, by reason: every

@@ -62,9 +62,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
 	reject := func(why backend.Reject, err error) {
-		svc.Group.Reject(why, func(total uint64) {
+		svc.Group.Reject(why, func(total, suppressed uint64) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
-				Stringer("reason", why).Uint64("rejected_so_far", total).Msg("connection rejected")
+				Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
 		})
 		closeFD(c)
 		l.release()
@@ -88,7 +88,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	if refusesSplitBrain(svc, pol) { // counted here, logged once per split (by reload), not per connection
-		svc.Group.Reject(backend.RejectSplitBrain, func(uint64) {})
+		svc.Group.Reject(backend.RejectSplitBrain, func(uint64, uint64) {})
 		closeFD(c)
 		l.release()
 		return
