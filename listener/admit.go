@@ -97,7 +97,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
-	var tm timing
+	tm := timing{viewAt: start}
 	fail := func(t *sched.Target, end string, err error) {
 		if t == nil { // counted before the close, as rejections are
 			svc.Group.Unserved(end)
@@ -146,18 +146,24 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	ss := newSession(s, svc, pol, t, c, bc, r.Client, start, l)
 	ss.tm = tm
 	ss.sni = h.sni()
-	if !t.B.Track(ss) { // the backend's drain deadline has passed
+	seamAt(seamPicked, ss)
+	ok, cut := t.B.TrackSince(ss, tm.viewAt)
+	if !ok { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.release() // admission's count, the only one: finish
 		return
 	}
 	seamAt(seamTracked, ss)
-	// on_down = "close": Cut closes what is tracked, and this session was
-	// not yet when a Cut for the backend's going down (or into the wrong
-	// role) ran. The backend's state is set before its Cut runs, and Track
-	// and Cut take the same lock: either that Cut sees this session, or
-	// this sees the state.
-	if t.CutOnDown && t.B.Down() {
+	// Cut closes what is tracked, and this session was not yet when a Cut
+	// ran after its table was loaded (on_role_change, a split brain,
+	// on_up, on_down): TrackSince says so, and it ends as that Cut's
+	// sessions did. on_down = "close": the backend's state is set before
+	// its Cut runs, and Track and Cut take the same lock: either that Cut
+	// sees this session, or this sees the state.
+	switch {
+	case cut != "":
+		ss.Cut(cut)
+	case t.CutOnDown && t.B.Down():
 		t.B.Cut(backend.CutDown)
 	}
 	ss.run()
@@ -426,6 +432,7 @@ type timing struct {
 	dialled int8          // 1 once a dial began: queue is set
 	held    bool          // the connection is held (hold_timeout): its redials are no passive failures (hold.go)
 	waited  bool          // it waited (a queue, a hold): it looks whether its client left before a dial (gone.go)
+	viewAt  time.Time     // taken before the table its backend was picked from was loaded (backend.TrackSince)
 }
 
 func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {

@@ -88,6 +88,7 @@ func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol 
 	woke := false // woken since that connect failed: a new table or a passing check
 	for {
 		h := g.Hold()
+		viewAt := time.Now()
 		snap := s.tbl.Load() // after Hold: a table swapped in, or a check passing, from here on kicks us
 		cur := serviceAt(snap.Table, key, svc.Name)
 		if cur == nil {
@@ -112,7 +113,7 @@ func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol 
 			continue
 		}
 		h.Leave()
-		svc, pol = cur, curPol
+		svc, pol, tm.viewAt = cur, curPol, viewAt
 		if refusesSplitBrain(svc, pol) {
 			return -1, nil, 0, errSplitBrain, svc, pol
 		}
