@@ -74,11 +74,24 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	var h *Hello // what the client sent first, on an address routed by name (routes.go)
+	viewAt := start
 	if rs != nil {
 		first := pol
 		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
 			l.release() // refused, counted and closed
 			return
+		}
+		// The client's first bytes may have come after a reload: its route
+		// stands, taken in the current table, and one the reload removed
+		// is chosen again there (its service's backends drain; a new
+		// connection is not theirs), as a client arriving now would be.
+		if at, cur := time.Now(), s.tbl.Load(); cur != snap {
+			if svc = reroute(cur.Table, key, svc.Name, h); svc == nil {
+				s.refuse(c, key, r.Client, h.SNI, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute})
+				l.release()
+				return
+			}
+			snap, viewAt = cur, at
 		}
 		pol = snap.Policy(svc)
 		routed(c, first, pol)
@@ -97,7 +110,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
-	tm := timing{viewAt: start}
+	tm := timing{viewAt: viewAt}
 	fail := func(t *sched.Target, end string, err error) {
 		if t == nil { // counted before the close, as rejections are
 			svc.Group.Unserved(end)

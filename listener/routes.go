@@ -72,6 +72,21 @@ func serviceAt(t *sched.Table, key netip.AddrPort, name string) *sched.Service {
 	return nil
 }
 
+// reroute is the service of table t that takes, on listen address key, a
+// connection that took the route to the service called name in an older
+// table: that service, if t still has it there, else the one t's routes
+// choose for what the client sent first (h), else t's service for key
+// (an address no longer routed by name). nil when t has none.
+func reroute(t *sched.Table, key netip.AddrPort, name string, h *Hello) *sched.Service {
+	if svc := serviceAt(t, key, name); svc != nil {
+		return svc
+	}
+	if rs := t.Routes(key); rs != nil {
+		return rs.Match(h.SNI, h.ALPN)
+	}
+	return t.Route(key)
+}
+
 // postgres reports whether h is a PostgreSQL client whose SSLRequest
 // fulcrum answered (false for nil: an address not routed).
 func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
