@@ -394,7 +394,7 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	n := s.nlp
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0) // fulcrum gives itself one P per two CPUs (main.go)
+		n = runtime.GOMAXPROCS(0) // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
 	}
 	lps := make(loops, 0, n)
 	for range n {
