@@ -56,8 +56,10 @@ type Backend struct {
 	pending atomic.Bool     // a report is in changes, not yet Seen
 	failing atomic.Bool     // passive: a failure count is pending (PassiveOK's fast path)
 
-	mu       sync.Mutex             // protects sessions
+	mu       sync.Mutex             // protects sessions, cutAt and cutEnd
 	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline
+	cutAt    time.Time              // when the last Cut ran; zero: never
+	cutEnd   string                 // and why
 }
 
 // New returns a backend with zeroed counters.
@@ -148,6 +150,27 @@ func (b *Backend) Track(s io.Closer) bool {
 	}
 	b.sessions[s] = struct{}{}
 	return true
+}
+
+// TrackSince is Track for a session admitted on a view of the backend (a
+// table) taken at since. A Cut that ran after since did not see the
+// session, and would have ended it (it was picked before the Cut's cause
+// was acted on): such a session is not tracked but counted as cut, and
+// cut is the Cut's reason, with which the caller ends it. Track and Cut
+// share the lock: either the Cut sees the session, or this sees the Cut.
+// ok is false when the drain deadline has already passed, as for Track.
+func (b *Backend) TrackSince(s io.Closer, since time.Time) (ok bool, cut string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closing.Load() {
+		return false, ""
+	}
+	if b.cutAt.After(since) {
+		b.cutClosed.Add(1)
+		return true, b.cutEnd
+	}
+	b.sessions[s] = struct{}{}
+	return true, ""
 }
 
 // Untrack removes a session registered by Track.
@@ -269,6 +292,7 @@ type Cutter interface {
 // own.
 func (b *Backend) Cut(end string) int {
 	b.mu.Lock()
+	b.cutAt, b.cutEnd = time.Now(), end // for a session tracked after it (TrackSince)
 	open := make([]io.Closer, 0, len(b.sessions))
 	for s := range b.sessions {
 		open = append(open, s)

@@ -71,7 +71,6 @@ func (g *Group) WAL() *WALClock { return &g.wal }
 
 func newGroup(service string) *Group {
 	g := &Group{Service: service}
-	g.limits.logEvery.Interval = time.Second
 	return g
 }
 
@@ -121,6 +120,13 @@ type admitter struct {
 // Admit takes one of max service slots (any number if max <= 0), waiting
 // until deadline for one in arrival order; it reports whether it took one.
 func (g *Group) Admit(max int, deadline time.Time) bool {
+	return g.AdmitUnless(max, deadline, 0, nil)
+}
+
+// AdmitUnless is Admit that, while it waits, calls gone every interval
+// and stops waiting (reporting false) once it reports true: a connection
+// whose client left gives its place up. gone nil: Admit.
+func (g *Group) AdmitUnless(max int, deadline time.Time, every time.Duration, gone func() bool) bool {
 	if g.Acquire(max) {
 		return true
 	}
@@ -152,15 +158,29 @@ func (g *Group) Admit(max int, deadline time.Time) bool {
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	select {
-	case <-w.grant:
-		return true
-	case <-t.C:
+	var tick <-chan time.Time
+	if gone != nil {
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		tick = tk.C
+	}
+wait:
+	for {
+		select {
+		case <-w.grant:
+			return true
+		case <-t.C:
+			break wait
+		case <-tick:
+			if gone() {
+				break wait
+			}
+		}
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w.granted {
-		return true // handed over as the time ran out: take it
+		return true // handed over as the time ran out (or as it left): take it
 	}
 	g.admitQ.Remove(e)
 	g.admitting.Add(-1)
@@ -324,7 +344,7 @@ func (r Reject) String() string {
 type limits struct {
 	rejected [rejectKinds]atomic.Uint64
 	limiter  atomic.Pointer[rate.Limiter] // nil: no accept_rate
-	logEvery rate.Sometimes               // rejection log lines, at most one a second
+	logEvery Every                        // rejection log lines, at most one a second
 
 	srcMu sync.Mutex // protects sources
 	srcs  map[netip.Addr]int
@@ -394,10 +414,14 @@ func (g *Group) ReleaseSource(a netip.Addr, max int) {
 }
 
 // Reject counts a connection turned away for why, and runs log at most
-// once a second per service (so a flood does not flood the log).
-func (g *Group) Reject(why Reject, log func(total uint64)) {
+// once a second per service (so a flood does not flood the log), with the
+// count for why and the number of rejections not logged since the last
+// line (Every).
+func (g *Group) Reject(why Reject, log func(total, suppressed uint64)) {
 	n := g.limits.rejected[why].Add(1)
-	g.limits.logEvery.Do(func() { log(n) })
+	if held, ok := g.limits.logEvery.Allow(); ok {
+		log(n, held)
+	}
 }
 
 // Rejected returns the counts of connections turned away, by reason: every

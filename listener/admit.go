@@ -62,9 +62,9 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
 	reject := func(why backend.Reject, err error) {
-		svc.Group.Reject(why, func(total uint64) {
+		svc.Group.Reject(why, func(total, suppressed uint64) {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
-				Stringer("reason", why).Uint64("rejected_so_far", total).Msg("connection rejected")
+				Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
 		})
 		closeFD(c)
 		l.release()
@@ -74,11 +74,24 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	var h *Hello // what the client sent first, on an address routed by name (routes.go)
+	viewAt := start
 	if rs != nil {
 		first := pol
 		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
 			l.release() // refused, counted and closed
 			return
+		}
+		// The client's first bytes may have come after a reload: its route
+		// stands, taken in the current table, and one the reload removed
+		// is chosen again there (its service's backends drain; a new
+		// connection is not theirs), as a client arriving now would be.
+		if at, cur := time.Now(), s.tbl.Load(); cur != snap {
+			if svc = reroute(cur.Table, key, svc.Name, h); svc == nil {
+				s.refuse(c, key, r.Client, h.SNI, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute})
+				l.release()
+				return
+			}
+			snap, viewAt = cur, at
 		}
 		pol = snap.Policy(svc)
 		routed(c, first, pol)
@@ -88,7 +101,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		return
 	}
 	if refusesSplitBrain(svc, pol) { // counted here, logged once per split (by reload), not per connection
-		svc.Group.Reject(backend.RejectSplitBrain, func(uint64) {})
+		svc.Group.Reject(backend.RejectSplitBrain, func(uint64, uint64) {})
 		closeFD(c)
 		l.release()
 		return
@@ -97,7 +110,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
-	var tm timing
+	tm := timing{viewAt: viewAt}
 	fail := func(t *sched.Target, end string, err error) {
 		if t == nil { // counted before the close, as rejections are
 			svc.Group.Unserved(end)
@@ -105,21 +118,27 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		closeFD(c)
 		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
 	}
-	if !l.holdService(pol, start) {
+	if !l.holdService(pol, start, c, &tm) {
+		if tm.waited && clientGone(c) {
+			fail(nil, endGone, errClientGone)
+			return
+		}
 		svc.Group.Refused()
 		fail(nil, endFull, errFull)
 		return
 	}
 	ready := h.toBackend(pol, r.Client, orig)
-	bc, t, tries, err := s.connect(svc, pol, &r, ready, start, &tm, i)
-	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) {
+	bc, t, tries, err := s.connect(c, svc, pol, &r, ready, start, &tm, i)
+	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
 		s.handOff(i)
-		bc, t, tries, err, svc, pol = s.connectHeld(key, svc, pol, &r, ready, start, &tm)
+		bc, t, tries, err, svc, pol = s.connectHeld(c, key, svc, pol, &r, ready, start, &tm)
 	}
 	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
+		case errors.Is(err, errClientGone):
+			end = endGone
 		case errors.Is(err, errFull):
 			end = endFull
 			svc.Group.Refused()
@@ -140,18 +159,24 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	ss := newSession(s, svc, pol, t, c, bc, r.Client, start, l)
 	ss.tm = tm
 	ss.sni = h.sni()
-	if !t.B.Track(ss) { // the backend's drain deadline has passed
+	seamAt(seamPicked, ss)
+	ok, cut := t.B.TrackSince(ss, tm.viewAt)
+	if !ok { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.release() // admission's count, the only one: finish
 		return
 	}
 	seamAt(seamTracked, ss)
-	// on_down = "close": Cut closes what is tracked, and this session was
-	// not yet when a Cut for the backend's going down (or into the wrong
-	// role) ran. The backend's state is set before its Cut runs, and Track
-	// and Cut take the same lock: either that Cut sees this session, or
-	// this sees the state.
-	if t.CutOnDown && t.B.Down() {
+	// Cut closes what is tracked, and this session was not yet when a Cut
+	// ran after its table was loaded (on_role_change, a split brain,
+	// on_up, on_down): TrackSince says so, and it ends as that Cut's
+	// sessions did. on_down = "close": the backend's state is set before
+	// its Cut runs, and Track and Cut take the same lock: either that Cut
+	// sees this session, or this sees the state.
+	switch {
+	case cut != "":
+		ss.Cut(cut)
+	case t.CutOnDown && t.B.Down():
 		t.B.Cut(backend.CutDown)
 	}
 	ss.run()
@@ -181,14 +206,14 @@ func (l *lease) holdSource(g *backend.Group, a netip.Addr, max int) bool {
 }
 
 // holdService takes a slot of the service (pol.MaxConns) in the group the
-// source slot is in, waiting up to pol.QueueTimeout from start for one. It
-// reports false when the connection must be refused.
-func (l *lease) holdService(pol *Policy, start time.Time) bool {
-	ok := false
-	if pol.QueueTimeout <= 0 {
-		ok = l.g.Acquire(pol.MaxConns)
-	} else {
-		ok = l.g.Admit(pol.MaxConns, start.Add(pol.QueueTimeout))
+// source slot is in, waiting up to pol.QueueTimeout from start for one
+// (and marking tm waited), unless the client of socket c leaves
+// meanwhile. It reports false when the connection must be refused.
+func (l *lease) holdService(pol *Policy, start time.Time, c int, tm *timing) bool {
+	ok := l.g.Acquire(pol.MaxConns)
+	if !ok && pol.QueueTimeout > 0 {
+		tm.waited = true
+		ok = l.g.AdmitUnless(pol.MaxConns, start.Add(pol.QueueTimeout), goneEvery, func() bool { return clientGone(c) })
 	}
 	l.service = ok
 	return ok
@@ -265,8 +290,10 @@ func screen(svc *sched.Service, pol *Policy, client netip.AddrPort) (backend.Rej
 // (errFull after that, or at once without a queue). tries counts the dials
 // that failed. ready, if not nil, prepares each connected backend before
 // it is taken (routes.go): one it fails counts as a failed dial. il, if
-// not nil, is handed off before a dial waits (handOff).
-func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
+// not nil, is handed off before a dial waits (handOff). A connection that
+// waited (tm.waited) looks, before each dial, whether its client (socket
+// c) left meanwhile: errClientGone (gone.go).
+func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
 	var last error = sched.ErrNoBackend
 	tries := 0
 	targets, picker := pool(svc)
@@ -292,12 +319,20 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 			}
 			if w == nil {
 				w = svc.Group.Enqueue()
+				tm.waited = true
 				continue // try once more, now that a freed slot will wake us
 			}
-			if !w.Wait(start.Add(pol.QueueTimeout)) {
+			woken, gone := waitWatching(c, start.Add(pol.QueueTimeout), w.Wait)
+			if gone {
+				return -1, nil, tries, errClientGone
+			}
+			if !woken {
 				return -1, nil, tries, errFull
 			}
 			continue
+		}
+		if tm.waited && clientGone(c) {
+			return -1, nil, tries, errClientGone
 		}
 		t := &targets[i]
 		if !t.B.Acquire(t.MaxConns) {
@@ -319,16 +354,16 @@ func (s *Server) connect(svc *sched.Service, pol *Policy, r *sched.Request, read
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
-		c, err := s.dial(pol, t.Addr, il)
+		bc, err := s.dial(pol, t.Addr, il)
 		if err == nil && ready != nil {
-			if err = ready(c, t); err != nil {
-				closeFD(c)
+			if err = ready(bc, t); err != nil {
+				closeFD(bc)
 			}
 		}
 		if err == nil {
 			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
-			return c, t, tries, nil
+			return bc, t, tries, nil
 		}
 		t.B.Release()
 		if localError(err) {
@@ -409,6 +444,8 @@ type timing struct {
 	retries int           // dials that failed before it
 	dialled int8          // 1 once a dial began: queue is set
 	held    bool          // the connection is held (hold_timeout): its redials are no passive failures (hold.go)
+	waited  bool          // it waited (a queue, a hold): it looks whether its client left before a dial (gone.go)
+	viewAt  time.Time     // taken before the table its backend was picked from was loaded (backend.TrackSince)
 }
 
 func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {

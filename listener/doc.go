@@ -33,6 +33,11 @@ package listener
 //   - A session tracked after its backend went down with on_down = "close"
 //     is cut by itself: Track and Cut share the backend's lock, and the
 //     state is set before the Cut runs. [TestDownBeforeTrack (seam)]
+//   - So is a session tracked after any Cut of its backend (role change,
+//     split brain, primary back, down) that ran after the table it was
+//     admitted on was loaded (backend.TrackSince: the Cut's time and
+//     reason are kept under the same lock), with that Cut's reason.
+//     [TestCutBeforeTrack (seam)]
 //   - Every connection accepted gives back its slot, its lease and its
 //     count of the Server's WaitGroup once, and logs one access line.
 //     [the seam tests' settle and access-line counts; TestCutDuringChurn]
@@ -70,7 +75,7 @@ package listener
 //
 // The races that are one syscall wide in production are forced through a
 // test-only seam (seam.go): seamAt, at named points (seamRegistered,
-// seamTracked, seamBatch), calls a hook a test sets, in a build with the
+// seamTracked, seamBatch, seamPicked), calls a hook a test sets, in a build with the
 // tag fulcrumseam; in the release build seamAt is an empty function the
 // compiler removes. The seam tests are in seam_test.go:
 //

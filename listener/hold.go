@@ -71,22 +71,24 @@ func eligibleNow(svc *sched.Service) bool {
 // wake it. It connects through the current table's service, which it
 // returns with its policy. The connection keeps the service slot it holds,
 // so max_conns bounds the waiting too. A listener removed meanwhile ends
-// the wait.
+// the wait, and so does its client leaving (gone.go), which it looks for
+// while it waits and before each redial.
 //
 // Its redials are not passive failures (tm.held): they are the same
 // client trying the same nodes again at the pace of the checks, not new
 // evidence, and counting them marked a node down that was coming back,
 // adding rise × interval to its return. The first dial of every connection
 // still counts, so new clients still mark a dead node down.
-func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
+func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
 	g := svc.Group
 	g.HoldBegan()
-	tm.held = true
+	tm.held, tm.waited = true, true
 	deadline := start.Add(pol.HoldTimeout)
 	tried := svc  // the table (its service) the last connect failed in
 	woke := false // woken since that connect failed: a new table or a passing check
 	for {
 		h := g.Hold()
+		viewAt := time.Now()
 		snap := s.tbl.Load() // after Hold: a table swapped in, or a check passing, from here on kicks us
 		cur := serviceAt(snap.Table, key, svc.Name)
 		if cur == nil {
@@ -98,8 +100,11 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy
 		// since the backends of this table just failed. A split brain
 		// ends the wait at once.
 		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur, curPol) {
-			ok := h.Wait(deadline)
+			ok, gone := waitWatching(c, deadline, h.Wait)
 			h.Leave()
+			if gone {
+				return -1, nil, 0, errClientGone, svc, pol
+			}
 			if !ok {
 				g.HoldExpired()
 				return -1, nil, 0, errHoldExpired, svc, pol
@@ -108,13 +113,13 @@ func (s *Server) connectHeld(key netip.AddrPort, svc *sched.Service, pol *Policy
 			continue
 		}
 		h.Leave()
-		svc, pol = cur, curPol
+		svc, pol, tm.viewAt = cur, curPol, viewAt
 		if refusesSplitBrain(svc, pol) {
 			return -1, nil, 0, errSplitBrain, svc, pol
 		}
 		*r = sched.Request{Client: r.Client} // a new table, or a backend that failed may be back
-		bc, t, tries, err := s.connect(svc, pol, r, ready, start, tm, nil)
-		if err == nil || errors.Is(err, errFull) || time.Now().After(deadline) {
+		bc, t, tries, err := s.connect(c, svc, pol, r, ready, start, tm, nil)
+		if err == nil || errors.Is(err, errFull) || errors.Is(err, errClientGone) || time.Now().After(deadline) {
 			return bc, t, tries, err, svc, pol
 		}
 		tried, woke = svc, false

@@ -121,9 +121,15 @@ func TestKeepAlivePerSocket(t *testing.T) {
 				t.Errorf("idle times of %d dialled sockets take %d values; want them spread", n, v)
 			}
 			// 4 draws for 64 sockets, plus one per socket accepted before
-			// the loop saw its queue empty (the first, at most).
-			if v := count(accepted); v < 2 || v > n/spreadEvery+1 {
-				t.Errorf("idle times of %d accepted sockets take %d values; want 2..%d, drawn on the listening socket", n, v, n/spreadEvery+1)
+			// the loop first saw its queue empty. That is not the first
+			// alone: a greeting can reach the client before the loop has
+			// come back to accept, and under load the next dial is then
+			// queued before the loop looks, again and again (the bound of
+			// 5 failed so). A draw per socket would take about 32 of the
+			// 41 values (sd 2.5): n/4 tells the two apart with room for a
+			// dozen such sockets.
+			if v := count(accepted); v < 2 || v > n/4 {
+				t.Errorf("idle times of %d accepted sockets take %d values; want 2..%d, drawn on the listening socket", n, v, n/4)
 			}
 		})
 	}
@@ -209,7 +215,7 @@ func TestKeepAliveAfterChange(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Greeter("a"))
 	freeze := make(chan struct{}, 1)
-	frozen := make(chan struct{})
+	frozen := make(chan struct{}, 1) // the hook never waits for the test to look
 	thaw := make(chan struct{})
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 		s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = 100*time.Second, 7*time.Second, 3
@@ -232,13 +238,18 @@ func TestKeepAliveAfterChange(t *testing.T) {
 	}
 	greeted(p.dial(t)) // the loop runs
 	freeze <- struct{}{}
-	greeted(p.dial(t)) // the loop comes round after it, and stops
+	// The loop stops at the top of its next round: before or after it
+	// accepts this one, whichever comes first (the last greeting may reach
+	// the client before the loop comes round), so it is not waited for
+	// until the loop runs again.
+	nudge := p.dial(t)
 	<-frozen
 	before := p.dial(t) // queued while the loop is stopped, with the listening socket's options
 	off := *p.pol
 	off.KeepAliveIdle = 0
 	p.ptr.Store(NewSnapshot(p.ptr.Load().Table, map[string]*Policy{p.svc.Name: &off}))
 	close(thaw)
+	greeted(nudge)
 	greeted(before)
 	after := p.dial(t)
 	greeted(after)

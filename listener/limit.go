@@ -71,9 +71,16 @@ func (s *Server) takeSlot(so *socket) bool {
 	default:
 	}
 	s.atLimit.Add(1)
+	// An episode at the limit is announced at most once a second (with
+	// how many began since the last one announced), and its end only if
+	// its start was: churn at the limit begins and ends an episode per
+	// connection, which logged two lines for each (issue 30).
 	if !s.limited.Swap(true) {
-		s.log.Warn().Int("max_conns", cap(s.slots)).Int("nofile", nofile()).
-			Msg("connection limit reached: new clients wait in the listen backlog until connections end")
+		if held, ok := s.limitLog.Allow(); ok {
+			s.limitTold.Store(true)
+			s.log.Warn().Int("max_conns", cap(s.slots)).Int("nofile", nofile()).Uint64("suppressed", held).
+				Msg("connection limit reached: new clients wait in the listen backlog until connections end")
+		}
 	}
 	var beat <-chan time.Time
 	if d := time.Duration(s.beat.Load()); d > 0 {
@@ -85,7 +92,7 @@ func (s *Server) takeSlot(so *socket) bool {
 		so.beat.Store(time.Now().UnixNano())
 		select {
 		case s.slots <- struct{}{}:
-			if s.limited.Swap(false) {
+			if s.limited.Swap(false) && s.limitTold.Swap(false) {
 				s.log.Info().Int("max_conns", cap(s.slots)).Msg("below the connection limit again")
 			}
 			return true

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,4 +90,62 @@ func TestLimitSharedByListeners(t *testing.T) {
 	p.logs.Wait(t, 10*time.Second, "the limit's end", func(m map[string]any) bool {
 		return m["message"] == "below the connection limit again"
 	})
+}
+
+// TestLimitLogsOnce (issue 30): clients churning at the connection limit
+// begin and end an episode at it per connection; the log says so at most
+// once a second (start and end), and the next line it lets through says
+// how many episodes it did not log.
+func TestLimitLogsOnce(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
+	const limit = 2
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, func(s *Server) { s.slots = make(chan struct{}, limit) })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var once sync.Once
+	halt := func() { once.Do(func() { close(stop) }); wg.Wait() }
+	defer halt() // on a failure too
+	for range 3 * limit {
+		wg.Add(1)
+		go func() { // churns until stop
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", p.addr, 5*time.Second)
+				if err != nil {
+					continue
+				}
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				bufio.NewReader(c).ReadString('\n')
+				c.Close()
+			}
+		}()
+	}
+	start := time.Now()
+	reached := func(m map[string]any) bool {
+		return strings.HasPrefix(fmt.Sprint(m["message"]), "connection limit reached")
+	}
+	// Churn past a second, and until an episode not logged is reported.
+	p.logs.Wait(t, 30*time.Second, "a limit line that reports suppressed episodes", func(m map[string]any) bool {
+		n, _ := m["suppressed"].(float64)
+		return reached(m) && n > 0
+	})
+	for p.srv.Limit().Waits < 200 && time.Since(start) < 30*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	halt()
+	elapsed, waits := time.Since(start), p.srv.Limit().Waits
+	lines := len(p.logs.All(func(m map[string]any) bool {
+		return reached(m) || m["message"] == "below the connection limit again"
+	}))
+	// At most a start and an end for each second begun, and the first.
+	if max := 2 * (int(elapsed/time.Second) + 2); lines > max {
+		t.Errorf("%d limit lines for %d waits at the limit in %v; want at most %d", lines, waits, elapsed.Round(time.Millisecond), max)
+	}
+	t.Logf("%d limit lines for %d waits at the limit in %v", lines, waits, elapsed.Round(time.Millisecond))
 }

@@ -17,8 +17,9 @@ import (
 // Sockets never enter Go's poller: accept4 on the listening socket and a
 // non-blocking connect (loop_dial.go) give descriptors that only a loop's
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
-// would block). A Server has one loop per P (and fulcrum one P per two
-// CPUs: main.go), sessions spread round robin. A loop's epoll descriptor
+// would block). A Server has one loop per P (and fulcrum one loop, and
+// P, per CPU it may use, or [process] loops: procs.go), sessions spread
+// round robin. A loop's epoll descriptor
 // is itself watched by Go's poller (a nested epoll): the loop's goroutine
 // parks there, holding no thread, and when woken runs, inline, whatever
 // directions its events wake, each until it would block or has used its

@@ -6,8 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"sync/atomic"
-	"time"
 
+	"fulcrum/backend"
 	"fulcrum/sched"
 )
 
@@ -72,6 +72,21 @@ func serviceAt(t *sched.Table, key netip.AddrPort, name string) *sched.Service {
 	return nil
 }
 
+// reroute is the service of table t that takes, on listen address key, a
+// connection that took the route to the service called name in an older
+// table: that service, if t still has it there, else the one t's routes
+// choose for what the client sent first (h), else t's service for key
+// (an address no longer routed by name). nil when t has none.
+func reroute(t *sched.Table, key netip.AddrPort, name string, h *Hello) *sched.Service {
+	if svc := serviceAt(t, key, name); svc != nil {
+		return svc
+	}
+	if rs := t.Routes(key); rs != nil {
+		return rs.Match(h.SNI, h.ALPN)
+	}
+	return t.Route(key)
+}
+
 // postgres reports whether h is a PostgreSQL client whose SSLRequest
 // fulcrum answered (false for nil: an address not routed).
 func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
@@ -102,9 +117,9 @@ func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error
 	so := s.lns[key]
 	s.mu.Unlock()
 	if so != nil { // nil once a reload has retired the listener
-		if total, log := so.refused.add(reason); log {
+		if total, held, log := so.refused.add(reason); log {
 			s.log.Warn().Stringer("listen", key).Stringer("client", client).Str("sni", sni).Str("reason", reason).
-				Err(err).Uint64("refused_so_far", total).Msg("connection refused")
+				Err(err).Uint64("refused_so_far", total).Uint64("suppressed", held).Msg("connection refused")
 		}
 	}
 	closeFD(c)
@@ -141,20 +156,20 @@ var refuseReasons = [...]string{ReasonNoRoute, ReasonMalformed, ReasonTooLarge, 
 // log line through at most once a second, so that a flood does not flood
 // the log.
 type refusals struct {
-	n    [len(refuseReasons)]atomic.Uint64
-	last atomic.Int64 // unix nanoseconds of the last log line let through
+	n   [len(refuseReasons)]atomic.Uint64
+	log backend.Every // the log lines let through
 }
 
-// add counts one refusal for reason and reports the total for it and
-// whether to log it.
-func (r *refusals) add(reason string) (uint64, bool) {
+// add counts one refusal for reason and reports the total for it, whether
+// to log it and how many refusals were not logged since the last line.
+func (r *refusals) add(reason string) (total, suppressed uint64, log bool) {
 	i := 0
 	for i < len(refuseReasons)-1 && refuseReasons[i] != reason {
 		i++
 	}
-	total := r.n[i].Add(1)
-	now, last := time.Now().UnixNano(), r.last.Load()
-	return total, now-last >= int64(time.Second) && r.last.CompareAndSwap(last, now)
+	total = r.n[i].Add(1)
+	suppressed, log = r.log.Allow()
+	return total, suppressed, log
 }
 
 // counts returns the counts by reason, nil when there are none.

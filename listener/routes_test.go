@@ -543,3 +543,42 @@ func TestRouteHold(t *testing.T) {
 		t.Errorf("the held connection read %q, %v; want db1's greeting", g, err)
 	}
 }
+
+// TestRouteRemovedMidHello (issue 30): a reload removes the route a
+// client's server name takes while its hello is still arriving, and the
+// removed service's backend drains. The client is routed by the current
+// table (to the default), not reset for want of a backend.
+func TestRouteRemovedMidHello(t *testing.T) {
+	testkit.CheckLeaks(t)
+	dflt := testkit.NewServer(t, testkit.Greeter("dflt"))
+	x := testkit.NewServer(t, testkit.Greeter("x"))
+	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
+		{name: "dflt", sni: []string{sched.DefaultName}, backends: []string{dflt.Addr}},
+		{name: "x", sni: []string{"x.example.com"}, backends: []string{x.Addr}},
+	})
+	c := dialTCP(t, p.addr)
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	hello := helloBytes(t, &tls.Config{ServerName: "x.example.com"})
+	c.Write(hello[:5]) // the record header: the preread waits for the rest
+	for deadline := time.Now().Add(10 * time.Second); p.srv.Conns() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was not accepted")
+		}
+	}
+	// The next table: x is gone, its backend drains.
+	old := p.ptr.Load()
+	rs, err := sched.NewRoutes([]sched.Route{{Service: p.svcs["dflt"], Names: []string{sched.DefaultName}, PrereadTimeout: 5 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := sched.NewTable(old.Gen+1, []*sched.Service{p.svcs["dflt"]}, map[netip.AddrPort]*sched.Service{p.key: p.svcs["dflt"]})
+	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
+	p.ptr.Store(NewSnapshot(tbl, p.pols))
+	ctx, cancel := contextDone()
+	p.svcs["x"].Targets[0].B.Drain(ctx) // nothing tracked: marks it draining and returns
+	cancel()
+	c.Write(hello[5:])
+	if g, err := bufio.NewReader(c).ReadString('\n'); err != nil || g != "dflt\n" {
+		t.Errorf("the client read %q, %v; want the default's greeting (routed by the current table)", g, err)
+	}
+}

@@ -21,4 +21,8 @@ const (
 	// seamBatch: the loop is inside a batch of events, after dispatching
 	// one of them (ss is the session it concerned, or nil).
 	seamBatch
+	// seamPicked: handle has dialled the session's backend and made the
+	// session, and not yet tracked it: a Cut of the backend now does not
+	// see it.
+	seamPicked
 )

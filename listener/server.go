@@ -34,6 +34,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"fulcrum/backend"
 )
 
 // Loader returns the current snapshot; *atomic.Pointer[Snapshot] is one.
@@ -58,9 +60,11 @@ type Server struct {
 	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (handoff.go), not in use
 	adopted map[netip.AddrPort]bool             // spares handed over by the process this one replaced: ours to close
 
-	slots   chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
-	atLimit atomic.Uint64 // times an accept loop waited for a slot
-	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
+	slots     chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
+	atLimit   atomic.Uint64 // times an accept loop waited for a slot
+	limited   atomic.Bool   // an accept loop is waiting for a slot: an episode at the limit
+	limitLog  backend.Every // lets an episode's line through at most once a second (limit.go)
+	limitTold atomic.Bool   // the current episode's start was logged: so is its end
 
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
@@ -390,7 +394,7 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	n := s.nlp
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0) // fulcrum gives itself one P per two CPUs (main.go)
+		n = runtime.GOMAXPROCS(0) // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
 	}
 	lps := make(loops, 0, n)
 	for range n {

@@ -22,6 +22,7 @@ const (
 	endNoBackend = "no backend"         // nothing eligible to dial: every backend down, draining or at weight 0
 	endFull      = "full"               // every eligible backend, or the service, at max_conns (past queue_timeout)
 	endDrained   = "drained"            // closed at a drain deadline
+	endGone      = "client gone"        // the client left while waiting (queue_timeout, hold_timeout), before any dial
 )
 
 // session is one proxied connection after a successful dial. It owns both
