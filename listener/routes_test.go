@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -462,6 +464,46 @@ func TestPrepareSharedAddress(t *testing.T) {
 	ch.Commit()
 	srv.Close()
 	srv.Wait()
+}
+
+// TestPrepareWildcardMove: a reload that moves a port from a specific
+// address to the wildcard is refused with the reason and the remedy (issue
+// 30: a restart; closing the old socket first would reset the handshakes
+// in its backlog), and the running listener keeps accepting.
+func TestPrepareWildcardMove(t *testing.T) {
+	testkit.CheckLeaks(t)
+	var ptr atomic.Pointer[Snapshot]
+	ptr.Store(NewSnapshot(sched.NewTable(1, nil, nil), nil))
+	srv := New(&ptr, zerolog.Nop())
+	defer srv.Wait()
+	defer srv.Close()
+	var a netip.AddrPort
+	for port := 21700; ; port++ { // a fixed port (its number is in the error), below 32768
+		if port == 21800 {
+			t.Fatal("no free port in 21700–21799")
+		}
+		a = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(port))
+		ch, err := srv.Prepare([]netip.AddrPort{a}, false)
+		if err == nil {
+			ch.Commit()
+			break
+		}
+	}
+	wild := netip.AddrPortFrom(netip.IPv4Unspecified(), a.Port())
+	ch, err := srv.Prepare([]netip.AddrPort{wild}, false)
+	if err == nil {
+		ch.abort()
+		t.Fatalf("Prepare(%v) with %v listening succeeded; want EADDRINUSE", wild, a)
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) || !strings.Contains(err.Error(), "own listener "+a.String()) ||
+		!strings.Contains(err.Error(), "takes a restart") {
+		t.Errorf("Prepare(%v) = %v; want EADDRINUSE naming %v and the restart", wild, err, a)
+	}
+	c, err := net.DialTimeout("tcp", a.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("the running listener after the refused move: %v", err)
+	}
+	c.Close()
 }
 
 // TestRoutePerService: the access lists applied are the matched service's,

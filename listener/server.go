@@ -256,6 +256,11 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 		l, err := lc.Listen(context.Background(), "tcp", a.String())
 		if err != nil {
 			c.abort()
+			if held, ok := s.overlapping(a); ok && errors.Is(err, syscall.EADDRINUSE) {
+				return nil, fmt.Errorf("listen %s: %w: this instance's own listener %s holds the port; a reload cannot move a port "+
+					"between one address and the wildcard (closing first would reset the connections in its backlog and refuse "+
+					"handshakes until the new one binds): that move takes a restart", a, err, held)
+			}
 			return nil, fmt.Errorf("listen %s: %w", a, err)
 		}
 		ln := l.(*net.TCPListener)
@@ -271,6 +276,19 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 }
 
 // newSocket prepares ln for its accept loop: the duplicate it waits on.
+// overlapping returns a listener of this Server that holds a's port on an
+// address that overlaps a's (one of them the wildcard of the same family,
+// or the unspecified address of either), so that binding a fails with
+// EADDRINUSE; s.mu is held.
+func (s *Server) overlapping(a netip.AddrPort) (netip.AddrPort, bool) {
+	for h := range s.lns {
+		if h.Port() == a.Port() && h.Addr() != a.Addr() && (h.Addr().IsUnspecified() || a.Addr().IsUnspecified()) {
+			return h, true
+		}
+	}
+	return netip.AddrPort{}, false
+}
+
 func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) (*socket, error) {
 	acc, rc, err := acceptConn(ln)
 	if err != nil {
