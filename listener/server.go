@@ -62,6 +62,8 @@ type Server struct {
 	atLimit atomic.Uint64 // times an accept loop waited for a slot
 	limited atomic.Bool   // an accept loop is waiting for a slot: logged once per episode
 
+	admitting admissions // connections accepted and not yet sessions or ended (Admitted)
+
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
 
