@@ -31,6 +31,8 @@ import (
 // name to route by, a queue, a hold, a connect not done at once. It then
 // goes on in the goroutine it was called in, which ends with it.
 func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
+	s.admitting.begin() // before the accept loop can return or be handed on: Close then waits for it
+	defer s.admitting.end()
 	start := time.Now()
 	l := lease{srv: s}
 	snap := s.tbl.Load()

@@ -66,6 +66,8 @@ type Server struct {
 	limitLog  backend.Every // lets an episode's line through at most once a second (limit.go)
 	limitTold atomic.Bool   // the current episode's start was logged: so is its end
 
+	admitting admissions // connections accepted and not yet sessions or ended (Admitted)
+
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
 

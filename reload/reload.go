@@ -564,7 +564,7 @@ func (m *Manager) settle(old, next *sched.Table) {
 					t.B.SetOverride(backend.Ready, "removal", time.Now()) // an override ends with its backend
 					m.log.Info().Str("service", s.Name).Str("backend", t.B.Name).Str("was", o.String()).Msg("override cleared: backend removed")
 				}
-				m.drain(t, i >= len(s.Targets), s.DrainTimeout)
+				m.drain(t, i >= len(s.Targets), s.DrainTimeout, nil)
 			}
 		}
 	}
@@ -572,10 +572,15 @@ func (m *Manager) settle(old, next *sched.Table) {
 
 // drain stops new connections to t's backend and closes what is still open
 // after timeout (0 = wait for them to end), or as soon as Shutdown's context
-// ends. Until then the backend is listed by Draining.
-func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration) {
+// ends. Until then the backend is listed by Draining. With after not nil
+// (Shutdown: the listeners are closed), new connections are stopped only
+// once after is closed, or at the deadline: the connections accepted
+// before then are still being admitted, and are served, then drained.
+func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration, after <-chan struct{}) {
 	b := t.B
-	b.StopNew() // at once, not when the goroutine gets to run
+	if after == nil {
+		b.StopNew() // at once, not when the goroutine gets to run
+	}
 	d := status.Drain{B: b, Addr: t.Addr, Backup: backup}
 	if timeout > 0 {
 		d.Deadline = time.Now().Add(timeout)
@@ -601,6 +606,13 @@ func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration) {
 			ctx, cancel = context.WithTimeout(m.drainCtx, timeout)
 		}
 		defer cancel()
+		if after != nil {
+			select {
+			case <-after:
+			case <-ctx.Done():
+			}
+			b.StopNew()
+		}
 		active := b.Active()
 		closed := b.Drain(ctx)
 		m.pool.Forget(b)
@@ -617,7 +629,11 @@ func (m *Manager) drain(t sched.Target, backup bool, timeout time.Duration) {
 }
 
 // Shutdown stops accepting on every listener and drains every backend, each
-// for its service's drain_timeout, then waits for all sessions to end. When
+// for its service's drain_timeout, then waits for all sessions to end. A
+// connection accepted before the listeners closed (reading its PROXY header
+// or ClientHello, queued, held, dialling) is still admitted and served: the
+// backends stop taking new connections once no admission is left (or at
+// their drain deadline), not at once. When
 // ctx ends first, every session still open is closed at once and Shutdown
 // returns ctx's error once they are gone (as http.Server.Shutdown does).
 // Later Apply calls fail; a second Shutdown waits like the first.
@@ -643,10 +659,11 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		}
 		m.log.Info().Int64("open", open).Stringer("drain_timeout", longest).Msg("stopped accepting; draining connections")
 		m.health.Stop()
+		admitted := m.srv.Admitted() // after Close: no connection is accepted any more
 		if t := m.Table(); t != nil {
 			for _, s := range t.Services {
 				for i, tg := range s.All() {
-					m.drain(tg, i >= len(s.Targets), s.DrainTimeout)
+					m.drain(tg, i >= len(s.Targets), s.DrainTimeout, admitted)
 				}
 			}
 		}

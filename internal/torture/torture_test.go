@@ -88,6 +88,7 @@ const (
 	classUrgent    = "stalled, truncated or reset after an urgent byte (MSG_OOB)"
 	classReset     = "reset without cause"
 	classRefused   = "refused on a stable listener"
+	classStopping  = "refused by a stopping instance (accepted before its listeners closed, then no backend)"
 	classAccess    = "access lines"
 	classStuck     = "connection never ended"
 	classGauge     = "gauge not back to zero"
@@ -98,7 +99,7 @@ const (
 )
 
 var classOrder = []string{classForeign, classCorrupt, classDuplicate, classMisrouted, classUrgent, classStalled, classTruncated,
-	classReset, classRefused, classAccess, classStuck, classGauge, classWait, classFD, classLeak, classHarness}
+	classReset, classRefused, classStopping, classAccess, classStuck, classGauge, classWait, classFD, classLeak, classHarness}
 
 // datapathFixed says that issue 24's data-path fixes are in, as they are
 // since main's 59e84c0 (Merge branch 'datapath'): every failure fails the
@@ -1127,12 +1128,18 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 	if stalled || cr.bad != nil || beBad(br) != nil {
 		return // reported
 	}
-	if br == nil && h.stoppingRefused(p, cr) {
-		// Shutdown drains every backend at once, so a connection the old
-		// instance accepted and had not yet dialled finds none: counted and
-		// described in the report, not a data-path failure.
-		h.count("refused by a stopping instance: accepted, then no backend (its backends drain at shutdown)", 1)
-		return
+	if br == nil {
+		switch h.stoppingRefused(p, cr) {
+		case stopEarly:
+			// A connection the old instance accepted before its listeners
+			// were handed over is its to serve: Shutdown's drains stop new
+			// connections only once every admission is done.
+			h.fail(classStopping, id, h.describe(p, cr, br))
+			return
+		case stopLate: // its admission outlived the old instance's drain_timeout
+			h.count("refused by a stopping instance past its drain_timeout (admission longer than the drain)", 1)
+			return
+		}
 	}
 	reset := isReset(cr.downErr) || isReset(cr.upErr) || br != nil && (isReset(br.upErr) || isReset(br.downErr))
 	if urgent {
@@ -1146,20 +1153,34 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 	h.fail(classTruncated, id, h.describe(p, cr, br))
 }
 
+// How an instance that was stopping refused a connection (stoppingRefused).
+const (
+	stopNot   = iota // not so
+	stopEarly        // within its drain_timeout: a connection dropped at a hand-over
+	stopLate         // after it: the drain's deadline ended the admission
+)
+
 // stoppingRefused reports whether p's only access line says an instance
-// that was stopping by then had no backend for it.
-func (h *harness) stoppingRefused(p *plan, cr *cliResult) bool {
+// that was stopping by then had no backend for it, and whether that was
+// within the drain_timeout after it handed over.
+func (h *harness) stoppingRefused(p *plan, cr *cliResult) int {
 	lines := h.log.lines(keyOf(p.clientIP))
 	if len(lines) != 1 || !strings.Contains(lines[0], " end=no backend ") {
-		return false
+		return stopNot
 	}
 	var n int
 	if _, err := fmt.Sscanf(lines[0], "instance=%d ", &n); err != nil {
-		return false
+		return stopNot
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return n < len(h.handover) && cr.end.After(h.handover[n].Add(-time.Second))
+	switch {
+	case n >= len(h.handover) || !cr.end.After(h.handover[n].Add(-time.Second)):
+		return stopNot
+	case cr.end.After(h.handover[n].Add(h.drainTimeout)):
+		return stopLate
+	}
+	return stopEarly
 }
 
 func beBad(br *beResult) *mismatch {
