@@ -33,7 +33,10 @@ func (p *Probe) mysqlLogin(ctx context.Context) (string, error) {
 	}
 	cfg.Passwd = pw
 	cfg.Net, cfg.Addr = "tcp", p.Addr
-	cfg.DialFunc = p.netDialer().DialContext
+	cfg.DialFunc = p.dial
+	if cfg.TLS, err = p.tlsConfig(); err != nil { // nil: no TLS
+		return "", err
+	}
 	cfg.DBName = p.Database
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = p.Timeout, p.Timeout, p.Timeout
 	cfg.Logger = quiet{}
@@ -48,7 +51,7 @@ func (p *Probe) mysqlLogin(ctx context.Context) (string, error) {
 		if errors.As(err, &me) && !p.roleWanted() && pw == "" && accessDenied(me.Number) {
 			return "", nil // a live server that does not know the user
 		}
-		return "", fmt.Errorf("mysql login as %s: %w", cfg.User, err)
+		return "", fmt.Errorf("mysql login as %s: %w", cfg.User, p.tlsCause(err))
 	}
 	defer c.Close() // COM_QUIT
 	if !p.roleWanted() && pw == "" {

@@ -276,8 +276,9 @@ type MariaDB struct {
 // starts mariadbd on it, with performance_schema on (for the host cache)
 // and max_connect_errors 5, so that a probe that counted toward it would
 // soon be blocked. Users: root over the socket; fulcrum with no password
-// and no privileges; checker with MD5Password.
-func StartMariaDB(t testing.TB) *MariaDB {
+// and no privileges; checker with MD5Password. extra are more mariadbd
+// options ("--require-secure-transport=ON").
+func StartMariaDB(t testing.TB, extra ...string) *MariaDB {
 	t.Helper()
 	if _, err := exec.LookPath("mariadbd"); err != nil {
 		if _, err := os.Stat("/usr/sbin/mariadbd"); err != nil {
@@ -309,6 +310,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		"--bind-address=127.0.0.1", "--socket="+m.socket, "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+filepath.Join(dir, "err.log"), "--performance-schema=ON", "--max-connect-errors=5",
 		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--skip-innodb-doublewrite", "--innodb-flush-log-at-trx-commit=0")
+	m.cmd.Args = append(m.cmd.Args, extra...)
 	if err := m.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
