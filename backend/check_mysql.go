@@ -48,12 +48,15 @@ func (p *Probe) mysqlLogin(ctx context.Context) (string, error) {
 	c, err := conn.Connect(ctx)
 	if err != nil {
 		var me *mysql.MySQLError
-		if errors.As(err, &me) && !p.roleWanted() && pw == "" && accessDenied(me.Number) {
+		if errors.As(err, &me) && !p.roleWanted() && p.Role != RoleGalera && pw == "" && accessDenied(me.Number) {
 			return "", nil // a live server that does not know the user
 		}
 		return "", fmt.Errorf("mysql login as %s: %w", cfg.User, p.tlsCause(err))
 	}
 	defer c.Close() // COM_QUIT
+	if p.Role == RoleGalera {
+		return "", galera(ctx, c)
+	}
 	if !p.roleWanted() && pw == "" {
 		return "", nil
 	}

@@ -195,7 +195,7 @@ type Health struct {
 	Status   int               // http: the status that means up; default 200
 	User     string            // pgsql, mysql: the user to log in as; default "fulcrum"
 
-	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
+	Role         string        // "any" (default) | "primary" | "replica" | "galera" (mysql only): the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
 	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
 	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
@@ -212,7 +212,7 @@ type Health struct {
 }
 
 // Roles are the values of [health] role.
-var Roles = []string{"any", "primary", "replica"}
+var Roles = []string{"any", "primary", "replica", backend.RoleGalera}
 
 // schedulerNames are the names the scheduler key takes: sched's.
 var schedulerNames = func() []string {
@@ -908,6 +908,9 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		}
 		if h := b.Health; h.Role != "any" && !h.Check.TellsRoles() {
 			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
+		}
+		if h := b.Health; h.Role == backend.RoleGalera && h.Check != backend.CheckMySQL {
+			w.errorf(bt.key("health.role"), `role = "galera" needs check = "mysql"; have check = %q`, h.Check)
 		}
 		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != backend.CheckPgSQL) {
 			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)

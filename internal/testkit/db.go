@@ -280,6 +280,15 @@ type MariaDB struct {
 // options ("--require-secure-transport=ON").
 func StartMariaDB(t testing.TB, extra ...string) *MariaDB {
 	t.Helper()
+	m := startMariaDB(t, extra...)
+	m.Exec(t, "CREATE USER fulcrum@'%'")
+	m.Exec(t, "CREATE USER checker@'%' IDENTIFIED BY '"+MD5Password+"'")
+	return m
+}
+
+// startMariaDB is StartMariaDB without the users.
+func startMariaDB(t testing.TB, extra ...string) *MariaDB {
+	t.Helper()
 	if _, err := exec.LookPath("mariadbd"); err != nil {
 		if _, err := os.Stat("/usr/sbin/mariadbd"); err != nil {
 			missing(t, "mariadbd (mariadb-server)")
@@ -343,8 +352,6 @@ func StartMariaDB(t testing.TB, extra ...string) *MariaDB {
 		}
 		time.Sleep(50 * time.Millisecond) // a starting server gives no event but its socket
 	}
-	m.Exec(t, "CREATE USER fulcrum@'%'")
-	m.Exec(t, "CREATE USER checker@'%' IDENTIFIED BY '"+MD5Password+"'")
 	return m
 }
 
