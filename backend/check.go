@@ -64,7 +64,7 @@ type Probe struct {
 	// reload; one trailing newline is ignored. "" = no password.
 	PasswordFile string
 	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
-	MaxLag       time.Duration // pgsql, role "replica": a replica further behind than this is down; 0 = no limit
+	MaxLag       time.Duration // role "replica" (pgsql, mysql, redis): a replica further behind than this is down; 0 = no limit
 	// WAL (pgsql) is where the checks of one service keep the positions
 	// their primaries were seen at, and replicas' lag is measured against
 	// (see WALClock); reload gives every probe of a service its group's.
@@ -216,22 +216,20 @@ func (p *Probe) check(ctx context.Context) (Answer, error) {
 	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != "" || p.Patroni != ""):
 		return p.pgsqlLogin(ctx)
 	case p.Kind == CheckMySQL:
-		role, err := p.mysqlLogin(ctx)
-		return Answer{Role: role}, err
+		return p.mysqlLogin(ctx)
 	}
-	role, err := p.checkConn(ctx)
-	return Answer{Role: role}, err
+	return p.checkConn(ctx)
 }
 
 // checkConn is a check over one plain connection.
-func (p *Probe) checkConn(ctx context.Context) (role string, err error) {
+func (p *Probe) checkConn(ctx context.Context) (Answer, error) {
 	tcfg, err := p.tlsConfig()
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	raw, err := p.dial(ctx, "tcp", p.Addr)
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	defer raw.Close()
 	defer context.AfterFunc(ctx, func() { raw.Close() })() // a cancelled probe unblocks at once
@@ -239,28 +237,28 @@ func (p *Probe) checkConn(ctx context.Context) (role string, err error) {
 		raw.SetDeadline(dl)
 	}
 	if p.Kind == CheckPgSQL {
-		return "", pgsql(ctx, raw.(*net.TCPConn), p.User, p.Database, tcfg, p.tlsCause)
+		return Answer{}, pgsql(ctx, raw.(*net.TCPConn), p.User, p.Database, tcfg, p.tlsCause)
 	}
 	c := raw
 	if tcfg != nil { // pgsql asks for TLS in its own protocol first
 		tc, err := p.handshake(ctx, raw, tcfg)
 		if err != nil {
-			return "", err
+			return Answer{}, err
 		}
 		defer tc.Close() // close_notify before the socket closes
 		c = tc
 	}
 	switch p.Kind {
 	case CheckTCP:
-		return "", nil
+		return Answer{}, nil
 	case CheckSendExpect:
-		return "", sendExpect(c, p.Send, p.Expect)
+		return Answer{}, sendExpect(c, p.Send, p.Expect)
 	case CheckRedis:
 		return p.redis(ctx, c)
 	case CheckHTTP:
-		return "", httpStatus(c, p.Addr, p.Path, p.Status)
+		return Answer{}, httpStatus(c, p.Addr, p.Path, p.Status)
 	}
-	return "", fmt.Errorf("unknown check %q", p.Kind)
+	return Answer{}, fmt.Errorf("unknown check %q", p.Kind)
 }
 
 // sendExpect writes send, then reads until the answer matches expect.

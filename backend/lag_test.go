@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +66,96 @@ func TestReplicationLagKept(t *testing.T) {
 	if lag, ok := p.Lag(); ok {
 		t.Errorf("a primary has lag %v; want none", lag)
 	}
+}
+
+// runChecks runs spec on a fresh backend until the test ends.
+func runChecks(t *testing.T, spec CheckSpec) (*Backend, <-chan *Backend) {
+	t.Helper()
+	changes := make(chan *Backend, 16)
+	pool := Pool{Changes: changes}
+	b := pool.Get("s", spec.Probe.Addr)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunChecks(ctx, spec) }() // exits when ctx is cancelled
+	t.Cleanup(func() { cancel(); <-done })
+	return b, changes
+}
+
+// waitLag polls b until its checks have measured a lag.
+func waitLag(t *testing.T, b *Backend) time.Duration {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if lag, known := b.Lag(); known { // the checks run on their own; no event but the result
+			return lag
+		}
+	}
+	t.Fatal("no lag measured in 30s")
+	return 0
+}
+
+// TestLagMariaDB: a MariaDB replica within max_lag is up with its lag on
+// the Backend; after STOP SLAVE SQL_THREAD (and IO_THREAD) it is down,
+// saying which thread, and comes back after START SLAVE.
+func TestLagMariaDB(t *testing.T) {
+	primary, replica := testkit.StartMariaDBReplica(t)
+	pw := secret(t, testkit.MD5Password)
+	clock := &WALClock{}
+	mk := func(m *testkit.MariaDB) Probe {
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 5 * time.Second, WAL: clock}
+	}
+	// The primary's check records its binary log position (it is the wrong role here).
+	prim, _ := runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	primary.Exec(t, "INSERT INTO app.t (v) VALUES ('one')")
+	if lag := waitLag(t, b); lag > 5*time.Second || b.Down() {
+		t.Errorf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+	if _, known := prim.Lag(); known {
+		t.Error("a primary has a lag")
+	}
+
+	for _, thread := range []string{"SQL", "IO"} {
+		replica.Exec(t, "STOP SLAVE "+thread+"_THREAD")
+		awaitState(t, changes, b, true, 30*time.Second)
+		_, reason, _ := b.Health()
+		t.Logf("STOP SLAVE %s_THREAD: %s", thread, reason)
+		if !strings.Contains(reason, "replication "+thread+" thread is not running") {
+			t.Errorf("reason %q; want the %s thread named", reason, thread)
+		}
+		if _, known := b.Lag(); known {
+			t.Error("a stopped replica's lag is known")
+		}
+		replica.Exec(t, "START SLAVE")
+		awaitState(t, changes, b, false, 30*time.Second)
+	}
+}
+
+// TestLagRedis: a Redis replica whose primary is SIGSTOPped keeps
+// master_link_status:up (until repl-timeout, 60s) and an offset equal to
+// the last it got, but master_last_io_seconds_ago grows: it goes down
+// over max_lag, well before the link is declared down, and comes back
+// when the primary continues.
+func TestLagRedis(t *testing.T) {
+	primary := testkit.StartRedis(t, "--repl-ping-replica-period", "1")
+	replica := testkit.StartRedis(t, "--replicaof", "127.0.0.1", primary.Addr[strings.LastIndexByte(primary.Addr, ':')+1:])
+	clock := &WALClock{}
+	mk := func(r *testkit.Redis) Probe {
+		return Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: time.Second, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+	}
+	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	if lag := waitLag(t, b); lag > 3*time.Second || b.Down() {
+		t.Errorf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+	primary.Pause(t)
+	paused := time.Now()
+	awaitState(t, changes, b, true, 30*time.Second)
+	took := time.Since(paused)
+	primary.Resume(t)
+	_, reason, _ := b.Health()
+	t.Logf("primary SIGSTOPped: replica down after %s: %s", took.Round(time.Millisecond), reason)
+	if !strings.Contains(reason, "over max_lag") {
+		t.Errorf("reason %q; want the lag over max_lag", reason)
+	}
+	awaitState(t, changes, b, false, 30*time.Second)
 }

@@ -198,7 +198,7 @@ type Health struct {
 	Role         string        // "any" (default) | "primary" | "replica" | "galera" (mysql only): the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
 	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
-	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
+	MaxLag       time.Duration // pgsql, mysql, redis with role "replica": a replica further behind is down; 0 (default) = no limit
 
 	PatroniPort int      // pgsql: the port of the node's Patroni REST API on the check host, which must agree with the database's role; 0 (default) = the database alone
 	Sentinels   []string // redis: host:port of the Sentinels watching MasterName; a master is the primary only when a majority of them name it. nil (default) = the node's own answer
@@ -912,8 +912,8 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if h := b.Health; h.Role == backend.RoleGalera && h.Check != backend.CheckMySQL {
 			w.errorf(bt.key("health.role"), `role = "galera" needs check = "mysql"; have check = %q`, h.Check)
 		}
-		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != backend.CheckPgSQL) {
-			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || !h.Check.TellsRoles()) {
+			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql", "mysql" or "redis" and role = "replica"`)
 		}
 		if h := b.Health; !h.TLS.On && (h.TLS != backend.TLS{}) {
 			w.errorf(bt.key("health.tls"), "tls_ca, tls_cert, tls_key, tls_server_name and tls_verify need tls = true")
