@@ -165,7 +165,7 @@ func (p *Probe) mysqlLag(ctx context.Context, q driver.QueryerContext) (time.Dur
 	}
 	lag := time.Duration(sbm) * time.Second
 	if pos, ok := binlogPos(get("Relay_Master_Log_File", "Relay_Source_Log_File"), get("Exec_Master_Log_Pos", "Exec_Source_Log_Pos")); ok {
-		if gap, known := p.WAL.Lag(time.Now(), pos, p.lagFresh()); known {
+		if gap, known := p.clockLag(pos); known {
 			lag = max(lag, gap)
 		}
 	}

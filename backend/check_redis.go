@@ -127,7 +127,7 @@ func (p *Probe) redisLag(fields map[string]string) (time.Duration, bool) {
 	}
 	lag := time.Duration(io) * time.Second
 	if off, err := strconv.ParseUint(fields["slave_repl_offset"], 10, 64); err == nil {
-		if gap, known := p.WAL.Lag(time.Now(), off, p.lagFresh()); known {
+		if gap, known := p.clockLag(off); known {
 			lag = max(lag, gap)
 		}
 	}

@@ -29,3 +29,24 @@ func (p *Probe) lagFresh() time.Duration {
 	}
 	return lagFresh
 }
+
+// clockLag is a mysql or redis replica's lag by the service's clock (the
+// positions its primary's checks recorded), known only when the clock has
+// a fresh mark at or before pos. A replica behind everything the clock
+// knows is left to its own view: its positions are most likely of another
+// primary (a failover to a node whose binary log numbers lower, or whose
+// offset was behind), which must not read as minutes of lag; a stream
+// silent that long has stopped its IO thread or its link anyway.
+func (p *Probe) clockLag(pos uint64) (time.Duration, bool) {
+	c := p.WAL
+	if c == nil {
+		return 0, false
+	}
+	c.mu.Lock()
+	behind := len(c.marks) > 0 && pos < c.marks[0].pos
+	c.mu.Unlock()
+	if behind {
+		return 0, false
+	}
+	return c.Lag(time.Now(), pos, p.lagFresh())
+}
