@@ -77,8 +77,9 @@ type Probe struct {
 	// GET /replica answers 200 (see check_patroni.go). "" = the database
 	// alone decides.
 	Patroni string
-	// PatroniTLS, when set, speaks HTTPS to Patroni with it; nil = plain
-	// HTTP. (The checks' TLS settings fill it in; none do yet.)
+	// PatroniTLS, when set, speaks HTTPS to Patroni with it; nil = the
+	// checks' TLS settings (TLS.Config for Patroni's host) when TLS.On,
+	// else plain HTTP.
 	PatroniTLS *tls.Config
 
 	// Sentinels are the host:port addresses of the Redis Sentinels that

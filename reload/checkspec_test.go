@@ -35,4 +35,23 @@ health = { send_proxy = false }
 	if p1.TLS != want || p1.SendProxy != 0 {
 		t.Errorf("backend 1 probe TLS %+v, send_proxy %d; want %+v, 0", p1.TLS, p1.SendProxy, want)
 	}
+
+	// A backend named by host: the certificate is checked for the name,
+	// not for the address it resolves to.
+	cfg, err = conf.Parse("f.toml", []byte(`
+[services.s]
+listen = ["127.0.0.1:1"]
+health = { check = "redis", tls = true }
+backends = [{ address = "localhost:6380" }, { address = "127.0.0.1:6381", health = { tls_server_name = "r2" } }]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs = cfg.Services[0].Backends
+	if p := checkSpec(bs[0], nil).Probe; p.TLS.ServerName != "localhost" {
+		t.Errorf("backend by name: tls server name %q; want localhost", p.TLS.ServerName)
+	}
+	if p := checkSpec(bs[1], nil).Probe; p.TLS.ServerName != "r2" {
+		t.Errorf("backend with tls_server_name: %q; want r2", p.TLS.ServerName)
+	}
 }

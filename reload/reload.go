@@ -535,6 +535,9 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 			}
 		}
 	}
+	if p.TLS.On && p.TLS.ServerName == "" && b.CheckHost != "" {
+		p.TLS.ServerName = b.CheckHost // the name the certificate carries, not the address it resolved to
+	}
 	if h.Check == backend.CheckSendExpect {
 		p.Send = []byte(h.Send)
 		p.Expect = h.Expect
