@@ -159,3 +159,77 @@ func TestLagRedis(t *testing.T) {
 	}
 	awaitState(t, changes, b, false, 30*time.Second)
 }
+
+// TestLagMariaDBSilentStream: the replica's stream goes silent (a relay
+// between it and its primary freezes) while the primary writes and
+// answers its checks. The IO thread still runs and Seconds_Behind_Master
+// reads 0, but the replica's executed position stays where the primary
+// was when the stream stopped: it goes out over max_lag by the clock, and
+// comes back when the stream resumes.
+func TestLagMariaDBSilentStream(t *testing.T) {
+	var relay *testkit.Relay
+	primary, replica := testkit.StartMariaDBReplicaVia(t, func(addr string) string {
+		relay = testkit.NewRelay(t, addr)
+		return relay.Addr
+	})
+	pw := secret(t, testkit.MD5Password)
+	clock := &WALClock{}
+	mk := func(m *testkit.MariaDB) Probe {
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+	}
+	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	// The clock must know a position at or before the one the replica
+	// stops at (it leaves a replica behind all it knows to its own view):
+	// a mark first, then a write the replica applies.
+	for deadline := time.Now().Add(30 * time.Second); marks(clock) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // the checks run on their own; no event but the result
+			t.Fatal("the primary's checks recorded no position in 30s")
+		}
+	}
+	primary.Exec(t, "INSERT INTO app.t (v) VALUES ('before')")
+	for deadline := time.Now().Add(30 * time.Second); replica.Query(t, "SELECT COUNT(*) FROM app.t") != "1"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // replication gives the test no event
+			t.Fatal("the replica did not apply the write in 30s")
+		}
+	}
+	if lag := waitLag(t, b); lag > 3*time.Second || b.Down() {
+		t.Fatalf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+
+	relay.Freeze()
+	frozen := true
+	defer func() {
+		if frozen {
+			relay.Thaw() // the relay's goroutines must end at cleanup
+		}
+	}()
+	start := time.Now()
+	for deadline := start.Add(30 * time.Second); !b.Down(); {
+		if time.Now().After(deadline) {
+			_, reason, _ := b.Health()
+			t.Fatalf("replica still up 30s into a silent stream: %s", reason)
+		}
+		primary.Exec(t, "INSERT INTO app.t (v) VALUES ('during')") // the primary writes on: its position moves
+		select {
+		case <-changes:
+			b.Seen()
+		case <-time.After(100 * time.Millisecond): // pacing the writes, not waiting for an event
+		}
+	}
+	_, reason, _ := b.Health()
+	t.Logf("silent stream: down after %s: %s", time.Since(start).Round(time.Millisecond), reason)
+	if !strings.Contains(reason, "over max_lag") {
+		t.Errorf("reason %q; want the lag over max_lag", reason)
+	}
+	relay.Thaw()
+	frozen = false
+	awaitState(t, changes, b, false, 30*time.Second)
+}
+
+// marks is how many positions the clock holds.
+func marks(c *WALClock) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.marks)
+}

@@ -3,6 +3,9 @@ package testkit
 import (
 	"database/sql"
 	"fmt"
+	"io"
+	"net"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -31,6 +34,14 @@ func (r *Redis) Resume(t testing.TB) {
 // (BINLOG MONITOR).
 func StartMariaDBReplica(t testing.TB) (primary, replica *MariaDB) {
 	t.Helper()
+	return StartMariaDBReplicaVia(t, func(addr string) string { return addr })
+}
+
+// StartMariaDBReplicaVia is StartMariaDBReplica with the replica's stream
+// going to the address via returns for the primary's (a relay the test
+// controls).
+func StartMariaDBReplicaVia(t testing.TB, via func(primaryAddr string) string) (primary, replica *MariaDB) {
+	t.Helper()
 	primary = StartMariaDB(t, "--log-bin=mysql-bin", "--server-id=1")
 	replica = StartMariaDB(t, "--server-id=2", "--read-only=ON")
 	primary.Exec(t, "CREATE USER repl@'%' IDENTIFIED BY 'repl'")
@@ -47,8 +58,76 @@ func StartMariaDBReplica(t testing.TB) (primary, replica *MariaDB) {
 	if err := primary.db.QueryRow("SHOW MASTER STATUS").Scan(&file, &pos, &doDB, &ignoreDB); err != nil {
 		t.Fatalf("SHOW MASTER STATUS: %v", err)
 	}
-	replica.Exec(t, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%d, MASTER_USER='repl', MASTER_PASSWORD='repl', "+
-		"MASTER_LOG_FILE='%s', MASTER_LOG_POS=%d, MASTER_USE_GTID=no", primary.Port, file, pos))
+	host, port, err := net.SplitHostPort(via(primary.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica.Exec(t, fmt.Sprintf("CHANGE MASTER TO MASTER_HOST='%s', MASTER_PORT=%s, MASTER_USER='repl', MASTER_PASSWORD='repl', "+
+		"MASTER_LOG_FILE='%s', MASTER_LOG_POS=%d, MASTER_USE_GTID=no", host, port, file, pos))
 	replica.Exec(t, "START SLAVE")
 	return primary, replica
+}
+
+// Relay forwards TCP connections to a target and can freeze the way back
+// (target to client) without closing anything: a replication stream that
+// goes silent while both ends live on.
+type Relay struct {
+	Addr   string
+	frozen sync.RWMutex // held for writing while frozen; each write back takes it for reading
+}
+
+// NewRelay relays connections to target; the test's cleanup closes it
+// and its connections and waits for their goroutines.
+func NewRelay(t testing.TB, target string) *Relay {
+	t.Helper()
+	r := &Relay{}
+	srv := NewServer(t, func(c *net.TCPConn) {
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		done := make(chan struct{})
+		go func() { // exits when either side closes
+			defer close(done)
+			io.Copy(up, c)
+			up.Close()
+		}()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := up.Read(buf)
+			if n > 0 {
+				r.frozen.RLock()
+				_, werr := c.Write(buf[:n])
+				r.frozen.RUnlock()
+				if werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		c.Close()
+		<-done
+	})
+	r.Addr = srv.Addr
+	return r
+}
+
+// Freeze holds back everything from the target until Thaw.
+func (r *Relay) Freeze() { r.frozen.Lock() }
+
+// Thaw lets it through again.
+func (r *Relay) Thaw() { r.frozen.Unlock() }
+
+// Query runs one statement as root and returns the first column of its
+// first row ("" when it has none).
+func (m *MariaDB) Query(t testing.TB, stmt string) string {
+	t.Helper()
+	var v sql.NullString
+	if err := m.db.QueryRow(stmt).Scan(&v); err != nil && err != sql.ErrNoRows {
+		t.Fatalf("%s: %v", stmt, err)
+	}
+	return v.String
 }
