@@ -26,7 +26,7 @@ func TestDatabaseRecipes(t *testing.T) {
 		}
 	}
 	t.Setenv("CREDENTIALS_DIRECTORY", dir) // as systemd sets it with LoadCredential=
-	ca := testkit.NewCA(t) // the TLS recipes' files
+	ca := testkit.NewCA(t)                 // the TLS recipes' files
 	testkit.WritePair(t, dir, ca.IssueClient(t, "fulcrum"))
 	for from, to := range map[string]string{"server.crt": "client.crt", "server.key": "client.key"} {
 		if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
