@@ -64,7 +64,7 @@ type Probe struct {
 	// reload; one trailing newline is ignored. "" = no password.
 	PasswordFile string
 	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
-	MaxLag       time.Duration // pgsql, role "replica": a replica further behind than this is down; 0 = no limit
+	MaxLag       time.Duration // role "replica" (pgsql, mysql, redis): a replica further behind than this is down; 0 = no limit
 	// WAL (pgsql) is where the checks of one service keep the positions
 	// their primaries were seen at, and replicas' lag is measured against
 	// (see WALClock); reload gives every probe of a service its group's.
@@ -77,8 +77,9 @@ type Probe struct {
 	// GET /replica answers 200 (see check_patroni.go). "" = the database
 	// alone decides.
 	Patroni string
-	// PatroniTLS, when set, speaks HTTPS to Patroni with it; nil = plain
-	// HTTP. (The checks' TLS settings fill it in; none do yet.)
+	// PatroniTLS, when set, speaks HTTPS to Patroni with it; nil = the
+	// checks' TLS settings (TLS.Config for Patroni's host) when TLS.On,
+	// else plain HTTP.
 	PatroniTLS *tls.Config
 
 	// Sentinels are the host:port addresses of the Redis Sentinels that
@@ -88,6 +89,12 @@ type Probe struct {
 	Sentinels  []string
 	MasterName string
 	Backend    string // the backend's own host:port, as the Sentinels name it
+	// TLS (every kind) is how the check speaks TLS; the zero value is
+	// none (pgsql then still takes TLS when offered, unverified).
+	TLS TLS
+	// SendProxy is the PROXY header version (1 or 2) the check sends
+	// first, as the service does to its backends; 0 = none.
+	SendProxy int
 
 	dialer *net.Dialer   // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
 	lag    *atomic.Int64 // where a check stores the replication lag it measured (ns, -1 unknown); nil: nowhere
@@ -210,37 +217,49 @@ func (p *Probe) check(ctx context.Context) (Answer, error) {
 	case p.Kind == CheckPgSQL && (p.roleWanted() || p.PasswordFile != "" || p.Patroni != ""):
 		return p.pgsqlLogin(ctx)
 	case p.Kind == CheckMySQL:
-		role, err := p.mysqlLogin(ctx)
-		return Answer{Role: role}, err
+		return p.mysqlLogin(ctx)
 	}
-	role, err := p.checkConn(ctx)
-	return Answer{Role: role}, err
+	return p.checkConn(ctx)
 }
 
 // checkConn is a check over one plain connection.
-func (p *Probe) checkConn(ctx context.Context) (role string, err error) {
-	c, err := p.netDialer().DialContext(ctx, "tcp", p.Addr)
+func (p *Probe) checkConn(ctx context.Context) (Answer, error) {
+	tcfg, err := p.tlsConfig()
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
-	defer c.Close()
-	defer context.AfterFunc(ctx, func() { c.Close() })() // a cancelled probe unblocks at once
+	raw, err := p.dial(ctx, "tcp", p.Addr)
+	if err != nil {
+		return Answer{}, err
+	}
+	defer raw.Close()
+	defer context.AfterFunc(ctx, func() { raw.Close() })() // a cancelled probe unblocks at once
 	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
+		raw.SetDeadline(dl)
+	}
+	if p.Kind == CheckPgSQL {
+		return Answer{}, pgsql(ctx, raw.(*net.TCPConn), p.User, p.Database, tcfg, p.tlsCause)
+	}
+	c := raw
+	if tcfg != nil { // pgsql asks for TLS in its own protocol first
+		tc, err := p.handshake(ctx, raw, tcfg)
+		if err != nil {
+			return Answer{}, err
+		}
+		defer tc.Close() // close_notify before the socket closes
+		c = tc
 	}
 	switch p.Kind {
 	case CheckTCP:
-		return "", nil
+		return Answer{}, nil
 	case CheckSendExpect:
-		return "", sendExpect(c, p.Send, p.Expect)
-	case CheckPgSQL:
-		return "", pgsql(c.(*net.TCPConn), p.User, p.Database)
+		return Answer{}, sendExpect(c, p.Send, p.Expect)
 	case CheckRedis:
 		return p.redis(ctx, c)
 	case CheckHTTP:
-		return "", httpStatus(c, p.Addr, p.Path, p.Status)
+		return Answer{}, httpStatus(c, p.Addr, p.Path, p.Status)
 	}
-	return "", fmt.Errorf("unknown check %q", p.Kind)
+	return Answer{}, fmt.Errorf("unknown check %q", p.Kind)
 }
 
 // sendExpect writes send, then reads until the answer matches expect.
@@ -281,7 +300,10 @@ func sendExpect(c net.Conn, send []byte, expect *regexp.Regexp) error {
 // log line); let in (trust), it waits for ReadyForQuery and sends
 // Terminate. Either way it reads to EOF before closing, so no unread byte
 // turns the close into a reset ("could not receive data from client").
-func pgsql(c *net.TCPConn, user, database string) error {
+//
+// With tcfg (tls = true) the server must take TLS and its certificate must
+// verify; cause names a certificate that does not.
+func pgsql(ctx context.Context, c *net.TCPConn, user, database string, tcfg *tls.Config, cause func(error) error) error {
 	if user == "" {
 		user = "fulcrum"
 	}
@@ -298,14 +320,21 @@ func pgsql(c *net.TCPConn, user, database string) error {
 	if b[0] != 'N' && b[0] != 'S' {
 		return fmt.Errorf("answer to SSLRequest is %q, not a PostgreSQL server", b[0])
 	}
+	if b[0] == 'N' && tcfg != nil {
+		return fmt.Errorf("postgresql refuses TLS (ssl = off), and tls = true wants it")
+	}
 	var rw io.ReadWriter = c
 	closeWrite := c.CloseWrite
 	if b[0] == 'S' {
-		// A liveness probe sends no secret, so it need not verify the
-		// certificate; it speaks TLS only so that the server sees a client.
-		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true})
-		if err := tc.Handshake(); err != nil {
-			return fmt.Errorf("TLS with the server: %w", err)
+		// Without tls = true a liveness probe sends no secret, so it need
+		// not verify the certificate; it speaks TLS only so that the
+		// server sees a client.
+		if tcfg == nil {
+			tcfg = &tls.Config{InsecureSkipVerify: true}
+		}
+		tc := tls.Client(c, tcfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return tlsFailed(c.RemoteAddr().String(), cause(err))
 		}
 		rw = tc
 		closeWrite = func() error { tc.CloseWrite(); return c.CloseWrite() }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -21,10 +23,10 @@ import (
 // mysql-check with a user): a server that refuses the user (access denied)
 // is still up, but counts an aborted connect, so create the user
 // (CREATE USER fulcrum@'10.%', no privileges) to keep the counters still.
-func (p *Probe) mysqlLogin(ctx context.Context) (string, error) {
+func (p *Probe) mysqlLogin(ctx context.Context) (Answer, error) {
 	pw, err := p.password()
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	cfg := mysql.NewConfig()
 	cfg.User = p.User
@@ -33,55 +35,196 @@ func (p *Probe) mysqlLogin(ctx context.Context) (string, error) {
 	}
 	cfg.Passwd = pw
 	cfg.Net, cfg.Addr = "tcp", p.Addr
-	cfg.DialFunc = p.netDialer().DialContext
+	cfg.DialFunc = p.dial
+	if cfg.TLS, err = p.tlsConfig(); err != nil { // nil: no TLS
+		return Answer{}, err
+	}
 	cfg.DBName = p.Database
 	cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout = p.Timeout, p.Timeout, p.Timeout
 	cfg.Logger = quiet{}
 	cfg.ConnectionAttributes = "program_name:fulcrum-health"
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %w", err)
+		return Answer{}, fmt.Errorf("mysql: %w", err)
 	}
 	c, err := conn.Connect(ctx)
 	if err != nil {
 		var me *mysql.MySQLError
-		if errors.As(err, &me) && !p.roleWanted() && pw == "" && accessDenied(me.Number) {
-			return "", nil // a live server that does not know the user
+		if errors.As(err, &me) && !p.roleWanted() && p.Role != RoleGalera && pw == "" && accessDenied(me.Number) {
+			return Answer{}, nil // a live server that does not know the user
 		}
-		return "", fmt.Errorf("mysql login as %s: %w", cfg.User, err)
+		return Answer{}, fmt.Errorf("mysql login as %s: %w", cfg.User, p.tlsCause(err))
 	}
 	defer c.Close() // COM_QUIT
+	if p.Role == RoleGalera {
+		return Answer{}, galera(ctx, c)
+	}
+	asked := time.Now() // a primary was at least where it answers from here on
 	if !p.roleWanted() && pw == "" {
-		return "", nil
+		return Answer{}, nil
 	}
 	// One statement for MySQL and MariaDB alike: MariaDB has no
 	// super_read_only, and selecting @@global.super_read_only there fails.
 	rows, err := c.(driver.QueryerContext).QueryContext(ctx,
 		"SHOW GLOBAL VARIABLES WHERE Variable_name IN ('read_only', 'super_read_only')", nil)
 	if err != nil {
-		return "", fmt.Errorf("mysql: %w", err)
+		return Answer{}, fmt.Errorf("mysql: %w", err)
 	}
-	defer rows.Close()
+	defer rows.Close() // on the early returns; closed below before the next query
 	readOnly, seen := false, false
 	v := make([]driver.Value, 2)
 	for {
 		if err := rows.Next(v); err == io.EOF {
 			break
 		} else if err != nil {
-			return "", fmt.Errorf("mysql: %w", err)
+			return Answer{}, fmt.Errorf("mysql: %w", err)
 		}
 		seen = true
 		if val := strings.ToUpper(str(v[1])); val == "ON" || val == "1" {
 			readOnly = true
 		}
 	}
+	rows.Close() // the connection takes one statement at a time
 	if !seen {
-		return "", fmt.Errorf("mysql: read_only is not shown to user %s", cfg.User)
+		return Answer{}, fmt.Errorf("mysql: read_only is not shown to user %s", cfg.User)
 	}
-	if readOnly {
-		return RoleReplica, nil
+	q := c.(driver.QueryerContext)
+	if !readOnly {
+		if p.WAL != nil && p.roleWanted() {
+			if pos, ok := mysqlPrimaryPos(ctx, q); ok {
+				p.WAL.Primary(asked, 1, pos)
+			}
+		}
+		p.noteLag(-1) // a primary lags nothing
+		return Answer{Role: RolePrimary}, nil
 	}
-	return RolePrimary, nil
+	a := Answer{Role: RoleReplica}
+	if p.Role != RoleReplica {
+		return a, nil
+	}
+	lag, err := p.mysqlLag(ctx, q)
+	if err != nil {
+		p.noteLag(-1)
+		if p.MaxLag > 0 {
+			return a, err
+		}
+		return a, nil // no limit: the lag is only shown, and this one is not known
+	}
+	p.noteLag(lag)
+	return a, overLag(lag, p.MaxLag)
+}
+
+// mysqlLag measures a replica's lag from SHOW SLAVE STATUS (SHOW REPLICA
+// STATUS where SLAVE is gone): an IO or SQL thread that is not running is
+// an error, whatever Seconds_Behind_Master says (it is NULL or stale
+// then); else the larger of Seconds_Behind_Master and how long ago the
+// service's primary (while its check answers) was at the binary log
+// position the replica has executed, so that a stream that went silent
+// while the primary writes cannot read as caught up (Seconds_Behind_Master
+// reads 0 once the SQL thread has applied all the IO thread received).
+// The check user needs REPLICATION CLIENT (MySQL) or SLAVE MONITOR
+// (MariaDB 10.5 and later).
+func (p *Probe) mysqlLag(ctx context.Context, q driver.QueryerContext) (time.Duration, error) {
+	st, err := showRow(ctx, q, "SHOW SLAVE STATUS")
+	if err != nil {
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1064 { // MySQL 8.4: syntax error, it is REPLICA now
+			st, err = showRow(ctx, q, "SHOW REPLICA STATUS")
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("mysql: replica status: %w", err)
+	}
+	if st == nil {
+		return 0, fmt.Errorf("replication lag unknown: read_only, but SHOW SLAVE STATUS shows no replication")
+	}
+	get := func(names ...string) string {
+		for _, n := range names {
+			if v, ok := st[n]; ok {
+				return v
+			}
+		}
+		return ""
+	}
+	thread := func(name, running, lastErr string) error {
+		msg := fmt.Sprintf("replication %s thread is not running (%s)", name, running)
+		if lastErr != "" {
+			msg += ": " + clip([]byte(lastErr))
+		}
+		return errors.New(msg)
+	}
+	if io := get("Slave_IO_Running", "Replica_IO_Running"); io != "Yes" {
+		return 0, thread("IO", io, get("Last_IO_Error"))
+	}
+	if sql := get("Slave_SQL_Running", "Replica_SQL_Running"); sql != "Yes" {
+		return 0, thread("SQL", sql, get("Last_SQL_Error"))
+	}
+	sbm, err := strconv.ParseInt(get("Seconds_Behind_Master", "Seconds_Behind_Source"), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("replication lag unknown: Seconds_Behind_Master is NULL")
+	}
+	lag := time.Duration(sbm) * time.Second
+	if pos, ok := binlogPos(get("Relay_Master_Log_File", "Relay_Source_Log_File"), get("Exec_Master_Log_Pos", "Exec_Source_Log_Pos")); ok {
+		if gap, known := p.clockLag(pos); known {
+			lag = max(lag, gap)
+		}
+	}
+	return lag, nil
+}
+
+// mysqlPrimaryPos reads a primary's binary log position (SHOW MASTER
+// STATUS); false when binary logging is off or the user may not see it.
+func mysqlPrimaryPos(ctx context.Context, q driver.QueryerContext) (uint64, bool) {
+	st, err := showRow(ctx, q, "SHOW MASTER STATUS")
+	if err != nil {
+		st, err = showRow(ctx, q, "SHOW BINARY LOG STATUS") // MySQL 8.4
+	}
+	if err != nil || st == nil {
+		return 0, false
+	}
+	return binlogPos(st["File"], st["Position"])
+}
+
+// binlogPos makes one number of a binary log file and an offset in it:
+// the file's sequence number (mysql-bin.000042) above the offset, so that
+// positions of one primary's log compare in order.
+func binlogPos(file, offset string) (uint64, bool) {
+	dot := strings.LastIndexByte(file, '.')
+	if dot < 0 {
+		return 0, false
+	}
+	seq, err1 := strconv.ParseUint(file[dot+1:], 10, 32)
+	off, err2 := strconv.ParseUint(offset, 10, 32)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return seq<<32 | off, true
+}
+
+// showRow runs a SHOW statement of one row and returns it by column name;
+// nil when it has no row.
+func showRow(ctx context.Context, q driver.QueryerContext, stmt string) (map[string]string, error) {
+	rows, err := q.QueryContext(ctx, stmt, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	cols := rows.Columns()
+	v := make([]driver.Value, len(cols))
+	if err := rows.Next(v); err == io.EOF {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(cols))
+	for i, c := range cols {
+		if v[i] != nil {
+			out[c] = str(v[i])
+		}
+	}
+	for rows.Next(v) == nil { // drain: one replication channel is read
+	}
+	return out, nil
 }
 
 // accessDenied reports whether a MySQL error number means the server refused

@@ -30,8 +30,16 @@ func (p *Probe) patroniAgrees(ctx context.Context, a Answer) (Answer, error) {
 	if a.Role == RoleReplica {
 		path = "/replica"
 	}
-	if err := restStatus(ctx, p.netDialer(), p.Patroni, p.PatroniTLS, path, 200); err != nil {
-		return Answer{}, fmt.Errorf("database answers as %s, but Patroni does not agree: %w", a.Role, err)
+	tc := p.PatroniTLS
+	if tc == nil && p.TLS.On { // the checks' TLS settings serve the REST API too
+		host, _, _ := net.SplitHostPort(p.Patroni)
+		var err error
+		if tc, err = p.TLS.Config(host); err != nil {
+			return Answer{}, fmt.Errorf("patroni: %w", err)
+		}
+	}
+	if err := restStatus(ctx, p.netDialer(), p.Patroni, tc, path, 200); err != nil {
+		return Answer{}, fmt.Errorf("database answers as %s, but Patroni does not agree: %w", a.Role, p.tlsCause(err))
 	}
 	return a, nil
 }

@@ -33,7 +33,8 @@ const pgRoleQuery = `SELECT pg_is_in_recovery(),
   END`
 
 // pgsqlLogin logs in for real with pgconn (which does trust, md5 and
-// SCRAM-SHA-256, and TLS when the server offers it) and asks for the role.
+// SCRAM-SHA-256, and TLS when the server offers it, verified and required
+// with tls = true) and asks for the role.
 // pgconn's Close sends Terminate, so the server logs nothing per probe.
 func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	pw, err := p.password()
@@ -54,10 +55,19 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 		return Answer{}, fmt.Errorf("pgsql: %w", err)
 	}
 	cfg.Password = pw
-	cfg.DialFunc = p.netDialer().DialContext
+	cfg.DialFunc = p.dial
+	tcfg, err := p.tlsConfig()
+	if err != nil {
+		return Answer{}, err
+	}
+	if tcfg != nil {
+		// tls = true: TLS or nothing, verified (sslmode=verify-full with
+		// the probe's own roots and client certificate).
+		cfg.TLSConfig, cfg.Fallbacks = tcfg, nil
+	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return Answer{}, fmt.Errorf("pgsql login as %s: %w", user, pgCause(err))
+		return Answer{}, fmt.Errorf("pgsql login as %s: %w", user, pgCause(p.tlsCause(err)))
 	}
 	defer conn.Close(ctx)
 	asked := time.Now() // the primary was at least where it answers from here on

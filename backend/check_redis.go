@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // redis probes a Redis server. Without a role or password it sends PING:
@@ -15,17 +16,17 @@ import (
 // -LOADING and other errors are down. With a role or a password_file it
 // sends AUTH (if a password is set) and INFO replication: role:master is a
 // primary, role:slave a replica, which passes a role = "replica" check only
-// while master_link_status:up. Either way it ends with QUIT and reads to EOF, so
+// while master_link_status:up and within max_lag (redisLag). Either way it ends with QUIT and reads to EOF, so
 // the server sees an orderly close.
 //
 // With Sentinels, a node that answers role:master is then asked about
 // (sentinelAgrees): it is the primary only if a quorum of them name it.
 //
 // The commands are pipelined in one write and the replies read in order.
-func (p *Probe) redis(ctx context.Context, c net.Conn) (string, error) {
+func (p *Probe) redis(ctx context.Context, c net.Conn) (Answer, error) {
 	pw, err := p.password()
 	if err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	var cmds []byte
 	if pw != "" {
@@ -38,35 +39,36 @@ func (p *Probe) redis(ctx context.Context, c net.Conn) (string, error) {
 		cmds = resp(cmds, "PING")
 	}
 	cmds = resp(cmds, "QUIT")
+	asked := time.Now() // a primary was at least where it answers from here on
 	if _, err := c.Write(cmds); err != nil {
-		return "", err
+		return Answer{}, err
 	}
 	r := bufio.NewReaderSize(c, 4096)
 	defer io.Copy(io.Discard, io.LimitReader(r, 64<<10)) // the server closes after QUIT's +OK
 	if pw != "" {
 		line, _, err := redisReply(r)
 		if err != nil {
-			return "", fmt.Errorf("no answer to AUTH: %w", err)
+			return Answer{}, fmt.Errorf("no answer to AUTH: %w", err)
 		}
 		if line != "+OK" {
-			return "", fmt.Errorf("redis AUTH: %s", clip([]byte(line)))
+			return Answer{}, fmt.Errorf("redis AUTH: %s", clip([]byte(line)))
 		}
 	}
 	line, bulk, err := redisReply(r)
 	if err != nil {
-		return "", fmt.Errorf("no answer from redis: %w", err)
+		return Answer{}, fmt.Errorf("no answer from redis: %w", err)
 	}
 	if !info {
 		if line == "+PONG" || strings.HasPrefix(line, "-NOAUTH") {
-			return "", nil
+			return Answer{}, nil
 		}
-		return "", fmt.Errorf("redis answered %q", clip([]byte(line)))
+		return Answer{}, fmt.Errorf("redis answered %q", clip([]byte(line)))
 	}
 	if strings.HasPrefix(line, "-NOAUTH") {
-		return "", fmt.Errorf("redis wants a password (set password_file): %s", clip([]byte(line)))
+		return Answer{}, fmt.Errorf("redis wants a password (set password_file): %s", clip([]byte(line)))
 	}
 	if bulk == nil {
-		return "", fmt.Errorf("redis answered %q to INFO replication", clip([]byte(line)))
+		return Answer{}, fmt.Errorf("redis answered %q to INFO replication", clip([]byte(line)))
 	}
 	fields := map[string]string{}
 	for _, l := range strings.Split(string(bulk), "\n") {
@@ -76,17 +78,60 @@ func (p *Probe) redis(ctx context.Context, c net.Conn) (string, error) {
 	}
 	switch fields["role"] {
 	case "master":
+		a := Answer{Role: RolePrimary}
 		if len(p.Sentinels) > 0 && p.Role != RoleReplica {
-			return RolePrimary, p.sentinelAgrees(ctx)
+			if err := p.sentinelAgrees(ctx); err != nil {
+				return a, err
+			}
 		}
-		return RolePrimary, nil
+		if off, err := strconv.ParseUint(fields["master_repl_offset"], 10, 64); err == nil {
+			p.WAL.Primary(asked, 1, off) // PSYNC2 carries offsets across promotions: one history
+		}
+		p.noteLag(-1) // a primary lags nothing
+		return a, nil
 	case "slave":
+		a := Answer{Role: RoleReplica}
 		if st := fields["master_link_status"]; st != "up" && p.Role == RoleReplica {
-			return RoleReplica, fmt.Errorf("replica's link to its master %s:%s is %s", fields["master_host"], fields["master_port"], st)
+			p.noteLag(-1)
+			return a, fmt.Errorf("replica's link to its master %s:%s is %s", fields["master_host"], fields["master_port"], st)
 		}
-		return RoleReplica, nil
+		if p.Role == RoleReplica {
+			lag, known := p.redisLag(fields)
+			if !known {
+				p.noteLag(-1)
+				if p.MaxLag > 0 {
+					return a, fmt.Errorf("replication lag unknown: INFO replication has no master_last_io_seconds_ago")
+				}
+				return a, nil
+			}
+			p.noteLag(lag)
+			return a, overLag(lag, p.MaxLag)
+		}
+		return a, nil
 	}
-	return "", fmt.Errorf("redis INFO replication has no role: %q", clip(bulk))
+	return Answer{}, fmt.Errorf("redis INFO replication has no role: %q", clip(bulk))
+}
+
+// redisLag measures a replica's lag, the larger of two views. Its own:
+// master_last_io_seconds_ago, the time since the last byte from its
+// primary, which grows while the primary is paused or the stream is stuck
+// (a primary pings its replicas every repl-ping-replica-period, 10s by
+// default, so an idle link reads up to that much). And the offset gap:
+// how long ago the service's primary (when its check answers) was at the
+// offset the replica has, so that a replica that stopped receiving while
+// its primary writes falls behind by the clock.
+func (p *Probe) redisLag(fields map[string]string) (time.Duration, bool) {
+	io, err := strconv.ParseInt(fields["master_last_io_seconds_ago"], 10, 64)
+	if err != nil || io < 0 {
+		return 0, false
+	}
+	lag := time.Duration(io) * time.Second
+	if off, err := strconv.ParseUint(fields["slave_repl_offset"], 10, 64); err == nil {
+		if gap, known := p.clockLag(off); known {
+			lag = max(lag, gap)
+		}
+	}
+	return lag, true
 }
 
 // resp appends one command as a RESP array of bulk strings.

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +66,170 @@ func TestReplicationLagKept(t *testing.T) {
 	if lag, ok := p.Lag(); ok {
 		t.Errorf("a primary has lag %v; want none", lag)
 	}
+}
+
+// runChecks runs spec on a fresh backend until the test ends.
+func runChecks(t *testing.T, spec CheckSpec) (*Backend, <-chan *Backend) {
+	t.Helper()
+	changes := make(chan *Backend, 16)
+	pool := Pool{Changes: changes}
+	b := pool.Get("s", spec.Probe.Addr)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.RunChecks(ctx, spec) }() // exits when ctx is cancelled
+	t.Cleanup(func() { cancel(); <-done })
+	return b, changes
+}
+
+// waitLag polls b until its checks have measured a lag.
+func waitLag(t *testing.T, b *Backend) time.Duration {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if lag, known := b.Lag(); known { // the checks run on their own; no event but the result
+			return lag
+		}
+	}
+	t.Fatal("no lag measured in 30s")
+	return 0
+}
+
+// TestLagMariaDB: a MariaDB replica within max_lag is up with its lag on
+// the Backend; after STOP SLAVE SQL_THREAD (and IO_THREAD) it is down,
+// saying which thread, and comes back after START SLAVE.
+func TestLagMariaDB(t *testing.T) {
+	primary, replica := testkit.StartMariaDBReplica(t)
+	pw := secret(t, testkit.MD5Password)
+	clock := &WALClock{}
+	mk := func(m *testkit.MariaDB) Probe {
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 5 * time.Second, WAL: clock}
+	}
+	// The primary's check records its binary log position (it is the wrong role here).
+	prim, _ := runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	primary.Exec(t, "INSERT INTO app.t (v) VALUES ('one')")
+	if lag := waitLag(t, b); lag > 5*time.Second || b.Down() {
+		t.Errorf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+	if _, known := prim.Lag(); known {
+		t.Error("a primary has a lag")
+	}
+
+	for _, thread := range []string{"SQL", "IO"} {
+		replica.Exec(t, "STOP SLAVE "+thread+"_THREAD")
+		awaitState(t, changes, b, true, 30*time.Second)
+		_, reason, _ := b.Health()
+		t.Logf("STOP SLAVE %s_THREAD: %s", thread, reason)
+		if !strings.Contains(reason, "replication "+thread+" thread is not running") {
+			t.Errorf("reason %q; want the %s thread named", reason, thread)
+		}
+		if _, known := b.Lag(); known {
+			t.Error("a stopped replica's lag is known")
+		}
+		replica.Exec(t, "START SLAVE")
+		awaitState(t, changes, b, false, 30*time.Second)
+	}
+}
+
+// TestLagRedis: a Redis replica whose primary is SIGSTOPped keeps
+// master_link_status:up (until repl-timeout, 60s) and an offset equal to
+// the last it got, but master_last_io_seconds_ago grows: it goes down
+// over max_lag, well before the link is declared down, and comes back
+// when the primary continues.
+func TestLagRedis(t *testing.T) {
+	primary := testkit.StartRedis(t, "--repl-ping-replica-period", "1")
+	replica := testkit.StartRedis(t, "--replicaof", "127.0.0.1", primary.Addr[strings.LastIndexByte(primary.Addr, ':')+1:])
+	clock := &WALClock{}
+	mk := func(r *testkit.Redis) Probe {
+		return Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: time.Second, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+	}
+	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	if lag := waitLag(t, b); lag > 3*time.Second || b.Down() {
+		t.Errorf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+	primary.Pause(t)
+	paused := time.Now()
+	awaitState(t, changes, b, true, 30*time.Second)
+	took := time.Since(paused)
+	primary.Resume(t)
+	_, reason, _ := b.Health()
+	t.Logf("primary SIGSTOPped: replica down after %s: %s", took.Round(time.Millisecond), reason)
+	if !strings.Contains(reason, "over max_lag") {
+		t.Errorf("reason %q; want the lag over max_lag", reason)
+	}
+	awaitState(t, changes, b, false, 30*time.Second)
+}
+
+// TestLagMariaDBSilentStream: the replica's stream goes silent (a relay
+// between it and its primary freezes) while the primary writes and
+// answers its checks. The IO thread still runs and Seconds_Behind_Master
+// reads 0, but the replica's executed position stays where the primary
+// was when the stream stopped: it goes out over max_lag by the clock, and
+// comes back when the stream resumes.
+func TestLagMariaDBSilentStream(t *testing.T) {
+	var relay *testkit.Relay
+	primary, replica := testkit.StartMariaDBReplicaVia(t, func(addr string) string {
+		relay = testkit.NewRelay(t, addr)
+		return relay.Addr
+	})
+	pw := secret(t, testkit.MD5Password)
+	clock := &WALClock{}
+	mk := func(m *testkit.MariaDB) Probe {
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+	}
+	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
+	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
+	// The clock must know a position at or before the one the replica
+	// stops at (it leaves a replica behind all it knows to its own view):
+	// a mark first, then a write the replica applies.
+	for deadline := time.Now().Add(30 * time.Second); marks(clock) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // the checks run on their own; no event but the result
+			t.Fatal("the primary's checks recorded no position in 30s")
+		}
+	}
+	primary.Exec(t, "INSERT INTO app.t (v) VALUES ('before')")
+	for deadline := time.Now().Add(30 * time.Second); replica.Query(t, "SELECT COUNT(*) FROM app.t") != "1"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // replication gives the test no event
+			t.Fatal("the replica did not apply the write in 30s")
+		}
+	}
+	if lag := waitLag(t, b); lag > 3*time.Second || b.Down() {
+		t.Fatalf("lag %s of a streaming replica, down %v", lag, b.Down())
+	}
+
+	relay.Freeze()
+	frozen := true
+	defer func() {
+		if frozen {
+			relay.Thaw() // the relay's goroutines must end at cleanup
+		}
+	}()
+	start := time.Now()
+	for deadline := start.Add(30 * time.Second); !b.Down(); {
+		if time.Now().After(deadline) {
+			_, reason, _ := b.Health()
+			t.Fatalf("replica still up 30s into a silent stream: %s", reason)
+		}
+		primary.Exec(t, "INSERT INTO app.t (v) VALUES ('during')") // the primary writes on: its position moves
+		select {
+		case <-changes:
+			b.Seen()
+		case <-time.After(100 * time.Millisecond): // pacing the writes, not waiting for an event
+		}
+	}
+	_, reason, _ := b.Health()
+	t.Logf("silent stream: down after %s: %s", time.Since(start).Round(time.Millisecond), reason)
+	if !strings.Contains(reason, "over max_lag") {
+		t.Errorf("reason %q; want the lag over max_lag", reason)
+	}
+	relay.Thaw()
+	frozen = false
+	awaitState(t, changes, b, false, 30*time.Second)
+}
+
+// marks is how many positions the clock holds.
+func marks(c *WALClock) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.marks)
 }

@@ -195,18 +195,24 @@ type Health struct {
 	Status   int               // http: the status that means up; default 200
 	User     string            // pgsql, mysql: the user to log in as; default "fulcrum"
 
-	Role         string        // "any" (default) | "primary" | "replica": the role a pgsql, mysql or redis check requires
+	Role         string        // "any" (default) | "primary" | "replica" | "galera" (mysql only): the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
 	Database     string        // pgsql: the database to log in to; "" = "postgres". mysql: none
-	MaxLag       time.Duration // pgsql, role "replica": a replica further behind is down; 0 (default) = no limit
+	MaxLag       time.Duration // pgsql, mysql, redis with role "replica": a replica further behind is down; 0 (default) = no limit
 
 	PatroniPort int      // pgsql: the port of the node's Patroni REST API on the check host, which must agree with the database's role; 0 (default) = the database alone
 	Sentinels   []string // redis: host:port of the Sentinels watching MasterName; a master is the primary only when a majority of them name it. nil (default) = the node's own answer
 	MasterName  string   // redis, with Sentinels: the name the Sentinels monitor the master under; required with Sentinels
+
+	// TLS is tls, tls_ca, tls_cert, tls_key, tls_server_name and
+	// tls_verify (default true): every kind over TLS, verified. Paths are
+	// relative to the config file's directory. Zero = no TLS.
+	TLS       backend.TLS
+	SendProxy bool // send_proxy: checks send the PROXY header the backend's proxy_protocol names; default false
 }
 
 // Roles are the values of [health] role.
-var Roles = []string{"any", "primary", "replica"}
+var Roles = []string{"any", "primary", "replica", backend.RoleGalera}
 
 // schedulerNames are the names the scheduler key takes: sched's.
 var schedulerNames = func() []string {
@@ -681,6 +687,8 @@ func (w *walker) health(ht *table, base Health) Health {
 	if ht.has("password_file") {
 		h.PasswordFile = w.passwordFile(ht.key("password_file"), h.PasswordFile)
 	}
+	h.TLS = w.healthTLS(ht, base.TLS)
+	h.SendProxy = ht.boolean("send_proxy", base.SendProxy)
 	if h.Timeout > h.Interval && (ht.has("timeout") || ht.has("interval")) {
 		w.errorf(ht.key("timeout"), "%s is longer than the interval %s", h.Timeout, h.Interval)
 	}
@@ -778,6 +786,41 @@ func credential(p string) (string, bool) {
 	return "", false
 }
 
+// healthTLS reads the tls keys of a [health] table over base, resolves the
+// files against the config file's directory and, when this table sets any
+// of them, loads them now, so that a missing file or a key that does not
+// match its certificate is a located error at load.
+func (w *walker) healthTLS(ht *table, base backend.TLS) backend.TLS {
+	t := backend.TLS{
+		On:         ht.boolean("tls", base.On),
+		CA:         w.relative(ht.str("tls_ca", base.CA)),
+		Cert:       w.relative(ht.str("tls_cert", base.Cert)),
+		Key:        w.relative(ht.str("tls_key", base.Key)),
+		ServerName: ht.str("tls_server_name", base.ServerName),
+		SkipVerify: !ht.boolean("tls_verify", !base.SkipVerify),
+	}
+	for _, k := range []string{"tls", "tls_ca", "tls_cert", "tls_key"} {
+		if !ht.has(k) {
+			continue
+		}
+		if t.On {
+			if _, err := t.Config("localhost"); err != nil {
+				w.errorf(ht.key(k), "%v", err)
+			}
+		}
+		break
+	}
+	return t
+}
+
+// relative resolves a path against the config file's directory.
+func (w *walker) relative(p string) string {
+	if p != "" && !filepath.IsAbs(p) && w.file != "" {
+		p = filepath.Join(filepath.Dir(w.file), p)
+	}
+	return p
+}
+
 // tableSize reads table_size, as sched.CheckTableSize allows.
 func (w *walker) tableSize(t *table, def int) int {
 	n := int(t.integer("table_size", int64(def), 2, sched.MaxTableSize))
@@ -866,8 +909,17 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if h := b.Health; h.Role != "any" && !h.Check.TellsRoles() {
 			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
 		}
-		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || h.Check != backend.CheckPgSQL) {
-			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql" and role = "replica"`)
+		if h := b.Health; h.Role == backend.RoleGalera && h.Check != backend.CheckMySQL {
+			w.errorf(bt.key("health.role"), `role = "galera" needs check = "mysql"; have check = %q`, h.Check)
+		}
+		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || !h.Check.TellsRoles()) {
+			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql", "mysql" or "redis" and role = "replica"`)
+		}
+		if h := b.Health; !h.TLS.On && (h.TLS != backend.TLS{}) {
+			w.errorf(bt.key("health.tls"), "tls_ca, tls_cert, tls_key, tls_server_name and tls_verify need tls = true")
+		}
+		if h := b.Health; h.SendProxy && b.ProxyProtocol == 0 && h.Check != backend.CheckNone {
+			w.errorf(bt.key("health.send_proxy"), `send_proxy sends the header proxy_protocol names; set proxy_protocol = "v1" or "v2"`)
 		}
 		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != backend.CheckPgSQL {
 			// Only PostgreSQL's timelines say which claimant is newer.

@@ -237,7 +237,7 @@ func TestErrors(t *testing.T) {
 		{"password file is a directory", ok + "[services.s.health]\ncheck = \"pgsql\"\npassword_file = \"/\"\n",
 			[]string{`f.toml:6: services.s.health.password_file: / is not a regular file`}},
 		{"max_lag on a primary", ok + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"primary\"\nmax_lag = \"10s\"\n",
-			[]string{`services.s.backends[0].health.max_lag: max_lag needs check = "pgsql" and role = "replica"`}},
+			[]string{`services.s.backends[0].health.max_lag: max_lag needs check = "pgsql", "mysql" or "redis" and role = "replica"`}},
 		{"patroni_port without pgsql", ok + "[services.s.health]\ncheck = \"http\"\npatroni_port = 8008\n",
 			[]string{`services.s.backends[0].health.patroni_port: patroni_port needs check = "pgsql"; have check = "http"`}},
 		{"sentinels without master_name", ok + "[services.s.health]\ncheck = \"redis\"\nsentinels = [\"127.0.0.1:26379\", \"nope\"]\n",

@@ -20,7 +20,7 @@ func TestHints(t *testing.T) {
 		{"haproxy roundrobin", base + "scheduler = \"roundrobin\"\n", `(did you mean "swrr"?`},
 		{"upper case", base + "scheduler = \"WLC\"\n", `(did you mean "wlc"? names are lower case)`},
 		{"typo", base + "scheduler = \"wlcc\"\n", `(did you mean "wlc"?)`},
-		{"master", base + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"master\"\n", `"master" is not one of any, primary, replica (did you mean "primary"?)`},
+		{"master", base + "[services.s.health]\ncheck = \"pgsql\"\nrole = \"master\"\n", `"master" is not one of any, primary, replica, galera (did you mean "primary"?)`},
 		{"postgres", base + "[services.s.health]\ncheck = \"postgres\"\n", `(did you mean "pgsql"?)`},
 		{"password", base + "[services.s.health]\ncheck = \"pgsql\"\npassword = \"secret\"\n", `services.s.health.password: unknown key: passwords go in password_file`},
 	} {

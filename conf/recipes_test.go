@@ -6,11 +6,14 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"fulcrum/internal/testkit"
 )
 
 // TestDatabaseRecipes: every TOML block of docs/databases.md is a valid
 // configuration, with its password files (under /etc/fulcrum, or in
-// systemd's $CREDENTIALS_DIRECTORY) made up in a temporary directory.
+// systemd's $CREDENTIALS_DIRECTORY) and TLS files (under /etc/fulcrum) made
+// up in a temporary directory.
 func TestDatabaseRecipes(t *testing.T) {
 	doc, err := os.ReadFile("../docs/databases.md")
 	if err != nil {
@@ -23,6 +26,16 @@ func TestDatabaseRecipes(t *testing.T) {
 		}
 	}
 	t.Setenv("CREDENTIALS_DIRECTORY", dir) // as systemd sets it with LoadCredential=
+	ca := testkit.NewCA(t)                 // the TLS recipes' files
+	testkit.WritePair(t, dir, ca.IssueClient(t, "fulcrum"))
+	for from, to := range map[string]string{"server.crt": "client.crt", "server.key": "client.key"} {
+		if err := os.Rename(filepath.Join(dir, from), filepath.Join(dir, to)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	blocks := regexp.MustCompile("(?s)```toml\n(.*?)```").FindAllSubmatch(doc, -1)
 	if len(blocks) < 4 {
 		t.Fatalf("%d TOML blocks in docs/databases.md; want the four recipes", len(blocks))

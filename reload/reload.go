@@ -516,8 +516,11 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 		}
 	}
 	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
-		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag,
+		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag, TLS: h.TLS,
 		Sentinels: h.Sentinels, MasterName: h.MasterName}
+	if h.SendProxy {
+		p.SendProxy = b.ProxyProtocol
+	}
 	if h.PatroniPort != 0 {
 		host, _, _ := net.SplitHostPort(addr)
 		p.Patroni = net.JoinHostPort(host, strconv.Itoa(h.PatroniPort))
@@ -531,6 +534,9 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 				p.Backend = net.JoinHostPort(b.Host, strconv.Itoa(int(b.Addr.Port())))
 			}
 		}
+	}
+	if p.TLS.On && p.TLS.ServerName == "" && b.CheckHost != "" {
+		p.TLS.ServerName = b.CheckHost // the name the certificate carries, not the address it resolved to
 	}
 	if h.Check == backend.CheckSendExpect {
 		p.Send = []byte(h.Send)

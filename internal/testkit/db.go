@@ -276,8 +276,18 @@ type MariaDB struct {
 // starts mariadbd on it, with performance_schema on (for the host cache)
 // and max_connect_errors 5, so that a probe that counted toward it would
 // soon be blocked. Users: root over the socket; fulcrum with no password
-// and no privileges; checker with MD5Password.
-func StartMariaDB(t testing.TB) *MariaDB {
+// and no privileges; checker with MD5Password. extra are more mariadbd
+// options ("--require-secure-transport=ON").
+func StartMariaDB(t testing.TB, extra ...string) *MariaDB {
+	t.Helper()
+	m := startMariaDB(t, extra...)
+	m.Exec(t, "CREATE USER fulcrum@'%'")
+	m.Exec(t, "CREATE USER checker@'%' IDENTIFIED BY '"+MD5Password+"'")
+	return m
+}
+
+// startMariaDB is StartMariaDB without the users.
+func startMariaDB(t testing.TB, extra ...string) *MariaDB {
 	t.Helper()
 	if _, err := exec.LookPath("mariadbd"); err != nil {
 		if _, err := os.Stat("/usr/sbin/mariadbd"); err != nil {
@@ -309,6 +319,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		"--bind-address=127.0.0.1", "--socket="+m.socket, "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+filepath.Join(dir, "err.log"), "--performance-schema=ON", "--max-connect-errors=5",
 		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--skip-innodb-doublewrite", "--innodb-flush-log-at-trx-commit=0")
+	m.cmd.Args = append(m.cmd.Args, extra...)
 	if err := m.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -341,8 +352,6 @@ func StartMariaDB(t testing.TB) *MariaDB {
 		}
 		time.Sleep(50 * time.Millisecond) // a starting server gives no event but its socket
 	}
-	m.Exec(t, "CREATE USER fulcrum@'%'")
-	m.Exec(t, "CREATE USER checker@'%' IDENTIFIED BY '"+MD5Password+"'")
 	return m
 }
 
