@@ -178,6 +178,13 @@ type Settings struct {
 	// PrereadTimeout, on an address routed by name (sni), bounds the wait
 	// for the client's first message (docs/routing.md); default 5s.
 	PrereadTimeout time.Duration
+
+	// Protocol is what the service's clients speak, where fulcrum looks
+	// into it: "auto" (default): "postgres" when a backend checks with
+	// pgsql, else "tcp"; "postgres": PostgreSQL, whose cancel requests are
+	// sent to the backends running the query (docs/databases.md); "tcp":
+	// bytes, never looked into.
+	Protocol string
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -286,7 +293,7 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: backend.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse",
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse", Protocol: "auto",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
 }
@@ -551,8 +558,12 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
 		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
 		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
+		Protocol:          t.oneOf("protocol", base.Protocol, Protocols...),
 	}
 }
+
+// Protocols are the values of protocol.
+var Protocols = []string{"auto", "postgres", "tcp"}
 
 // maxKeepAlive is the longest keepalive idle time or interval Linux accepts
 // (TCP_KEEPIDLE, TCP_KEEPINTVL: 32767 seconds).

@@ -150,7 +150,7 @@ backends = [{address = "127.0.0.1:2"}]
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
 		ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse",
-		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute, PrereadTimeout: 5 * time.Second,
+		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute, PrereadTimeout: 5 * time.Second, Protocol: "auto",
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"}}
 	if got := cfg.Services[0].Settings; !reflect.DeepEqual(got, want) {
 		t.Errorf("settings = %+v; want %+v", got, want)

@@ -75,6 +75,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		reject(why, err)
 		return
 	}
+	if pol.Postgres && rs == nil && s.cancelled(c, key, pol, r.Client, start, i) { // a CancelRequest: forwarded (cancel.go)
+		l.release()
+		return
+	}
 	var h *Hello // what the client sent first, on an address routed by name (routes.go)
 	viewAt := start
 	if rs != nil {

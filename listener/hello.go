@@ -68,6 +68,7 @@ const (
 	ProtoNone     Proto = iota // not TLS: another protocol, a GSSENCRequest or StartupMessage, or nothing yet
 	ProtoTLS                   // a TLS ClientHello
 	ProtoPostgres              // PostgreSQL's SSLRequest (answered and consumed), then a TLS ClientHello
+	ProtoCancel                // a whole PostgreSQL CancelRequest (peeked, not consumed; Len is its length): cancel.go
 )
 
 func (p Proto) String() string {
@@ -76,6 +77,8 @@ func (p Proto) String() string {
 		return "tls"
 	case ProtoPostgres:
 		return "postgres-tls"
+	case ProtoCancel:
+		return "postgres-cancel"
 	}
 	return "none"
 }
@@ -150,6 +153,9 @@ func preread(fd int, timeout time.Duration, loops loopSource) (Hello, error) {
 	switch {
 	case n == 0 && deadlineHit(err):
 		return Hello{}, nil // nothing sent: a server-first protocol
+	case proto == ProtoCancel: // not TLS, and not routed by name (cancel.go)
+		l, _ := cancelStart(buf[:n])
+		return Hello{Proto: ProtoCancel, Len: l}, nil
 	case proto == ProtoPostgres && err == nil:
 		if err = answerSSL(fd); err != nil {
 			return Hello{}, readFailed(err)
@@ -182,7 +188,7 @@ func started(b []byte) (Proto, bool) {
 	case 0: // a PostgreSQL message length: an SSLRequest?
 		k := min(len(b), len(sslRequest))
 		if !bytes.Equal(b[:k], sslRequest[:k]) {
-			return ProtoNone, true // GSSENCRequest, StartupMessage, CancelRequest: not TLS
+			return startedCancel(b) // a CancelRequest; or GSSENCRequest, StartupMessage: not TLS
 		}
 		if k == len(sslRequest) {
 			return ProtoPostgres, true

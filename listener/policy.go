@@ -41,6 +41,13 @@ type Policy struct {
 	UserTimeout       time.Duration // TCP_USER_TIMEOUT on the client and backend sockets; 0 = the kernel's default
 
 	AccessLog bool // one log line per finished connection, at info level (else debug)
+
+	// Postgres: the service speaks PostgreSQL (a backend checks with
+	// pgsql), so that on an address not routed by name a client's first
+	// bytes are awaited, within PrereadTimeout (0: 5 s), to tell a
+	// CancelRequest (cancel.go). false: nothing is awaited.
+	Postgres       bool
+	PrereadTimeout time.Duration
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"fulcrum/backend"
 	"fulcrum/sched"
@@ -30,7 +31,7 @@ var errNoRoute = errors.New("no route for the client's server name and protocols
 // (ReasonNoRoute) no route takes it.
 func choose(fd int, rs *sched.Routes, loops loopSource) (*sched.Service, Hello, error) {
 	h, err := preread(fd, rs.PrereadTimeout(), loops)
-	if err != nil {
+	if err != nil || h.Proto == ProtoCancel { // a cancel has no route: nil service, nil error (cancel.go)
 		return nil, h, err
 	}
 	svc := rs.Match(h.SNI, h.ALPN)
@@ -94,9 +95,15 @@ func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
 // route is admission's routing step on listen address key: it returns the
 // service that takes client c and what c sent first. When none does, or
 // c's first message cannot be read, it closes c, counts the refusal on
-// the listener by reason, and returns a nil service.
+// the listener by reason, and returns a nil service. A PostgreSQL
+// CancelRequest is forwarded (cancel.go), logged and closed, and a nil
+// service returned too.
 func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *Hello) {
 	svc, h, err := choose(c, rs, s)
+	if err == nil && svc == nil {
+		s.cancel(c, key, client, h.Len, time.Now())
+		return nil, nil
+	}
 	if err == nil {
 		return svc, &h
 	}

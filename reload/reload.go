@@ -486,6 +486,8 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 		KeepAliveCount:    cs.KeepAliveCount,
 		UserTimeout:       cs.UserTimeout,
 		AccessLog:         cfg.Log.Access,
+		Postgres:          speaksPostgres(cs),
+		PrereadTimeout:    cs.PrereadTimeout,
 	}
 }
 

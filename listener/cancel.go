@@ -1,0 +1,344 @@
+package listener
+
+// PostgreSQL cancel requests. A client cancels a running query by opening
+// a new connection and sending a CancelRequest on it (length, the code
+// 80877102, the backend's process ID and secret key; keys of protocol 3.2
+// are up to 256 bytes): scheduled like any connection, it would mostly
+// reach a server that has no such process, and the query would run on.
+// fulcrum recognises the packet before scheduling and sends it to the
+// backends that hold a session of the same client address (the PROXY
+// address when trusted) in any service of the listen address; only when
+// none does, to every backend of those services. Each gets the packet on a
+// connection of its own, which is closed once the backend closes it (it
+// answers nothing); the client's connection is then closed, as PostgreSQL
+// closes it. A cancel is no session: it takes no service, source or
+// backend slot, counts no failure, and ends with one access line (end
+// "cancel", the backends it went to).
+//
+// Where a CancelRequest is looked for (docs/databases.md):
+//   - on an address routed by name, always: preread reads every client's
+//     first bytes there anyway (hello.go), and a cancel comes without TLS;
+//   - on any other address, only when its service speaks PostgreSQL
+//     (Policy.Postgres: a backend checks with pgsql), since telling waits
+//     for the client's first bytes, which a server-first protocol (MySQL)
+//     never sends.
+//
+// Hooks in the connection path: admission (admit.go) calls
+// Server.cancelled after the PROXY header on a plain address; route
+// (routes.go) calls Server.cancel when preread found a cancel.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"golang.org/x/sys/unix"
+
+	"fulcrum/backend"
+	"fulcrum/sched"
+)
+
+const (
+	minCancel = 16       // length, code, process ID and a 4-byte key (protocol 3.0)
+	maxCancel = 12 + 256 // protocol 3.2: keys of up to 256 bytes
+	// cancelTimeout bounds each backend's part of a cancel: the dial (or
+	// the service's connect_timeout, if shorter), the write, and the wait
+	// for the backend to close.
+	cancelTimeout = 5 * time.Second
+	endCancel     = "cancel"
+)
+
+// cancelCode is 80877102, as a CancelRequest carries it after its length.
+var cancelCode = [4]byte{0x04, 0xd2, 0x16, 0x2e}
+
+// cancelStart tells whether b, a client's first bytes, start a
+// CancelRequest: false when they do not; true with 0 while b is too short
+// to tell; true with the packet's length (b may hold less of it) when its
+// header says so.
+func cancelStart(b []byte) (int, bool) {
+	var h [8]byte
+	k := copy(h[:], b)
+	if k > 0 && h[0] != 0 || k > 1 && h[1] != 0 || k > 2 && h[2] > maxCancel>>8 {
+		return 0, false
+	}
+	for i := 4; i < k; i++ {
+		if h[i] != cancelCode[i-4] {
+			return 0, false
+		}
+	}
+	if k < len(h) {
+		return 0, true
+	}
+	n := int(binary.BigEndian.Uint32(h[:4]))
+	if n < minCancel || n > maxCancel {
+		return 0, false
+	}
+	return n, true
+}
+
+// startedCancel is started's answer for first bytes that are not an
+// SSLRequest: a whole CancelRequest, one still arriving (not done), or
+// anything else.
+func startedCancel(b []byte) (Proto, bool) {
+	n, ok := cancelStart(b)
+	switch {
+	case !ok:
+		return ProtoNone, true
+	case n == 0 || len(b) < n:
+		return ProtoNone, false
+	}
+	return ProtoCancel, true
+}
+
+// cancelled is admission's hook on a plain address whose service speaks
+// PostgreSQL: it reports whether client c sent a CancelRequest, which it
+// has then forwarded, logged and closed (the caller gives back the lease).
+// Otherwise nothing is consumed. It waits for the first bytes (within
+// pol.PrereadTimeout) only when they have not come yet, handing the accept
+// loop on (i) first.
+func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.AddrPort, start time.Time, i *inline) bool {
+	n := peekCancel(c, pol.PrereadTimeout, s, func() { s.handOff(i) })
+	if n == 0 {
+		return false
+	}
+	s.cancel(c, key, client, n, start)
+	return true
+}
+
+// peekCancel returns the length of the CancelRequest client socket fd
+// starts with (peeked, not consumed), or 0 when it starts with anything
+// else, sends nothing within timeout, or closes. Before it waits, it calls
+// wait.
+func peekCancel(fd int, timeout time.Duration, loops loopSource, wait func()) int {
+	var buf [maxCancel]byte
+	n, err := recvPeek(fd, buf[:])
+	switch {
+	case err == nil && n == 0:
+		return 0 // closed: the session sees it
+	case err == nil:
+		if l, ok := cancelStart(buf[:n]); !ok {
+			return 0
+		} else if l > 0 && n >= l {
+			return l
+		}
+	case err != unix.EAGAIN && err != unix.EINTR:
+		return 0
+	}
+	wait()
+	if timeout <= 0 {
+		timeout = DefaultPrereadTimeout
+	}
+	p := fdPeeker{fd: fd, loops: loops, timeout: timeout}
+	defer p.close()
+	seen := 0
+	for {
+		n, err := p.peek(buf[:], seen)
+		if err != nil {
+			return 0 // nothing within timeout (a server-first protocol), or closed
+		}
+		l, ok := cancelStart(buf[:n])
+		if !ok {
+			return 0
+		}
+		if l > 0 && n >= l {
+			return l
+		}
+		seen = n
+	}
+}
+
+// cancelTarget is a backend a cancel goes to, with its service's policy.
+type cancelTarget struct {
+	svc *sched.Service
+	pol *Policy
+	t   sched.Target
+}
+
+// cancel consumes the CancelRequest of n bytes client socket c holds
+// (peeked already), sends it to the backends of listen address key that
+// should have it (cancelTargets), writes the access line and closes c.
+func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Time) {
+	defer closeFD(c)
+	var buf [maxCancel]byte
+	pkt := buf[:n]
+	err := readAll(c, pkt)
+	if err == nil {
+		var req pgproto3.CancelRequest
+		err = req.Decode(pkt[4:])
+	}
+	snap := s.tbl.Load()
+	services := servicesAt(snap, key)
+	if len(services) == 0 { // the listener is being closed by a reload
+		return
+	}
+	var ts []cancelTarget
+	holding := false
+	if err == nil {
+		ts, holding = cancelTargets(snap, services, client.Addr())
+		if len(ts) == 0 {
+			err = errors.New("no backend for the client's cancel request")
+		}
+	}
+	errs := make([]error, len(ts))
+	if len(ts) > 0 {
+		orig := localAddr(c, key)
+		var wg sync.WaitGroup
+		for i := range ts {
+			wg.Add(1)
+			go func() { // exits when the backend has closed, or at cancelTimeout
+				defer wg.Done()
+				errs[i] = cancelOne(&ts[i], pkt, client, orig)
+			}()
+		}
+		wg.Wait()
+	}
+	s.cancelLine(services[0], snap.Policy(services[0]), client, ts, errs, holding, start, err)
+}
+
+// servicesAt returns the services that take connections on listen address
+// key: its one, or on an address routed by name, every service routed
+// there.
+func servicesAt(snap *Snapshot, key netip.AddrPort) []*sched.Service {
+	if snap.Routes(key) == nil {
+		if svc := snap.Route(key); svc != nil {
+			return []*sched.Service{svc}
+		}
+		return nil
+	}
+	var out []*sched.Service
+	for _, svc := range snap.Services {
+		if slices.Contains(svc.Listen, key) {
+			out = append(out, svc)
+		}
+	}
+	return out
+}
+
+// cancelTargets returns where a cancel from client address a goes among
+// services (those whose access lists let a in): the backends, their
+// fallbacks' included, that hold a session of a (holding true); if none
+// does, every backend of services.
+func cancelTargets(snap *Snapshot, services []*sched.Service, a netip.Addr) ([]cancelTarget, bool) {
+	match := func(c io.Closer) bool {
+		ss, ok := c.(*session)
+		return ok && ss.addr.Addr() == a
+	}
+	var held, all []cancelTarget
+	seenHeld, seenAll := map[*backend.Backend]bool{}, map[*backend.Backend]bool{}
+	for _, svc := range services {
+		pol := snap.Policy(svc)
+		if !pol.Allowed(a) {
+			continue
+		}
+		for _, from := range []*sched.Service{svc, svc.Fallback} {
+			if from == nil {
+				continue
+			}
+			for _, t := range from.All() {
+				if !seenHeld[t.B] && t.B.Holds(match) {
+					seenHeld[t.B] = true
+					held = append(held, cancelTarget{from, pol, t})
+				}
+				if from == svc && !seenAll[t.B] {
+					seenAll[t.B] = true
+					all = append(all, cancelTarget{svc, pol, t})
+				}
+			}
+		}
+	}
+	if len(held) > 0 {
+		return held, true
+	}
+	return all, false
+}
+
+// cancelOne sends CancelRequest pkt to ct's backend on a connection of its
+// own, after the PROXY header if the backend takes one, and waits for the
+// backend to close it: PostgreSQL acts on the request, answers nothing
+// and closes (libpq's PQcancel waits for that close too).
+func cancelOne(ct *cancelTarget, pkt []byte, client, orig netip.AddrPort) error {
+	d := net.Dialer{Timeout: cancelTimeout}
+	if ct.pol.ConnectTimeout > 0 {
+		d.Timeout = min(d.Timeout, ct.pol.ConnectTimeout)
+	}
+	c, err := d.Dial("tcp", ct.t.Addr.String())
+	if err != nil {
+		return fmt.Errorf("dial backend %s: %w", ct.t.Addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(cancelTimeout))
+	if ct.t.ProxyProtocol > 0 {
+		if err := writeHeader(c, ct.t.ProxyProtocol, client, orig); err != nil {
+			return fmt.Errorf("send PROXY header to %s: %w", ct.t.Addr, err)
+		}
+	}
+	if _, err := c.Write(pkt); err != nil {
+		return fmt.Errorf("send cancel request to %s: %w", ct.t.Addr, err)
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		return fmt.Errorf("await close of %s: %w", ct.t.Addr, err)
+	}
+	return nil
+}
+
+// readAll reads len(b) bytes from non-blocking socket fd, which holds them
+// (peeked): it never waits.
+func readAll(fd int, b []byte) error {
+	for got := 0; got < len(b); {
+		n, err := unix.Read(fd, b[got:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return os.NewSyscallError("read", err)
+		case n == 0:
+			return io.ErrUnexpectedEOF
+		}
+		got += n
+	}
+	return nil
+}
+
+// cancelLine writes a cancel's access line: end "cancel", the backends it
+// went to ("service/backend" for one of another service than svc's, a
+// fallback's or another route's), those it failed to reach, and whether
+// they were those holding a session of the client.
+func (s *Server) cancelLine(svc *sched.Service, pol *Policy, client netip.AddrPort, ts []cancelTarget, errs []error, holding bool, start time.Time, err error) {
+	e := s.log.Debug()
+	if pol.AccessLog {
+		e = s.log.Info()
+	}
+	if e == nil {
+		return
+	}
+	var sent, failed []string
+	for i, ct := range ts {
+		name := ct.t.B.Name
+		if ct.svc != svc {
+			name = ct.svc.Name + "/" + name
+		}
+		if errs[i] != nil {
+			failed = append(failed, name)
+			err = errors.Join(err, errs[i])
+			continue
+		}
+		sent = append(sent, name)
+	}
+	e = e.Str("service", svc.Name).Stringer("client", client).Strs("backends", sent)
+	if len(failed) > 0 {
+		e = e.Strs("failed", failed)
+	}
+	e = e.Bool("holding", holding).Float64("duration_ms", ms(time.Since(start))).Str("end", endCancel)
+	if err != nil {
+		e = e.AnErr("error", err)
+	}
+	e.Msg("connection")
+}

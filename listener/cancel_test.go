@@ -1,0 +1,231 @@
+package listener
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/rs/zerolog"
+
+	"fulcrum/internal/testkit"
+)
+
+// TestCancelStart: the framing cancelStart and started tell a
+// CancelRequest by, protocol 3.2's longer keys included.
+func TestCancelStart(t *testing.T) {
+	packet := func(key int) []byte {
+		b, err := (&pgproto3.CancelRequest{ProcessID: 4242, SecretKey: make([]byte, key)}).Encode(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, key := range []int{4, 32, 256} {
+		b := packet(key)
+		if n, ok := cancelStart(b); !ok || n != len(b) {
+			t.Errorf("key of %d bytes: cancelStart = %d, %v; want %d, true", key, n, ok, len(b))
+		}
+		for k := 1; k < len(b); k++ { // still arriving: not done
+			if p, done := started(b[:k]); done || p != ProtoNone {
+				t.Errorf("key of %d bytes, first %d bytes: started = %v, %v; want none, not done", key, k, p, done)
+			}
+		}
+		if p, done := started(b); !done || p != ProtoCancel {
+			t.Errorf("key of %d bytes: started = %v, %v; want postgres-cancel, done", key, p, done)
+		}
+	}
+	startup, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "x"}}).Encode(nil)
+	long := packet(256)
+	long[3]++ // a key of 257 bytes
+	for name, b := range map[string][]byte{"startup": startup, "ssl": sslRequest[:], "too long": long, "mysql": []byte("J\x00\x00\x00\x0a8.0")} {
+		if _, ok := cancelStart(b); ok {
+			t.Errorf("%s: cancelStart says a CancelRequest", name)
+		}
+	}
+}
+
+// TestCancelPostgres: a primary and two streaming replicas behind one
+// service; 20 runs of pg_sleep(30), each cancelled by its client, are
+// cancelled within a second, on a plain address (lc, with max_conns = 1,
+// which the cancel must not wait for) and on one routed by name (rr, the
+// query over TLS, the cancel in plain, as libpq's PQcancel sends it). A
+// cancel from an address that holds no session goes to every backend.
+func TestCancelPostgres(t *testing.T) {
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip("starts a PostgreSQL primary and two replicas")
+	}
+	testkit.CheckLeaks(t)
+	ca := testkit.NewCA(t)
+	pg := testkit.StartPostgres(t)
+	pg.EnableTLS(t, "lc", ca.Issue(t, "db.example.com"))
+	dbs := []*testkit.Postgres{pg, pg.Replica(t), pg.Replica(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	watch := make([]*pgconn.PgConn, len(dbs)) // direct: to see where a query runs
+	for i, db := range dbs {
+		c, err := pgconn.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", db.Port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		watch[i] = c
+	}
+
+	t.Run("plain", func(t *testing.T) {
+		p := newProxy(t, "lc", []testBackend{{"0", dbs[0].Addr, 1}, {"1", dbs[1].Addr, 1}, {"2", dbs[2].Addr, 1}}, func(tu tuned) {
+			tu.Postgres, tu.MaxConns, tu.QueueTimeout = true, 1, 10*time.Second
+		})
+		connect := func() (*pgconn.PgConn, error) {
+			return pgconn.Connect(ctx, "host=127.0.0.1 port="+port(p.addr)+" user=postgres dbname=postgres sslmode=disable connect_timeout=20")
+		}
+		cancels(ctx, t, connect, watch, p.logs, func(c *pgconn.PgConn) error { return c.CancelRequest(ctx) })
+		for i, tg := range p.svc.Targets {
+			if st := tg.B.Stats(); st.ConnectFails != 0 {
+				t.Errorf("backend %d: %d connect failures", i, st.ConnectFails)
+			}
+		}
+		var total uint64
+		for _, tg := range p.svc.Targets {
+			total += tg.B.Stats().Total
+		}
+		if total != 21 { // the 20 runs and the one from elsewhere; no cancel
+			t.Errorf("backends took %d sessions; want 21", total)
+		}
+		p.settle(t, 0)
+	})
+
+	t.Run("sni", func(t *testing.T) {
+		p := startRouted(t, zerolog.DebugLevel, []routeSpec{{name: "lc", sni: []string{"db.example.com"}, backends: []string{dbs[0].Addr, dbs[1].Addr, dbs[2].Addr}}})
+		connect := func() (*pgconn.PgConn, error) {
+			cfg, err := pgconn.ParseConfig("host=127.0.0.1 port=" + port(p.addr) + " user=postgres dbname=postgres sslmode=require connect_timeout=20")
+			if err != nil {
+				return nil, err
+			}
+			cfg.TLSConfig = &tls.Config{ServerName: "db.example.com", RootCAs: ca.Pool}
+			cfg.Fallbacks = nil
+			return pgconn.ConnectConfig(ctx, cfg)
+		}
+		cancels(ctx, t, connect, watch, p.logs, func(c *pgconn.PgConn) error { return plainCancel(p.addr, "127.0.0.1", c) })
+	})
+}
+
+// cancels runs pg_sleep(30) 20 times through a connection from connect,
+// cancels each with cancel once it runs (on one of the servers watch is
+// connected to), and requires each to end cancelled within a second, and
+// the cancel's access line to name the backend alone. A 21st run is
+// cancelled from 127.0.0.2, which holds no session: it must go to every
+// backend and still cancel.
+func cancels(ctx context.Context, t *testing.T, connect func() (*pgconn.PgConn, error), watch []*pgconn.PgConn, logs *testkit.LogSink, cancel func(*pgconn.PgConn) error) {
+	t.Helper()
+	var worst time.Duration
+	for run := range 21 {
+		c, err := connect()
+		if err != nil {
+			t.Fatalf("run %d: connect: %v", run, err)
+		}
+		done := make(chan error, 1)
+		go func() { // ends when the query does: cancelled, or after 30 s
+			_, err := c.Exec(ctx, "SELECT pg_sleep(30)").ReadAll()
+			done <- err
+		}()
+		on := runningOn(ctx, t, watch, c.PID())
+		t0 := time.Now()
+		if run == 20 {
+			err = plainCancel(c.Conn().RemoteAddr().String(), "127.0.0.2", c)
+		} else {
+			err = cancel(c)
+		}
+		if err != nil {
+			t.Fatalf("run %d: cancel: %v", run, err)
+		}
+		var qerr error
+		select {
+		case qerr = <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d: the query on backend %d still runs 10 s after its cancel", run, on)
+		}
+		took := time.Since(t0)
+		worst = max(worst, took)
+		var pe *pgconn.PgError
+		if !errors.As(qerr, &pe) || pe.Code != "57014" {
+			t.Errorf("run %d: query ended with %v; want query_canceled (57014)", run, qerr)
+		}
+		if took > time.Second {
+			t.Errorf("run %d: cancelled after %v; want within 1 s", run, took)
+		}
+		n := 0 // the cancel lines before this run's: Wait reads from the first line
+		line := logs.Wait(t, 10*time.Second, fmt.Sprintf("run %d's cancel", run), func(m map[string]any) bool {
+			if isAccess(m) && m["end"] == endCancel {
+				n++
+			}
+			return n > run
+		})
+		// The backend running the query; a previous run's session there
+		// or elsewhere may not have ended yet, and would have it too.
+		got, _ := line["backends"].([]any)
+		want := fmt.Sprint(on)
+		if run == 20 && len(got) != 3 || !slices.Contains(got, any(want)) || line["holding"] != (run < 20) {
+			t.Errorf("run %d: cancel went to %v (holding %v); want backend %s, or all three from another address", run, got, line["holding"], want)
+		}
+		c.Close(ctx)
+	}
+	t.Logf("21 cancels: the slowest ended its query %v after the cancel was sent", worst)
+}
+
+// runningOn waits until the backend with process pid runs a query, on one
+// of the servers of watch, and returns that server's index.
+func runningOn(ctx context.Context, t *testing.T, watch []*pgconn.PgConn, pid uint32) int {
+	t.Helper()
+	q := fmt.Sprintf("SELECT 1 FROM pg_stat_activity WHERE pid = %d AND state = 'active' AND query LIKE '%%pg_sleep%%'", pid)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		for i, w := range watch {
+			res, err := w.Exec(ctx, q).ReadAll()
+			if err != nil {
+				t.Fatalf("pg_stat_activity: %v", err)
+			}
+			if len(res) > 0 && len(res[0].Rows) > 0 {
+				return i
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d runs no query on any server after 20 s", pid)
+		}
+		time.Sleep(5 * time.Millisecond) // the server tells no event: poll
+	}
+}
+
+// plainCancel sends c's CancelRequest to addr from local address from, in
+// plain, as libpq's PQcancel does (and pgconn's CancelRequest for a
+// connection without TLS), and waits for the close that acknowledges it.
+func plainCancel(addr, from string, c *pgconn.PgConn) error {
+	pkt, err := (&pgproto3.CancelRequest{ProcessID: c.PID(), SecretKey: c.SecretKey()}).Encode(nil)
+	if err != nil {
+		return err
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := nc.Write(pkt); err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, nc)
+	return err
+}
+
+// port is the port of host:port address a.
+func port(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }

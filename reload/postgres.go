@@ -1,0 +1,25 @@
+package reload
+
+import (
+	"fulcrum/backend"
+	"fulcrum/conf"
+)
+
+// speaksPostgres reports whether service cs speaks PostgreSQL: protocol =
+// "postgres", or "auto" (the default) and one of its backends checks with
+// pgsql. The listener then looks for cancel requests on its addresses not
+// routed by name (docs/databases.md, "Cancel requests").
+func speaksPostgres(cs conf.Service) bool {
+	switch cs.Protocol {
+	case "postgres":
+		return true
+	case "tcp":
+		return false
+	}
+	for _, b := range cs.Backends {
+		if b.Health.Check == backend.CheckPgSQL {
+			return true
+		}
+	}
+	return false
+}
