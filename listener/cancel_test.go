@@ -1,8 +1,11 @@
 package listener
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +18,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	proxyproto "github.com/pires/go-proxyproto"
 	"github.com/rs/zerolog"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -229,3 +234,102 @@ func plainCancel(addr, from string, c *pgconn.PgConn) error {
 
 // port is the port of host:port address a.
 func port(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
+
+// TestCancelFanOut: a cancel from an address that holds no session goes
+// to every backend of the service, each on its own connection, the PROXY
+// header first where the backend takes one, and arrives whole (a protocol
+// 3.2 key of 256 bytes); the client's connection closes once the backends
+// have closed theirs. It takes no slot, counts nothing on the service or
+// the backends, and its access line says where it went.
+func TestCancelFanOut(t *testing.T) {
+	testkit.CheckLeaks(t)
+	type got struct {
+		hdr *proxyproto.Header
+		pkt []byte
+	}
+	var backends []testBackend
+	recv := make([]chan got, 2)
+	for i := range recv {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		recv[i] = make(chan got, 1)
+		done := make(chan struct{})
+		go func() { // exits when the one connection it serves ends
+			defer close(done)
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			var g got
+			if i == 1 {
+				g.hdr, _ = proxyproto.Read(br)
+			}
+			var n [4]byte
+			if _, err := io.ReadFull(br, n[:]); err == nil {
+				g.pkt = make([]byte, binary.BigEndian.Uint32(n[:]))
+				copy(g.pkt, n[:])
+				io.ReadFull(br, g.pkt[4:])
+			}
+			recv[i] <- g
+		}()
+		t.Cleanup(func() { ln.Close(); <-done })
+		backends = append(backends, testBackend{fmt.Sprint(i), ln.Addr().String(), 1})
+	}
+	p := newProxy(t, "rr", backends, func(tu tuned) {
+		tu.Postgres, tu.MaxConns = true, 1
+		tu.Targets[1].ProxyProtocol = 2
+	})
+	key := make([]byte, 256)
+	for i := range key {
+		key[i] = byte(i)
+	}
+	pkt, err := (&pgproto3.CancelRequest{ProcessID: 77, SecretKey: key}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.dial(t)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// In two parts: the first is not enough to tell, and must be waited on.
+	if _, err := c.Write(pkt[:6]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // let the first part arrive alone; either way the test holds
+	if _, err := c.Write(pkt[6:]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := io.Copy(io.Discard, c); n != 0 || err != nil {
+		t.Fatalf("the client read %d bytes, %v; want a close and nothing", n, err)
+	}
+	for i, ch := range recv {
+		var g got
+		select {
+		case g = <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("backend %d got no connection within 10 s", i)
+		}
+		if !bytes.Equal(g.pkt, pkt) {
+			t.Errorf("backend %d got %x; want %x", i, g.pkt, pkt)
+		}
+		if i == 1 && (g.hdr == nil || g.hdr.SourceAddr.String() != c.LocalAddr().String()) {
+			t.Errorf("backend 1's PROXY header %v; want the client %v", g.hdr, c.LocalAddr())
+		}
+	}
+	line := p.logs.Wait(t, 10*time.Second, "the cancel's access line", func(m map[string]any) bool { return isAccess(m) })
+	if line["end"] != endCancel || fmt.Sprint(line["backends"]) != "[0 1]" || line["holding"] != false {
+		t.Errorf("access line %v; want end cancel to backends [0 1], holding none", line)
+	}
+	p.settle(t, 0)
+	for i, tg := range p.svc.Targets {
+		if st := tg.B.Stats(); st.Total != 0 || st.Active != 0 || st.ConnectFails != 0 {
+			t.Errorf("backend %d: %+v; a cancel is no session", i, st)
+		}
+	}
+	if st := p.svc.Group.Stats(); st != (backend.GroupStats{}) {
+		t.Errorf("service: %+v; a cancel is no session", st)
+	}
+}
