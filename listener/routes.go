@@ -28,10 +28,11 @@ var errNoRoute = errors.New("no route for the client's server name and protocols
 // preread_timeout (waiting in one of loops, if it must wait), and returns
 // the service that takes it with what was read. The error is a
 // *PrereadError: the client's message could not be read, or
-// (ReasonNoRoute) no route takes it.
+// (ReasonNoRoute) no route takes it. A PostgreSQL CancelRequest has no
+// route: a nil service and a nil error, h.Proto ProtoCancel.
 func choose(fd int, rs *sched.Routes, loops loopSource) (*sched.Service, Hello, error) {
 	h, err := preread(fd, rs.PrereadTimeout(), loops)
-	if err != nil || h.Proto == ProtoCancel { // a cancel has no route: nil service, nil error (cancel.go)
+	if err != nil || h.Proto == ProtoCancel {
 		return nil, h, err
 	}
 	svc := rs.Match(h.SNI, h.ALPN)
