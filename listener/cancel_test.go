@@ -333,3 +333,50 @@ func TestCancelFanOut(t *testing.T) {
 		t.Errorf("service: %+v; a cancel is no session", st)
 	}
 }
+
+// TestCancelServerFirst: a service that is not PostgreSQL never waits for
+// the client's first bytes, so a server-first protocol's greeting comes at
+// once even with a long preread_timeout; a PostgreSQL one waits for them
+// up to preread_timeout, then serves the client as usual.
+func TestCancelServerFirst(t *testing.T) {
+	testkit.CheckLeaks(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { // exits when ln is closed
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("greeting"))
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	for _, tc := range []struct {
+		postgres bool
+		preread  time.Duration
+	}{{false, time.Minute}, {true, 300 * time.Millisecond}} {
+		p := newProxy(t, "rr", []testBackend{{"0", ln.Addr().String(), 1}}, func(tu tuned) {
+			tu.Postgres, tu.PrereadTimeout = tc.postgres, tc.preread
+		})
+		t0 := time.Now()
+		c := p.dial(t)
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		b, err := io.ReadAll(c)
+		took := time.Since(t0)
+		c.Close()
+		if string(b) != "greeting" || err != nil {
+			t.Fatalf("postgres %v: read %q, %v; want the greeting", tc.postgres, b, err)
+		}
+		if tc.postgres && took < tc.preread {
+			t.Errorf("postgres: the greeting came after %v, before the wait of %v", took, tc.preread)
+		}
+		t.Logf("postgres %v, preread_timeout %v: the greeting came after %v", tc.postgres, tc.preread, took)
+		p.settle(t, 0)
+	}
+}
