@@ -266,6 +266,9 @@ type CheckSpec struct {
 	Interval time.Duration // between checks; jittered ±10%
 	Rise     int           // consecutive successes to come up
 	Fall     int           // consecutive failures to go down
+	// Wake, when not nil, asks for a check at once (a Sentinel's failover
+	// event: see WatchSentinel); the interval then restarts from it.
+	Wake <-chan struct{}
 }
 
 // RunChecks probes the backend every Interval until ctx ends, marking it
@@ -290,6 +293,8 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-spec.Wake:
+			t.Stop()
 		}
 		start := time.Now()
 		a, err := spec.Probe.Ask(ctx)

@@ -91,6 +91,7 @@ func (c *Controller) SetChecks(jobs []Job) {
 	if len(jobs) > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		c.stop = cancel
+		jobs = c.watchSentinels(ctx, jobs)
 		for _, j := range jobs {
 			checked[j.B] = true
 			c.checks.Add(1)
