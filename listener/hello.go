@@ -571,17 +571,8 @@ func alpn(data cryptobyte.String) ([]string, error) {
 // buffer does not wait either.
 func answerSSL(fd int) error {
 	var b [len(sslRequest)]byte
-	for got := 0; got < len(b); {
-		n, err := unix.Read(fd, b[got:])
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err != nil:
-			return os.NewSyscallError("read", err)
-		case n == 0:
-			return io.ErrUnexpectedEOF
-		}
-		got += n
+	if err := readAll(fd, b[:]); err != nil {
+		return err
 	}
 	_, err := fdWriter(fd).Write([]byte{'S'})
 	return err
