@@ -43,7 +43,7 @@ func (c *Controller) cut(b *backend.Backend, st backend.State) {
 		return
 	}
 	if moved && tg.CutOnRole {
-		if n := b.Cut(backend.CutRoleChange); n > 0 {
+		if n := b.CutRole(backend.CutRoleChange); n > 0 { // not those dialled in its new role
 			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Int("sessions", n).
 				Str("reason", "answers as "+to+", was "+from).Msg("sessions cut (on_role_change = close)")
 		}
