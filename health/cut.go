@@ -6,7 +6,9 @@ package health
 //   - on_role_change = "close" (the default): the backend's checks saw it
 //     answer in another role than before (promoted, demoted). Cut first, so
 //     that its sessions end as "role change" even where on_down also
-//     applies.
+//     applies. Only the sessions dialled before the check saw the change
+//     (backend.CutRole): a connection held through a failover dials the
+//     promoted node at its passing check, before this cut runs.
 //   - on_down = "close": it went down or into the wrong role.
 //   - on_up = "close-backups": a primary backend came up; its service's
 //     backups are cut.
