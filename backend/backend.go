@@ -55,11 +55,13 @@ type Backend struct {
 	group   *Group          // the service's shared state; nil for a backend made by New
 	pending atomic.Bool     // a report is in changes, not yet Seen
 	failing atomic.Bool     // passive: a failure count is pending (PassiveOK's fast path)
+	roles   atomic.Uint64   // how many times its checks saw it answer in another role (RoleEpoch)
 
 	mu       sync.Mutex             // protects sessions, cutAt and cutEnd
 	sessions map[io.Closer]struct{} // open sessions, closed by Drain at its deadline
 	cutAt    time.Time              // when the last Cut ran; zero: never
 	cutEnd   string                 // and why
+	roleCut  uint64                 // the RoleEpoch the last CutRole ran at: a session dialled before it, tracked after, is cut too
 }
 
 // New returns a backend with zeroed counters.
@@ -158,6 +160,8 @@ func (b *Backend) Track(s io.Closer) bool {
 // was acted on): such a session is not tracked but counted as cut, and
 // cut is the Cut's reason, with which the caller ends it. Track and Cut
 // share the lock: either the Cut sees the session, or this sees the Cut.
+// A session dialled before the last CutRole's role change (RoleEpocher)
+// is cut likewise; one dialled since is tracked whatever its since.
 // ok is false when the drain deadline has already passed, as for Track.
 func (b *Backend) TrackSince(s io.Closer, since time.Time) (ok bool, cut string) {
 	b.mu.Lock()
@@ -168,6 +172,10 @@ func (b *Backend) TrackSince(s io.Closer, since time.Time) (ok bool, cut string)
 	if b.cutAt.After(since) {
 		b.cutClosed.Add(1)
 		return true, b.cutEnd
+	}
+	if e, ok := s.(RoleEpocher); ok && e.RoleEpoch() < b.roleCut { // dialled in a role CutRole ended
+		b.cutClosed.Add(1)
+		return true, CutRoleChange
 	}
 	b.sessions[s] = struct{}{}
 	return true, ""
@@ -291,13 +299,49 @@ type Cutter interface {
 // unaffected; the schedulers stop picking a backend that is down on their
 // own.
 func (b *Backend) Cut(end string) int {
+	return b.cut(end, func(io.Closer) bool { return true }, func() {
+		b.cutAt, b.cutEnd = time.Now(), end // for a session tracked after it (TrackSince)
+	})
+}
+
+// RoleEpoch counts the role changes the backend's checks have seen. A
+// connection reads it just before it dials the backend, and its session
+// reports it (RoleEpocher), so that CutRole can tell a session that began
+// in the backend's old role from one that began in its new one.
+func (b *Backend) RoleEpoch() uint64 { return b.roles.Load() }
+
+// RoleEpocher is a tracked session that says the RoleEpoch its backend
+// had just before it was dialled.
+type RoleEpocher interface {
+	RoleEpoch() uint64
+}
+
+// CutRole is Cut for on_role_change: it ends only the sessions dialled
+// before the backend's checks last saw it change role (a RoleEpocher with
+// an older epoch, and any session that is none). A session dialled since
+// began with the node in its new role: the connections held through a
+// failover (hold_timeout) dial the promoted node as soon as its check
+// passes, before the health controller gets to the cut, and ending them
+// would refuse the very clients the hold was for.
+func (b *Backend) CutRole(end string) int {
+	now := b.roles.Load()
+	return b.cut(end, func(s io.Closer) bool {
+		e, ok := s.(RoleEpocher)
+		return !ok || e.RoleEpoch() < now
+	}, func() { b.roleCut = max(b.roleCut, now) }) // not cutAt: a session dialled in the new role is tracked (TrackSince)
+}
+
+// cut closes the open sessions for which which is true (see Cut).
+func (b *Backend) cut(end string, which func(io.Closer) bool, mark func()) int {
 	b.mu.Lock()
-	b.cutAt, b.cutEnd = time.Now(), end // for a session tracked after it (TrackSince)
+	mark() // under the lock, for a session tracked after it (TrackSince)
 	open := make([]io.Closer, 0, len(b.sessions))
 	for s := range b.sessions {
-		open = append(open, s)
+		if which(s) {
+			open = append(open, s)
+			delete(b.sessions, s) // each is cut once, counted once, however many reasons follow
+		}
 	}
-	clear(b.sessions) // each is cut once, counted once, however many reasons follow
 	b.mu.Unlock()
 	b.cutClosed.Add(uint64(len(open)))
 	for _, s := range open {

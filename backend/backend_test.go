@@ -161,3 +161,73 @@ func TestCut(t *testing.T) {
 		t.Errorf("CutClosed = %d; want 3", s.CutClosed)
 	}
 }
+
+// epochSession is a tracked session that says the role epoch it was dialled in.
+type epochSession struct {
+	closer
+	epoch uint64
+	end   atomic.Pointer[string]
+}
+
+func (s *epochSession) RoleEpoch() uint64 { return s.epoch }
+func (s *epochSession) Cut(end string)    { s.end.Store(&end); s.closed.Store(true) }
+
+// TestCutRoleSparesSessionsOfTheNewRole: on_role_change ends the sessions
+// dialled while the node was in its old role, not those dialled once its
+// check saw the new one. The failover drill's held writers dial the
+// promoted replica as soon as its check passes (Group.Kick), before the
+// health controller runs the role-change cut; cutting them refused the
+// clients the hold was for (TestDrillFailover's flake: writers ended as
+// "role change" with the startup packet sent and no reply).
+func TestCutRoleSparesSessionsOfTheNewRole(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "b")
+	b.observed(Answer{Role: RoleReplica}, true)
+	old := &epochSession{epoch: b.RoleEpoch()} // dialled as a replica
+	b.Track(old)
+	plain := &closer{} // a session that tells no epoch is cut as before
+	b.Track(plain)
+	if !b.observed(Answer{Role: RolePrimary}, true) {
+		t.Fatal("promotion not seen as a role change")
+	}
+	fresh := &epochSession{epoch: b.RoleEpoch()} // dialled once the check saw it primary
+	b.Track(fresh)
+	if n := b.CutRole(CutRoleChange); n != 2 {
+		t.Errorf("CutRole cut %d sessions; want 2 (the one dialled in the old role, and the one that tells none)", n)
+	}
+	if e := old.end.Load(); e == nil || *e != CutRoleChange {
+		t.Errorf("the session of the old role ended as %v; want %q", e, CutRoleChange)
+	}
+	if !plain.closed.Load() {
+		t.Error("a session without an epoch was not cut")
+	}
+	if fresh.closed.Load() {
+		t.Fatal("the session dialled in the new role was cut")
+	}
+	if n := b.Cut(CutDown); n != 1 || !fresh.closed.Load() { // still tracked: a later cut reaches it
+		t.Errorf("Cut after CutRole cut %d sessions (fresh closed %v); want the one left", n, fresh.closed.Load())
+	}
+	if got := b.Stats().CutClosed; got != 3 {
+		t.Errorf("CutClosed = %d; want 3", got)
+	}
+}
+
+// TestTrackSinceAfterCutRole: a session dialled in the old role that is
+// tracked only after CutRole ran is cut as "role change"; one dialled in
+// the new role is tracked, even with a view older than that CutRole.
+func TestTrackSinceAfterCutRole(t *testing.T) {
+	var p Pool
+	b := p.Get("s", "b")
+	b.observed(Answer{Role: RoleReplica}, true)
+	view := time.Now()
+	late := &epochSession{epoch: b.RoleEpoch()} // dialled as a replica, not yet tracked
+	b.observed(Answer{Role: RolePrimary}, true)
+	fresh := &epochSession{epoch: b.RoleEpoch()}
+	b.CutRole(CutRoleChange)
+	if ok, cut := b.TrackSince(late, view); !ok || cut != CutRoleChange {
+		t.Errorf("TrackSince of a session of the old role after CutRole = %v, %q; want true, %q", ok, cut, CutRoleChange)
+	}
+	if ok, cut := b.TrackSince(fresh, view); !ok || cut != "" {
+		t.Errorf("TrackSince of a session of the new role after CutRole = %v, %q; want tracked", ok, cut)
+	}
+}

@@ -342,6 +342,7 @@ func (b *Backend) observed(a Answer, wanted bool) (moved bool) {
 		h.timeline = 0
 	}
 	if wanted && h.lastRole != "" && h.lastRole != a.Role {
+		b.roles.Add(1) // before the state changes: a connection that can pick it in its new role dials after this (CutRole)
 		if h.roleFrom == "" {
 			h.roleFrom = h.lastRole
 		} else if h.roleFrom == a.Role {

@@ -6,7 +6,9 @@ package health
 //   - on_role_change = "close" (the default): the backend's checks saw it
 //     answer in another role than before (promoted, demoted). Cut first, so
 //     that its sessions end as "role change" even where on_down also
-//     applies.
+//     applies. Only the sessions dialled before the check saw the change
+//     (backend.CutRole): a connection held through a failover dials the
+//     promoted node at its passing check, before this cut runs.
 //   - on_down = "close": it went down or into the wrong role.
 //   - on_up = "close-backups": a primary backend came up; its service's
 //     backups are cut.
@@ -43,7 +45,7 @@ func (c *Controller) cut(b *backend.Backend, st backend.State) {
 		return
 	}
 	if moved && tg.CutOnRole {
-		if n := b.Cut(backend.CutRoleChange); n > 0 {
+		if n := b.CutRole(backend.CutRoleChange); n > 0 { // not those dialled in its new role
 			c.log.Warn().Str("service", b.Service).Str("backend", b.Name).Int("sessions", n).
 				Str("reason", "answers as "+to+", was "+from).Msg("sessions cut (on_role_change = close)")
 		}

@@ -356,6 +356,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 		if tries > 0 {
 			svc.Group.Retried()
 		}
+		tm.roleEpoch = t.B.RoleEpoch() // before the dial: a role change seen from here on cuts it (backend.CutRole)
 		d0 := time.Now()
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
@@ -452,7 +453,14 @@ type timing struct {
 	held    bool          // the connection is held (hold_timeout): its redials are no passive failures (hold.go)
 	waited  bool          // it waited (a queue, a hold): it looks whether its client left before a dial (gone.go)
 	viewAt  time.Time     // taken before the table its backend was picked from was loaded (backend.TrackSince)
+
+	roleEpoch uint64 // its backend's RoleEpoch just before the dial that connected
 }
+
+// RoleEpoch is the backend's role epoch when the session was dialled: a
+// role change seen since then ends it, one seen before does not
+// (backend.CutRole, on_role_change).
+func (ss *session) RoleEpoch() uint64 { return ss.tm.roleEpoch }
 
 func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
 	var e *zerolog.Event

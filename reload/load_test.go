@@ -286,11 +286,12 @@ func (l *load) finish(t *testing.T) {
 // connections run while the file is rewritten 50 times, alternating an
 // in-place write, a rename over and a ConfigMap symlink swap. No connection
 // fails, no byte is lost or changed, and each weight set is in effect within
-// a second of its write.
+// 3s of its write (debounce 200ms; see the bound).
 func TestRunUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long test")
 	}
+	testkit.DeadAddr(t) // the runtime's network poller opens two descriptors on first use: before CheckLeaks counts (run alone, it failed on them)
 	testkit.CheckLeaks(t)
 	names := []string{"a", "b", "c"}
 	addrs := make([]string, len(names))
@@ -329,8 +330,12 @@ func TestRunUnderLoad(t *testing.T) {
 		r.expectGen(uint64(k+1), 5*time.Second) // a write in place may show an empty file first
 		took := time.Since(written)
 		worst = max(worst, took)
-		if took > time.Second {
-			t.Errorf("rewrite %d took effect after %v; want within 1s", k, took)
+		// The promise is debounce (200ms) plus a build and a swap; a lost
+		// inotify event would show as recheck (30s). 3s tells the two apart
+		// on a busy 2-core machine under -race, where 1s was missed once
+		// (1.23s) beside other suites while this run's own slowest was 0.7s.
+		if took > 3*time.Second {
+			t.Errorf("rewrite %d took effect after %v; want within 3s (debounce 200ms; a lost event would take recheck, 30s)", k, took)
 		}
 		// New connections follow the new weights: never the one at 0, and
 		// some to each of the others. The stream is the only picker, so
