@@ -109,8 +109,11 @@ func (p *Probe) sentinelSubscription(ctx context.Context, addr string, wake func
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	defer wg.Wait()
-	defer close(done) // before the Wait: ends the pinger
-	wg.Go(func() {    // exits at done, or at the first failed write
+	defer func() { // before the Wait: ends the pinger, even one stuck in a write to a full socket
+		close(done)
+		c.Close()
+	}()
+	wg.Go(func() { // exits at done, or at the first failed write
 		t := time.NewTicker(sentinelPing)
 		defer t.Stop()
 		for {
