@@ -94,11 +94,7 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	// max_lag asks for it: against the primary; with no primary seen
 	// (lately: a dead one measures nothing), or nothing replayed, the
 	// replica's own view.
-	fresh := p.MaxLag
-	if fresh <= 0 {
-		fresh = lagFresh
-	}
-	lag, known := p.WAL.Lag(time.Now(), wal, fresh)
+	lag, known := p.WAL.Lag(time.Now(), wal, p.lagFresh())
 	var lagErr error
 	if !known || row[1] == nil {
 		own, err := strconv.ParseFloat(string(row[3]), 64)
@@ -120,8 +116,8 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 		if lagErr != nil {
 			return a, lagErr
 		}
-		if lag > p.MaxLag {
-			return a, fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), p.MaxLag)
+		if err := overLag(lag, p.MaxLag); err != nil {
+			return a, err
 		}
 	}
 	return p.patroniAgrees(ctx, a)
