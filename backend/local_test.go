@@ -46,7 +46,17 @@ func TestChecksIgnoreLocalErrors(t *testing.T) {
 					t.Fatalf("last check %+v; want one not counted for %s", b.Checks().Last, c.want)
 				}
 			}
-			time.Sleep(100 * time.Millisecond) // some ten more probes, with fall = 1
+			// Ten more probes, each not counted, with fall = 1: awaited by
+			// the last result's time, which each probe sets.
+			seen, last := 0, b.Checks().Last.At
+			for deadline := time.Now().Add(10 * time.Second); seen < 10; time.Sleep(5 * time.Millisecond) {
+				if at := b.Checks().Last.At; !at.Equal(last) {
+					seen, last = seen+1, at
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d more probes in 10s; want 10", seen)
+				}
+			}
 			if b.Down() || b.Checks().Failed != 0 {
 				_, reason, _ := b.Health()
 				t.Errorf("down %v (%s), %d failed checks; want up and none counted", b.Down(), reason, b.Checks().Failed)
