@@ -109,6 +109,7 @@ func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.
 	if n == 0 {
 		return false
 	}
+	s.handOff(i) // forwarding dials and waits on every backend named: never in the accept loop
 	s.cancel(c, key, client, n, start)
 	return true
 }
