@@ -31,8 +31,7 @@ import (
 // name to route by, a queue, a hold, a connect not done at once. It then
 // goes on in the goroutine it was called in, which ends with it.
 func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
-	s.admitting.begin() // before the accept loop can return or be handed on: Close then waits for it
-	defer s.admitting.end()
+	defer s.admitting.end() // begun by the accept loop (server.go)
 	start := time.Now()
 	l := lease{srv: s}
 	snap := s.tbl.Load()
@@ -106,7 +105,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		reject(why, err)
 		return
 	}
-	if refusesSplitBrain(svc, pol) { // counted here, logged once per split (by reload), not per connection
+	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
 		svc.Group.Reject(backend.RejectSplitBrain, func(uint64, uint64) {})
 		closeFD(c)
 		l.release()

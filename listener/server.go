@@ -520,6 +520,7 @@ func (s *Server) acceptLoop(a *acceptor, held *bool) (handedOn bool) {
 		if err == nil {
 			*held = false // the connection's now: connDone gives it back
 			delay = 0
+			s.admitting.begin() // before the count a test awaits, and before the loop can be handed on: Close waits for it (handle ends it)
 			so.accepts.Add(1)
 			s.wg.Add(1)
 			i := inline{a: a}
