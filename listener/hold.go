@@ -23,7 +23,7 @@ var errSplitBrain = fmt.Errorf("split brain: more than one backend claims the pr
 // refusesSplitBrain reports whether svc turns new connections away now: a
 // split brain with no writer kept (sched.Service.SplitWriter). The table
 // says so; the policy has no part in it.
-func refusesSplitBrain(svc *sched.Service, _ *Policy) bool {
+func refusesSplitBrain(svc *sched.Service) bool {
 	return len(svc.SplitBrain) > 0 && svc.SplitWriter == ""
 }
 
@@ -99,7 +99,7 @@ func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol 
 		// Wait while nothing is eligible, or until something happened
 		// since the backends of this table just failed. A split brain
 		// ends the wait at once.
-		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur, curPol) {
+		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur) {
 			ok, gone := waitWatching(c, deadline, h.Wait)
 			h.Leave()
 			if gone {
@@ -114,7 +114,7 @@ func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol 
 		}
 		h.Leave()
 		svc, pol, tm.viewAt = cur, curPol, viewAt
-		if refusesSplitBrain(svc, pol) {
+		if refusesSplitBrain(svc) {
 			return -1, nil, 0, errSplitBrain, svc, pol
 		}
 		*r = sched.Request{Client: r.Client} // a new table, or a backend that failed may be back
