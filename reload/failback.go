@@ -200,7 +200,12 @@ func (m *Manager) Promote(service, name, by string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.writers[service].name != name {
-		return false, fmt.Errorf("%s/%s did not become the writer: it is not up any more", service, name)
+		// Not taken by this build (it stopped early, or the backend went
+		// down): the request ends here, not at some later build.
+		if p, ok := m.promote[service]; ok && p.name == name {
+			delete(m.promote, service)
+		}
+		return false, fmt.Errorf("%s/%s did not become the writer: it is not up any more, or no table was built", service, name)
 	}
 	return true, nil
 }
