@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -16,18 +15,6 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-// freeAddr returns a loopback address with a port free now, for a daemon
-// whose log cannot be read to learn the ports it bound.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestStalledLogReader: with standard error a pipe that nobody reads (a
 // stalled journald, a stuck log shipper), the daemon serves on: far more
 // short connections than its connection limit and the pipe together hold
@@ -38,7 +25,7 @@ func freeAddr(t *testing.T) string {
 // the daemon stopped after about limit + a pipeful of connections.
 func TestStalledLogReader(t *testing.T) {
 	be := testkit.NewServer(t, testkit.Greeter("hi")).Addr
-	adm, addr := freeAddr(t), freeAddr(t)
+	adm, addr := testkit.FreeAddr(t), testkit.FreeAddr(t) // ports below the ephemeral range: fulcrum's own dials cannot take them first
 	path := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
 [log]
 format = "json"
