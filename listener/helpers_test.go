@@ -36,7 +36,7 @@ type tuned struct {
 
 // store publishes table t with the test service's policy.
 func (p *testProxy) store(t *sched.Table) {
-	p.ptr.Store(NewSnapshot(t, map[string]*Policy{p.svc.Name: p.pol}))
+	p.srv.Publish(NewSnapshot(t, map[string]*Policy{p.svc.Name: p.pol}))
 }
 
 type testBackend struct {
@@ -76,8 +76,8 @@ func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune
 		tune(tuned{p.svc, p.pol})
 	}
 	key := netip.MustParseAddrPort("127.0.0.1:0")
-	p.store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	for _, o := range opts {
 		o(p.srv)
 	}

@@ -81,8 +81,8 @@ func (p *Policy) TrustsProxy(a netip.Addr) bool {
 	return false
 }
 
-// Snapshot is what the Server serves from, published whole through its
-// Loader: a scheduler table and the policy of each of its services.
+// Snapshot is what the Server serves from, published whole by
+// Server.Publish: a scheduler table and the policy of each of its services.
 type Snapshot struct {
 	*sched.Table
 	policy map[*sched.Service]*Policy

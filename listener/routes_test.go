@@ -85,8 +85,8 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 	}
 	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.ptr.Store(NewSnapshot(tbl, p.pols))
 	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv.Publish(NewSnapshot(tbl, p.pols))
 	for _, o := range opts {
 		o(p.srv)
 	}
@@ -450,8 +450,8 @@ func TestRouteLoops(t *testing.T) {
 func TestPrepareSharedAddress(t *testing.T) {
 	testkit.CheckLeaks(t)
 	var ptr atomic.Pointer[Snapshot]
-	ptr.Store(NewSnapshot(sched.NewTable(1, nil, nil), nil)) // as Commit requires: no service takes a yet
 	srv := New(&ptr, zerolog.Nop())
+	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil)) // as Commit requires: no service takes a yet
 	a := netip.MustParseAddrPort("127.0.0.1:0")
 	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)
 	if err != nil {
@@ -473,8 +473,8 @@ func TestPrepareSharedAddress(t *testing.T) {
 func TestPrepareWildcardMove(t *testing.T) {
 	testkit.CheckLeaks(t)
 	var ptr atomic.Pointer[Snapshot]
-	ptr.Store(NewSnapshot(sched.NewTable(1, nil, nil), nil))
 	srv := New(&ptr, zerolog.Nop())
+	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil))
 	defer srv.Wait()
 	defer srv.Close()
 	var a netip.AddrPort
@@ -578,8 +578,7 @@ func TestRouteHold(t *testing.T) {
 	}
 	tbl := sched.NewTable(old.Gen+1, []*sched.Service{p.svcs["first"], &next}, map[netip.AddrPort]*sched.Service{p.key: p.svcs["first"]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.ptr.Store(NewSnapshot(tbl, p.pols))
-	db1.Group.Kick()
+	p.srv.Publish(NewSnapshot(tbl, p.pols)) // wakes it: nothing else does (issue 27)
 
 	if g, err := bufio.NewReader(c).ReadString('\n'); err != nil || g != "db1\n" {
 		t.Errorf("the held connection read %q, %v; want db1's greeting", g, err)
@@ -615,7 +614,7 @@ func TestRouteRemovedMidHello(t *testing.T) {
 	}
 	tbl := sched.NewTable(old.Gen+1, []*sched.Service{p.svcs["dflt"]}, map[netip.AddrPort]*sched.Service{p.key: p.svcs["dflt"]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.ptr.Store(NewSnapshot(tbl, p.pols))
+	p.srv.Publish(NewSnapshot(tbl, p.pols))
 	ctx, cancel := contextDone()
 	p.svcs["x"].Targets[0].B.Drain(ctx) // nothing tracked: marks it draining and returns
 	cancel()

@@ -1,13 +1,13 @@
 // Package listener owns fulcrum's sockets: one accept loop per listen address
 // and the per-connection path — pick a backend, dial it, and splice bytes
-// both ways with half-close — reading the scheduler snapshot through a Loader.
+// both ways with half-close — reading the scheduler snapshot Publish stores.
 //
 // Typical use (the reload package does this):
 //
 //	srv := listener.New(&ptr, logger) // ptr is an atomic.Pointer[listener.Snapshot]
 //	ch, err := srv.Prepare(addrs, false) // bind what is new; nothing accepts yet
 //	if err != nil { ... }             // Prepare closed what it had bound
-//	ptr.Store(listener.NewSnapshot(next, policies))
+//	srv.Publish(listener.NewSnapshot(next, policies)) // stores it in ptr and wakes held connections
 //	ch.Commit()                       // start new accept loops, close removed ones
 //	...
 //	srv.Close() // stop accepting everywhere
@@ -38,14 +38,11 @@ import (
 	"fulcrum/backend"
 )
 
-// Loader returns the current snapshot; *atomic.Pointer[Snapshot] is one.
-type Loader interface {
-	Load() *Snapshot
-}
-
 // Server accepts on a set of listen addresses and proxies each connection.
 type Server struct {
-	tbl Loader
+	// tbl holds the snapshot every new connection reads; others may Load
+	// it, but only Publish stores into it.
+	tbl *atomic.Pointer[Snapshot]
 	log zerolog.Logger
 	wg  sync.WaitGroup // accept loops and sessions
 
@@ -101,12 +98,26 @@ type socket struct {
 	refused refusals // connections routing by name turned away (routes.go)
 }
 
-// New returns a Server with no listeners.
-func New(tbl Loader, log zerolog.Logger) *Server {
+// New returns a Server with no listeners, serving the snapshots Publish
+// stores in tbl.
+func New(tbl *atomic.Pointer[Snapshot], log zerolog.Logger) *Server {
 	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
 		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: newPipePool(pipeLimit(nofile()))}
+}
+
+// Publish makes snap the snapshot every new connection reads, then wakes
+// the connections held for an eligible backend (hold_timeout) to look at
+// it. It is the one way a snapshot is published, so that no publisher can
+// forget the wake: a held connection is otherwise woken only by a passing
+// check (Kick), and one whose backend came back by a reload would wait
+// until its hold_timeout.
+func (s *Server) Publish(snap *Snapshot) {
+	s.tbl.Store(snap)
+	for _, svc := range snap.Services {
+		svc.Group.Kick()
+	}
 }
 
 // Inherit offers a listening socket passed by the service manager. Prepare
@@ -313,7 +324,7 @@ func (c *Change) abort() {
 
 // Commit starts accepting on the new sockets and takes out of service those
 // not wanted. Sockets whose address is kept are untouched: not one SYN is
-// lost. The Server's Loader must hold a snapshot by then: the accept loops
+// lost. A snapshot must be published by then: the accept loops
 // read it before their first accept (keepalive.go).
 func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	s := c.s

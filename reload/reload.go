@@ -153,10 +153,11 @@ func (m *Manager) Table() *sched.Table {
 	return nil
 }
 
-// publish swaps in p's table with its policies.
+// publish swaps in p's table with its policies (the Server wakes the
+// connections held for a backend to look at it).
 func (m *Manager) publish(p *plan) *listener.Snapshot {
 	next := listener.NewSnapshot(p.table, p.policies)
-	m.ptr.Store(next)
+	m.srv.Publish(next)
 	return next
 }
 

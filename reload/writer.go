@@ -103,16 +103,13 @@ func newest(claim []*sched.Target) *sched.Target {
 }
 
 // swapped runs after each swap of the table (reload or health rebuild):
-// it wakes the connections held for an eligible backend (hold_timeout) to
-// look at the new table, and logs each service's split brain once as it
-// starts and once as it ends, and counts it. As a split brain begins, or
+// it logs each service's split brain once as it starts and once as it
+// ends, and counts it. (Publishing woke the connections held for an
+// eligible backend: listener.Server.Publish.) As a split brain begins, or
 // its claimants or writer change, the health controller cuts the sessions
 // of the claimants not kept as the writer (health's CutSplitBrain).
 func (m *Manager) swapped(old *sched.Table, next *listener.Snapshot) {
 	m.watch.Swapped(next, time.Now())
-	for _, s := range next.Services {
-		s.Group.Kick()
-	}
 	for _, s := range next.Services {
 		var was []string
 		var wasWriter string
