@@ -238,7 +238,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
+		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Admission: srv.Admission, Instance: inst, Version: versionString(), Build: buildInfo(),
 			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
 			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
 			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}

@@ -62,6 +62,9 @@ type Source struct {
 	Reloads func() reload.Status          // the reload history
 	Sockets func() []listener.SocketStats // per-listener counters
 	Limit   func() listener.LimitStats    // the process's connection limit; nil: not shown
+	// Admission reads a service's admission counters
+	// (listener.Server.Admission); nil: not shown.
+	Admission func(service string) (listener.AdmissionStats, bool)
 	// Set applies `fulcrum set SERVICE/BACKEND drain|maint|ready` (POST
 	// /backends/{service}/{backend}/{state}); by says who asked. Nil: the
 	// endpoint answers 404.
@@ -541,6 +544,6 @@ type (
 
 // Snapshot reads src into a Status.
 func Snapshot(src Source) Status {
-	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit,
+	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit, Admission: src.Admission,
 		Draining: src.Draining, Instance: src.Instance, Version: src.Version, Events: src.Events, Watcher: src.Watcher})
 }

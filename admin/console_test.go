@@ -169,15 +169,20 @@ func TestTableFallbackAndEvents(t *testing.T) {
 func TestHistoryMetrics(t *testing.T) {
 	var pool backend.Pool
 	r, w := pool.Get("ro", "r"), pool.Get("rw", "w")
-	rw := &sched.Service{Name: "rw", Scheduler: "wrr", Group: pool.Group("rw"), Targets: []sched.Target{{B: w, Weight: 1, Base: 1}}}
-	ro := &sched.Service{Name: "ro", Scheduler: "wrr", Group: pool.Group("ro"), Targets: []sched.Target{{B: r, Weight: 1, Base: 1}}, Fallback: rw}
+	rw := &sched.Service{Name: "rw", Scheduler: "wrr", Targets: []sched.Target{{B: w, Weight: 1, Base: 1}}}
+	ro := &sched.Service{Name: "ro", Scheduler: "wrr", Targets: []sched.Target{{B: r, Weight: 1, Base: 1}}, Fallback: rw}
 	tbl := sched.NewTable(1, []*sched.Service{ro, rw}, nil)
 	watch := &status.Watcher{Events: &pool.Events}
 	watch.Swapped(listener.NewSnapshot(tbl, nil), time.Now()) // first sight: ro on its own
 	r.StartDown("test: down")
 	watch.Swapped(listener.NewSnapshot(tbl, nil), time.Now())
-	ro.Group.Unserved("no backend")
 	src := emptySource()
+	src.Admission = func(service string) (listener.AdmissionStats, bool) { // one connection of ro ended without a backend
+		if service == "ro" {
+			return listener.AdmissionStats{Unserved: map[string]uint64{"no backend": 1}}, true
+		}
+		return listener.AdmissionStats{}, true
+	}
 	src.Table, src.Watcher, src.Events = func() *sched.Table { return tbl }, watch, pool.Events.List
 	srv := httptest.NewServer(Handler(src))
 	defer srv.Close()

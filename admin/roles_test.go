@@ -24,7 +24,7 @@ func TestRolesShown(t *testing.T) {
 	var pool backend.Pool
 	a, b := pool.Get("rw", "a"), pool.Get("rw", "b")
 	b.AwaitRole(backend.RolePrimary) // its first check decides at once
-	svc := &sched.Service{Name: "rw", Scheduler: "first", Group: pool.Group("rw"), SplitBrain: []string{"a", "c"},
+	svc := &sched.Service{Name: "rw", Scheduler: "first", SplitBrain: []string{"a", "c"},
 		Targets: []sched.Target{{B: a, Weight: 1, Base: 1}, {B: b, Weight: 1, Base: 1}}}
 	tbl := sched.NewTable(1, []*sched.Service{svc}, nil)
 	wrongRole(t, b)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"fulcrum/backend"
 	"fulcrum/listener"
 	"fulcrum/sched"
 )
@@ -17,9 +16,8 @@ import (
 // TestRoutedListener: /status shows an address routed by name with its
 // routes and its refusals by reason, and /metrics counts the refusals.
 func TestRoutedListener(t *testing.T) {
-	var pool backend.Pool
-	db1 := &sched.Service{Name: "db1", Scheduler: "rr", Group: pool.Group("db1")}
-	def := &sched.Service{Name: "legacy", Scheduler: "rr", Group: pool.Group("legacy")}
+	db1 := &sched.Service{Name: "db1", Scheduler: "rr"}
+	def := &sched.Service{Name: "legacy", Scheduler: "rr"}
 	a := netip.MustParseAddrPort("127.0.0.1:5432")
 	rs, err := sched.NewRoutes([]sched.Route{
 		{Service: db1, Names: []string{"db1.example.com"}, ALPN: []string{"postgresql"}},

@@ -52,7 +52,6 @@ type Backend struct {
 	changes chan<- *Backend // where health transitions are reported; nil = nowhere
 	events  *Events         // where state changes are recorded; nil = nowhere
 	lag     atomic.Int64    // replication lag its last check measured, in nanoseconds; -1: unknown
-	group   *Group          // the service's shared state; nil for a backend made by New
 	pending atomic.Bool     // a report is in changes, not yet Seen
 	failing atomic.Bool     // passive: a failure count is pending (PassiveOK's fast path)
 	roles   atomic.Uint64   // how many times its checks saw it answer in another role (RoleEpoch)
@@ -105,17 +104,15 @@ func (b *Backend) Acquire(max int) bool {
 	return true
 }
 
-// Release returns a slot taken by Acquire, waking the service's queue.
+// Release returns a slot taken by Acquire. A connection queued for one is
+// the listener's to wake.
 func (b *Backend) Release() {
 	b.active.Add(-1)
-	if b.group != nil {
-		b.group.freed(b)
-	}
 }
 
-// free reports whether b could take a connection now: not draining, and
+// Free reports whether b could take a connection now: not draining, and
 // below the max its connections last asked for.
-func (b *Backend) free() bool {
+func (b *Backend) Free() bool {
 	l := b.limit.Load()
 	return !b.draining.Load() && (l <= 0 || b.active.Load() < l)
 }

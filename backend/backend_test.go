@@ -175,7 +175,7 @@ func (s *epochSession) Cut(end string)    { s.end.Store(&end); s.closed.Store(tr
 // TestCutRoleSparesSessionsOfTheNewRole: on_role_change ends the sessions
 // dialled while the node was in its old role, not those dialled once its
 // check saw the new one. The failover drill's held writers dial the
-// promoted replica as soon as its check passes (Group.Kick), before the
+// promoted replica as soon as its check passes (listener.Server.Kick), before the
 // health controller runs the role-change cut; cutting them refused the
 // clients the hold was for (TestDrillFailover's flake: writers ended as
 // "role change" with the startup packet sent and no reply).

@@ -67,7 +67,8 @@ type Probe struct {
 	MaxLag       time.Duration // role "replica" (pgsql, mysql, redis): a replica further behind than this is down; 0 = no limit
 	// WAL (pgsql) is where the checks of one service keep the positions
 	// their primaries were seen at, and replicas' lag is measured against
-	// (see WALClock); reload gives every probe of a service its group's.
+	// (see WALClock); reload gives every probe of a service the pool's
+	// clock for it (Draft.WAL).
 	// nil: a replica's lag is its own view (see pgRoleQuery).
 	WAL *WALClock
 

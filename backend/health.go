@@ -269,6 +269,10 @@ type CheckSpec struct {
 	// Wake, when not nil, asks for a check at once (a Sentinel's failover
 	// event: see WatchSentinel); the interval then restarts from it.
 	Wake <-chan struct{}
+	// Passed, when not nil, runs after each passing check: reload wakes
+	// the service's held connections with it (listener.Server.Kick), since
+	// a node back within fall × interval never changes state.
+	Passed func()
 }
 
 // RunChecks probes the backend every Interval until ctx ends, marking it
@@ -314,8 +318,8 @@ func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
 			if moved {
 				b.changed() // a role change is news even where the state stays (see TakeRoleChange)
 			}
-			if err == nil && b.group != nil {
-				b.group.Kick() // held connections try again: a node back within fall × interval never changed state
+			if err == nil && spec.Passed != nil {
+				spec.Passed() // held connections try again: a node back within fall × interval never changed state
 			}
 		}
 		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10

@@ -14,9 +14,9 @@ type Pool struct {
 	// own, which their owner adds); it outlives reloads with the pool.
 	Events Events
 
-	mu     sync.Mutex // protects m and groups
-	m      map[key]*Backend
-	groups map[string]*Group
+	mu   sync.Mutex // protects m and wals
+	m    map[key]*Backend
+	wals map[string]*WALClock
 }
 
 type key struct{ service, name string }
@@ -33,30 +33,21 @@ func (p *Pool) Get(service, name string) *Backend {
 	return b
 }
 
-// Group returns the live state shared by the service's backends, creating
-// it if needed.
-func (p *Pool) Group(service string) *Group {
-	d := p.Draft()
-	g := d.Group(service)
-	d.Commit()
-	return g
-}
-
-// Draft is a pending change of a Pool: the backends and groups a new
+// Draft is a pending change of a Pool: the backends and WAL clocks a new
 // configuration names, the existing ones as they are and new ones created
 // but not yet in the pool. Commit adds them; a draft that is dropped
 // leaves the pool as it was. Drafts are not safe for concurrent use, and
 // two drafts of one pool must not be committed out of order (reload
 // serialises them).
 type Draft struct {
-	p      *Pool
-	bs     map[key]*Backend
-	groups map[string]*Group
+	p    *Pool
+	bs   map[key]*Backend
+	wals map[string]*WALClock
 }
 
 // Draft starts a pending change of p.
 func (p *Pool) Draft() *Draft {
-	return &Draft{p: p, bs: map[key]*Backend{}, groups: map[string]*Group{}}
+	return &Draft{p: p, bs: map[key]*Backend{}, wals: map[string]*WALClock{}}
 }
 
 // Get returns the backend for (service, name): the pool's, or a new one
@@ -73,29 +64,28 @@ func (d *Draft) Get(service, name string) *Backend {
 		b = New(service, name)
 		b.changes = d.p.Changes
 		b.events = &d.p.Events
-		b.group = d.Group(service)
 	}
 	d.bs[k] = b
 	return b
 }
 
-// Group returns the service's shared state: the pool's, or a new one that
-// Commit will add.
-func (d *Draft) Group(service string) *Group {
-	if g, ok := d.groups[service]; ok {
-		return g
+// WAL returns the clock the pgsql checks of service share (see WALClock):
+// the pool's, or a new one that Commit will add.
+func (d *Draft) WAL(service string) *WALClock {
+	if w, ok := d.wals[service]; ok {
+		return w
 	}
 	d.p.mu.Lock()
-	g, ok := d.p.groups[service]
+	w, ok := d.p.wals[service]
 	d.p.mu.Unlock()
 	if !ok {
-		g = newGroup(service)
+		w = &WALClock{}
 	}
-	d.groups[service] = g
-	return g
+	d.wals[service] = w
+	return w
 }
 
-// Commit puts every backend and group the draft handed out into the pool.
+// Commit puts every backend and WAL clock the draft handed out into the pool.
 // One that a finished drain forgot meanwhile is put back: the new snapshot
 // names it, so it is live again.
 func (d *Draft) Commit() {
@@ -105,14 +95,14 @@ func (d *Draft) Commit() {
 	if p.m == nil {
 		p.m = map[key]*Backend{}
 	}
-	if p.groups == nil {
-		p.groups = map[string]*Group{}
+	if p.wals == nil {
+		p.wals = map[string]*WALClock{}
 	}
 	for k, b := range d.bs {
 		p.m[k] = b
 	}
-	for s, g := range d.groups {
-		p.groups[s] = g
+	for s, w := range d.wals {
+		p.wals[s] = w
 	}
 }
 

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 	"fulcrum/internal/testkit/proxy"
+	"fulcrum/listener"
 )
 
 // TestAcceptRate: accept_rate = 5 with a burst of 5 lets 5 of 20 connections
@@ -43,7 +43,7 @@ backends = [{ name = "a", address = %q }]
 	if refills := int(time.Since(start) / (200 * time.Millisecond)); served < 5 || served > 5+refills {
 		t.Errorf("%d of 20 served in %v; want the burst of 5 (+%d refills)", served, time.Since(start), refills)
 	}
-	if n := p.Snapshot().Services[0].Group.Rejected()[backend.RejectRate]; int(n) != 20-served {
+	if n := p.Admission(p.Snapshot().Services[0].Name).Rejected[listener.RejectRate.String()]; int(n) != 20-served {
 		t.Errorf("rate rejections = %d; want %d", n, 20-served)
 	}
 }

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 	"fulcrum/internal/testkit/proxy"
+	"fulcrum/listener"
 )
 
 // TestAccessControl: a denied source is closed within 10 ms and the backend
@@ -55,7 +55,7 @@ backends = [{ name = "a", address = %q }]
 		t.Errorf("an allowed source got %q", line)
 	}
 	c.Close()
-	if n := p.Snapshot().Services[0].Group.Rejected()[backend.RejectDenied]; n != 2 {
+	if n := p.Admission(p.Snapshot().Services[0].Name).Rejected[listener.RejectDenied.String()]; n != 2 {
 		t.Errorf("denied count = %d; want 2", n)
 	}
 	p.Logs.Wait(t, time.Second, "rejection log", testkit.Message("connection rejected"))

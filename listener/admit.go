@@ -62,11 +62,11 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	orig := localAddr(c, key) // the address the client asked for
 	// Rejections are counted before the close, so a client that sees the
 	// close also sees the count.
-	reject := func(why backend.Reject, err error) {
-		svc.Group.Reject(why, func(total, suppressed uint64) {
+	reject := func(why Reject, err error) {
+		if total, suppressed, log := s.adm.get(svc.Name).rejects.add(why); log {
 			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
 				Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
-		})
+		}
 		closeFD(c)
 		l.release()
 	}
@@ -101,24 +101,25 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		pol = snap.Policy(svc)
 		routed(c, first, pol)
 	}
-	if why, err := screen(svc, pol, r.Client); err != nil {
+	adm := s.adm.get(svc.Name)
+	if why, err := screen(adm, pol, r.Client); err != nil {
 		reject(why, err)
 		return
 	}
 	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
-		svc.Group.Reject(backend.RejectSplitBrain, func(uint64, uint64) {})
+		adm.rejects.add(RejectSplitBrain)
 		closeFD(c)
 		l.release()
 		return
 	}
-	if !l.holdSource(svc.Group, r.Client.Addr(), pol.MaxConnsPerSource) {
-		reject(backend.RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
+	if !l.holdSource(adm, r.Client.Addr(), pol.MaxConnsPerSource) {
+		reject(RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
 		return
 	}
 	tm := timing{viewAt: viewAt}
 	fail := func(t *sched.Target, end string, err error) {
 		if t == nil { // counted before the close, as rejections are
-			svc.Group.Unserved(end)
+			adm.unservedFor(end)
 		}
 		closeFD(c)
 		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
@@ -128,7 +129,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 			fail(nil, endGone, errClientGone)
 			return
 		}
-		svc.Group.Refused()
+		adm.rejects.add(RejectFull)
 		fail(nil, endFull, errFull)
 		return
 	}
@@ -146,7 +147,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 			end = endGone
 		case errors.Is(err, errFull):
 			end = endFull
-			svc.Group.Refused()
+			adm.rejects.add(RejectFull)
 		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
 			end = endNoBackend
 		}
@@ -193,20 +194,20 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 // all that it holds, once, whoever ends the connection.
 type lease struct {
 	srv     *Server
-	g       *backend.Group   // the group the source and service slots are in
+	a       *admission       // the service's, whose source and service slots it holds
 	src     netip.Addr       // the source slot's address
 	perSrc  int              // and its limit; 0: no source slot is held
-	service bool             // a service slot is held in g
+	service bool             // a service slot is held in a
 	b       *backend.Backend // whose slot is held; nil: none
 }
 
-// holdSource takes a slot for client address a in g, under a limit of max
-// connections at once (0: unlimited, nothing to hold); false when a is at it.
-func (l *lease) holdSource(g *backend.Group, a netip.Addr, max int) bool {
-	if !g.AcquireSource(a, max) {
+// holdSource takes a slot for client address ip in a, under a limit of max
+// connections at once (0: unlimited, nothing to hold); false when ip is at it.
+func (l *lease) holdSource(a *admission, ip netip.Addr, max int) bool {
+	if !a.acquireSource(ip, max) {
 		return false
 	}
-	l.g, l.src, l.perSrc = g, a, max
+	l.a, l.src, l.perSrc = a, ip, max
 	return true
 }
 
@@ -215,10 +216,10 @@ func (l *lease) holdSource(g *backend.Group, a netip.Addr, max int) bool {
 // (and marking tm waited), unless the client of socket c leaves
 // meanwhile. It reports false when the connection must be refused.
 func (l *lease) holdService(pol *Policy, start time.Time, c int, tm *timing) bool {
-	ok := l.g.Acquire(pol.MaxConns)
+	ok := l.a.acquire(pol.MaxConns)
 	if !ok && pol.QueueTimeout > 0 {
 		tm.waited = true
-		ok = l.g.AdmitUnless(pol.MaxConns, start.Add(pol.QueueTimeout), goneEvery, func() bool { return clientGone(c) })
+		ok = l.a.admit(pol.MaxConns, start.Add(pol.QueueTimeout), goneEvery, func() bool { return clientGone(c) })
 	}
 	l.service = ok
 	return ok
@@ -230,15 +231,15 @@ func (l *lease) holdService(pol *Policy, start time.Time, c int, tm *timing) boo
 // that Wait returns only once the line is written).
 func (l *lease) release(last ...func()) {
 	if l.b != nil {
-		l.b.Release()
+		l.srv.releaseBackend(l.b) // wakes a connection queued for its slot
 		l.b = nil
 	}
 	if l.service {
-		l.g.Release()
+		l.a.release()
 		l.service = false
 	}
 	if l.perSrc != 0 {
-		l.g.ReleaseSource(l.src, l.perSrc)
+		l.a.releaseSource(l.src, l.perSrc)
 		l.perSrc = 0
 	}
 	for _, f := range last {
@@ -250,17 +251,17 @@ func (l *lease) release(last ...func()) {
 // proxyHeader reads the PROXY header of a trusted balancer, which may
 // change client and orig, and refuses one from anyone else. It returns why
 // when the connection must go.
-func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) (backend.Reject, error) {
+func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) (Reject, error) {
 	if len(pol.AcceptProxy) > 0 {
 		c, err := goConn(fd)
 		if err != nil {
-			return backend.RejectProxy, err
+			return RejectProxy, err
 		}
 		defer c.Close()
 		if pol.TrustsProxy(client.Addr()) {
 			h, err := readHeader(c, pol.ProxyTimeout)
 			if err != nil {
-				return backend.RejectProxy, err
+				return RejectProxy, err
 			}
 			if src, dst, ok := addrs(h); ok {
 				*client, *orig = src, dst
@@ -269,7 +270,7 @@ func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) 
 			if err == nil {
 				err = errSpoofed
 			}
-			return backend.RejectProxy, err
+			return RejectProxy, err
 		}
 	}
 	return 0, nil
@@ -278,12 +279,12 @@ func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) 
 // screen applies what else is decided before any backend is dialled: the
 // access lists and the accept rate. It returns why when the connection
 // must go.
-func screen(svc *sched.Service, pol *Policy, client netip.AddrPort) (backend.Reject, error) {
+func screen(a *admission, pol *Policy, client netip.AddrPort) (Reject, error) {
 	if !pol.Allowed(client.Addr()) {
-		return backend.RejectDenied, errors.New("denied by allow/deny")
+		return RejectDenied, errors.New("denied by allow/deny")
 	}
-	if !svc.Group.AllowAccept() {
-		return backend.RejectRate, errors.New("over accept_rate")
+	if !a.allowAccept() {
+		return RejectRate, errors.New("over accept_rate")
 	}
 	return 0, nil
 }
@@ -303,10 +304,10 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 	tries := 0
 	targets, picker := pool(svc)
 	spins := 0
-	var w *backend.Waiter
+	var w *place
 	defer func() {
 		if w != nil {
-			w.Leave()
+			w.leave()
 		}
 	}()
 	for tries <= pol.Retries {
@@ -323,11 +324,11 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 				return -1, nil, tries, errFull
 			}
 			if w == nil {
-				w = svc.Group.Enqueue()
+				w = s.adm.get(svc.Name).enqueue()
 				tm.waited = true
 				continue // try once more, now that a freed slot will wake us
 			}
-			woken, gone := waitWatching(c, start.Add(pol.QueueTimeout), w.Wait)
+			woken, gone := waitWatching(c, start.Add(pol.QueueTimeout), w.wait)
 			if gone {
 				return -1, nil, tries, errClientGone
 			}
@@ -349,11 +350,11 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 			continue
 		}
 		if !r.MarkTried(i) {
-			t.B.Release()
+			s.releaseBackend(t.B)
 			return -1, nil, tries, last
 		}
 		if tries > 0 {
-			svc.Group.Retried()
+			s.adm.get(svc.Name).retries.Add(1)
 		}
 		tm.roleEpoch = t.B.RoleEpoch() // before the dial: a role change seen from here on cuts it (backend.CutRole)
 		d0 := time.Now()
@@ -371,7 +372,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 			t.B.PassiveOK()
 			return bc, t, tries, nil
 		}
-		t.B.Release()
+		s.releaseBackend(t.B)
 		if localError(err) {
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other

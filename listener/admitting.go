@@ -10,18 +10,18 @@ import (
 	"sync/atomic"
 )
 
-// admissions counts the connections in handle. The count is an atomic, so
+// admitCount counts the connections in handle. The count is an atomic, so
 // that the per-connection path takes no lock; the lock is taken only when
 // the count falls to zero, to wake a waiter.
-type admissions struct {
+type admitCount struct {
 	n    atomic.Int64
 	mu   sync.Mutex
 	idle chan struct{} // closed when n falls to zero; nil when nobody waits
 }
 
-func (a *admissions) begin() { a.n.Add(1) }
+func (a *admitCount) begin() { a.n.Add(1) }
 
-func (a *admissions) end() {
+func (a *admitCount) end() {
 	if a.n.Add(-1) != 0 {
 		return
 	}
@@ -34,7 +34,7 @@ func (a *admissions) end() {
 }
 
 // wait returns a channel closed once no connection is being admitted.
-func (a *admissions) wait() <-chan struct{} {
+func (a *admitCount) wait() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.n.Load() == 0 {

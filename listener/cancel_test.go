@@ -21,7 +21,6 @@ import (
 	proxyproto "github.com/pires/go-proxyproto"
 	"github.com/rs/zerolog"
 
-	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -329,7 +328,7 @@ func TestCancelFanOut(t *testing.T) {
 			t.Errorf("backend %d: %+v; a cancel is no session", i, st)
 		}
 	}
-	if st := p.svc.Group.Stats(); st != (backend.GroupStats{}) {
+	if st := p.adm().stats(); st.Active != 0 || st.Waiting != 0 || st.Retries != 0 || st.Queued != 0 || st.Refused != 0 || st.Splits != 0 {
 		t.Errorf("service: %+v; a cancel is no session", st)
 	}
 }

@@ -63,6 +63,28 @@ package listener
 //     take it, and the urgent byte is then an ordinary byte of the stream.
 //     [TestUrgentData]
 //
+// Admission
+//
+//   - A service's admission state (admission.go: its service slots and
+//     their queue, the backend queue, the hold queue, the accept_rate
+//     bucket, the slots per source, the counters) is the Server's, by
+//     service name: Publish adds a service the first time a snapshot
+//     names it and sets its accept_rate before the store, and it outlives
+//     reloads as the listeners do. [TestApplyRefusedChangesNothing
+//     (reload), TestAcceptRate]
+//   - A connection's lease holds its source and service slots in that
+//     state and its backend's slot; release gives each back once, and a
+//     freed backend slot goes to the oldest connection of the backend's
+//     service queued for one (one wake per slot; a wake that cannot be
+//     used is handed on while the slot is free). A freed service slot goes
+//     to the oldest waiter, never to a newcomer. [TestLeaseReleasedOnEveryEnd,
+//     TestBackendWakeOne, TestAdmitInArrivalOrder, TestMaxConns]
+//   - A held connection (hold_timeout) joins the hold queue before it
+//     loads the snapshot, and Publish stores before it wakes the queue: a
+//     snapshot published after that load always wakes it, whoever
+//     publishes it; so does a passing check (Kick). [TestPublishWakesHeld,
+//     TestHoldQueue, TestHold]
+//
 // Waits
 //
 //   - A connect is taken as done only when the socket says so (writable):

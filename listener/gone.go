@@ -40,7 +40,7 @@ func clientGone(fd int) bool {
 // waitWatching calls wait with deadlines at most goneEvery apart until it
 // reports true (woken) or deadline passes, looking between the slices
 // whether the client of fd left. wait must be one that may be called again
-// after it timed out (backend.Hold.Wait, backend.Waiter.Wait).
+// after it timed out (hold.wait, place.wait).
 func waitWatching(fd int, deadline time.Time, wait func(time.Time) bool) (woken, gone bool) {
 	for {
 		d := time.Now().Add(goneEvery)

@@ -66,17 +66,16 @@ fall = 1
 `, addr))
 	front := p.Addr(t, "127.0.0.1:0")
 	p.Logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
-	g := p.Snapshot().Service("s").Group
 
 	a, err := net.Dial("tcp", front)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.Write([]byte("hello")) // what a client sends before it gives up
-	await(t, 5*time.Second, "the first client is held", func() bool { return g.HoldStats().Holding == 1 })
+	await(t, 5*time.Second, "the first client is held", func() bool { return p.Admission("s").Holding == 1 })
 	a.Close()
 	// Released while nothing is up yet: well before hold_timeout (30s).
-	await(t, 5*time.Second, "the departed client gives its hold up", func() bool { return g.HoldStats().Holding == 0 })
+	await(t, 5*time.Second, "the departed client gives its hold up", func() bool { return p.Admission("s").Holding == 0 })
 	p.Logs.Wait(t, 5*time.Second, "the access line of the departed client", goneLine)
 
 	b, err := net.Dial("tcp", front)
@@ -84,7 +83,7 @@ fall = 1
 		t.Fatal(err)
 	}
 	defer b.Close()
-	await(t, 5*time.Second, "the live client is held (its slot was given back)", func() bool { return g.HoldStats().Holding == 1 })
+	await(t, 5*time.Second, "the live client is held (its slot was given back)", func() bool { return p.Admission("s").Holding == 1 })
 	gb := &ghostBackend{}
 	testkit.NewServerAt(t, addr, gb.handle)
 	b.SetReadDeadline(time.Now().Add(15 * time.Second))
@@ -98,7 +97,7 @@ fall = 1
 	if n := gb.ghosts.Load(); n != 0 {
 		t.Errorf("the backend was dialled %d times for the departed client; want never", n)
 	}
-	if st := g.Stats(); st.Refused != 0 {
+	if st := p.Admission("s"); st.Refused != 0 {
 		t.Errorf("%d refused; want none", st.Refused)
 	}
 }
@@ -124,7 +123,6 @@ queue_timeout = "30s"
 backends = [{ name = "a", address = %q%s }]
 `, tc.service, be.Addr, tc.backend))
 			front := p.Addr(t, "127.0.0.1:0")
-			g := p.Snapshot().Service("s").Group
 			greet := func(c net.Conn) {
 				t.Helper()
 				c.SetReadDeadline(time.Now().Add(15 * time.Second))
@@ -144,9 +142,9 @@ backends = [{ name = "a", address = %q%s }]
 				t.Fatal(err)
 			}
 			a.Write([]byte("hello"))
-			await(t, 5*time.Second, "the client is queued", func() bool { return g.Stats().Waiting == 1 })
+			await(t, 5*time.Second, "the client is queued", func() bool { return p.Admission("s").Waiting == 1 })
 			a.Close()
-			await(t, 5*time.Second, "the departed client leaves the queue", func() bool { return g.Stats().Waiting == 0 })
+			await(t, 5*time.Second, "the departed client leaves the queue", func() bool { return p.Admission("s").Waiting == 0 })
 			p.Logs.Wait(t, 5*time.Second, "the access line of the departed client", goneLine)
 
 			b, err := net.Dial("tcp", front)
@@ -154,7 +152,7 @@ backends = [{ name = "a", address = %q%s }]
 				t.Fatal(err)
 			}
 			defer b.Close()
-			await(t, 5*time.Second, "the live client is queued", func() bool { return g.Stats().Waiting == 1 })
+			await(t, 5*time.Second, "the live client is queued", func() bool { return p.Admission("s").Waiting == 1 })
 			x.Close()
 			greet(b)
 			b.Close()

@@ -27,6 +27,9 @@ type testProxy struct {
 	pol  *Policy
 }
 
+// adm is the test service's admission state.
+func (p *testProxy) adm() *admission { return p.srv.adm.get(p.svc.Name) }
+
 // tuned is a test service with its policy, for a tune function to change
 // either.
 type tuned struct {
@@ -70,7 +73,7 @@ func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.svc = &sched.Service{Name: "svc", Scheduler: scheduler, Targets: targets, Picker: picker, Group: pool.Group("svc")}
+	p.svc = &sched.Service{Name: "svc", Scheduler: scheduler, Targets: targets, Picker: picker}
 	p.pol = &Policy{ConnectTimeout: 2 * time.Second, Retries: 2, AccessLog: true}
 	if tune != nil {
 		tune(tuned{p.svc, p.pol})

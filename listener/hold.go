@@ -66,7 +66,7 @@ func eligibleNow(svc *sched.Service) bool {
 // from start, and tries again each time it is woken with a backend
 // eligible: by a new table (a check changed a state, a passive mark
 // lapsed, a reload added a backend) or by any passing check of one of the
-// service's backends (backend.RunChecks kicks the queue), since a node
+// service's backends (Server.Kick), since a node
 // back within fall × interval never changes state and no table would
 // wake it. It connects through the current table's service, which it
 // returns with its policy. The connection keeps the service slot it holds,
@@ -80,19 +80,19 @@ func eligibleNow(svc *sched.Service) bool {
 // adding rise × interval to its return. The first dial of every connection
 // still counts, so new clients still mark a dead node down.
 func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
-	g := svc.Group
-	g.HoldBegan()
+	a := s.adm.get(svc.Name)
+	a.hold.held.Add(1)
 	tm.held, tm.waited = true, true
 	deadline := start.Add(pol.HoldTimeout)
 	tried := svc  // the table (its service) the last connect failed in
 	woke := false // woken since that connect failed: a new table or a passing check
 	for {
-		h := g.Hold()
+		h := a.join()
 		viewAt := time.Now()
-		snap := s.tbl.Load() // after Hold: a table swapped in, or a check passing, from here on kicks us
+		snap := s.tbl.Load() // after join: a snapshot published, or a check passing, from here on kicks us
 		cur := serviceAt(snap.Table, key, svc.Name)
 		if cur == nil {
-			h.Leave()
+			h.leave()
 			return -1, nil, 0, sched.ErrNoBackend, svc, pol
 		}
 		curPol := snap.Policy(cur)
@@ -100,19 +100,19 @@ func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol 
 		// since the backends of this table just failed. A split brain
 		// ends the wait at once.
 		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur) {
-			ok, gone := waitWatching(c, deadline, h.Wait)
-			h.Leave()
+			ok, gone := waitWatching(c, deadline, h.wait)
+			h.leave()
 			if gone {
 				return -1, nil, 0, errClientGone, svc, pol
 			}
 			if !ok {
-				g.HoldExpired()
+				a.hold.expired.Add(1)
 				return -1, nil, 0, errHoldExpired, svc, pol
 			}
 			woke = true
 			continue
 		}
-		h.Leave()
+		h.leave()
 		svc, pol, tm.viewAt = cur, curPol, viewAt
 		if refusesSplitBrain(svc) {
 			return -1, nil, 0, errSplitBrain, svc, pol

@@ -35,7 +35,6 @@ backends = [{ name = "a", address = %q }]
 %s`, addr, health))
 	front := p.Addr(t, "127.0.0.1:0")
 	p.Logs.Wait(t, 5*time.Second, "a down", backendLine("backend down", "a"))
-	g := p.Snapshot().Service("s").Group
 	type result struct {
 		i    int
 		name string
@@ -50,9 +49,9 @@ backends = [{ name = "a", address = %q }]
 			t.Fatal(err)
 		}
 		defer c.Close()
-		for deadline := time.Now().Add(5 * time.Second); g.HoldStats().Holding != int64(i+1); time.Sleep(time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); p.Admission("s").Holding != int64(i+1); time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) { // arrival order needs each to be queued before the next connects
-				t.Fatalf("connection %d is not held (holding %d)", i, g.HoldStats().Holding)
+				t.Fatalf("connection %d is not held (holding %d)", i, p.Admission("s").Holding)
 			}
 		}
 		go func() { // exits when the greeting arrives or the deadline passes
@@ -70,7 +69,7 @@ backends = [{ name = "a", address = %q }]
 		}
 	}
 	t.Logf("held connections served %v after the backend came up", time.Since(up).Round(time.Millisecond))
-	if h := g.HoldStats(); h.Held != n || h.Holding != 0 || h.Expired != 0 {
+	if h := p.Admission("s"); h.Held != n || h.Holding != 0 || h.HoldExpired != 0 {
 		t.Errorf("HoldStats = %+v; want %d held, none holding or expired", h, n)
 	}
 
@@ -91,7 +90,7 @@ backends = [{ name = "a", address = %q }]
 	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
 		t.Errorf("closed after %v; want about hold_timeout (300ms)", d)
 	}
-	if h := p2.Snapshot().Service("s").Group.HoldStats(); h.Expired != 1 {
-		t.Errorf("Expired = %d; want 1", h.Expired)
+	if h := p2.Admission("s"); h.HoldExpired != 1 {
+		t.Errorf("Expired = %d; want 1", h.HoldExpired)
 	}
 }

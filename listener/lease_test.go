@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -89,24 +88,24 @@ func TestLeaseReleasedOnEveryEnd(t *testing.T) {
 			t.Fatalf("%d slots of the Server's limit are held; want at most the accept loop's", p.srv.Limit().Open)
 		}
 	}
-	g := p.svc.Group
-	if st := g.Stats(); st.Active != 0 {
+	g := p.adm()
+	if st := g.stats(); st.Active != 0 {
 		t.Errorf("the service holds %d slots; want 0", st.Active)
 	}
 	for _, src := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
 		a := netip.MustParseAddr(src)
-		if !g.AcquireSource(a, 1) {
+		if !g.acquireSource(a, 1) {
 			t.Errorf("%s still holds its source slot", src)
 			continue
 		}
-		g.ReleaseSource(a, 1)
+		g.releaseSource(a, 1)
 	}
 	for _, tg := range p.svc.Targets {
 		if n := tg.B.Active(); n != 0 {
 			t.Errorf("backend %s holds %d slots; want 0", tg.B.Name, n)
 		}
 	}
-	if rej := g.Rejected(); rej[backend.RejectDenied] != 1 || rej[backend.RejectPerSource] != 1 {
+	if rej := g.stats().Rejected; rej[RejectDenied.String()] != 1 || rej[RejectPerSource.String()] != 1 {
 		t.Errorf("rejected %v; want one denied and one per_source", rej)
 	}
 	if n := ends(endFull); n != 1 {

@@ -579,12 +579,12 @@ func TestLostSlotRace(t *testing.T) {
 		t.Fatal("acquire")
 	}
 	c := p.dial(t)
-	for deadline := time.Now().Add(5 * time.Second); p.svc.Group.Stats().Waiting != 1; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); p.adm().stats().Waiting != 1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) { // the queue has no event to wait on
-			t.Fatalf("the connection did not queue: %+v", p.svc.Group.Stats())
+			t.Fatalf("the connection did not queue: %+v", p.adm().stats())
 		}
 	}
-	b.Release() // the slot frees: the queued connection takes it
+	p.srv.releaseBackend(b) // the slot frees, as a lease gives it back: the queued connection takes it
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "a\n" {
 		t.Fatalf("greeting = %q, %v; want the connection served once the slot freed", line, err)

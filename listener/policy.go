@@ -20,6 +20,8 @@ type Policy struct {
 	MaxConns          int           // connections to the service at once; 0 = unlimited
 	QueueTimeout      time.Duration // how long a connection may wait for a slot; 0 = refuse at once
 	MaxConnsPerSource int           // connections at once from one client address; 0 = unlimited
+	AcceptRate        float64       // new connections a second (accept_rate); 0 = unlimited
+	AcceptBurst       int           // the rate's bucket (accept_burst); 0 = the rate, at least 1
 
 	ConnectTimeout time.Duration // per dial attempt; 0 = the kernel's
 	Retries        int           // further backends tried after a failed connect

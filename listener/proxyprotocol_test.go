@@ -12,9 +12,9 @@ import (
 
 	proxyproto "github.com/pires/go-proxyproto"
 
-	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 	"fulcrum/internal/testkit/proxy"
+	"fulcrum/listener"
 )
 
 // free6 returns an IPv6 loopback address that was free a moment ago.
@@ -171,7 +171,7 @@ backends = [%s]
 	if len(got) != 0 || after != total {
 		t.Errorf("a spoofed header got %q and %d backend connections; want refused", got, after-total)
 	}
-	if n := p.Snapshot().Services[1].Group.Rejected()[backend.RejectProxy]; n != 1 {
+	if n := p.Admission(p.Snapshot().Services[1].Name).Rejected[listener.RejectProxy.String()]; n != 1 {
 		t.Errorf("proxy rejections = %d; want 1", n)
 	}
 }

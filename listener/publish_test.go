@@ -22,7 +22,7 @@ func TestPublishWakesHeld(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
-	for deadline := time.Now().Add(10 * time.Second); p.svc.Group.HoldStats().Holding == 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); p.adm().stats().Holding == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) { // holding has no event to wait on
 			t.Fatal("the connection was not held")
 		}

@@ -65,7 +65,7 @@ backends = [{ name = "a", address = %q, max_conns = 5 }]
 			if peak := h.Peak.Load(); peak > 5 {
 				t.Errorf("the backend held %d connections at once; max_conns is 5", peak)
 			}
-			st := p.Snapshot().Services[0].Group.Stats()
+			st := p.Admission(p.Snapshot().Services[0].Name)
 			if queue == 0 {
 				if served.Load() < 5 || refused.Load() != 20-served.Load() || st.Refused != uint64(refused.Load()) {
 					t.Errorf("served %d, refused %d (counted %d); want 5 served at once and the rest refused", served.Load(), refused.Load(), st.Refused)

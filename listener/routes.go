@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 	"time"
 
-	"fulcrum/backend"
 	"fulcrum/sched"
 )
 
@@ -125,7 +123,7 @@ func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error
 	so := s.lns[key]
 	s.mu.Unlock()
 	if so != nil { // nil once a reload has retired the listener
-		if total, held, log := so.refused.add(reason); log {
+		if total, held, log := so.refused.add(rejectOf(reason)); log {
 			s.log.Warn().Stringer("listen", key).Stringer("client", client).Str("sni", sni).Str("reason", reason).
 				Err(err).Uint64("refused_so_far", total).Uint64("suppressed", held).Msg("connection refused")
 		}
@@ -154,42 +152,4 @@ func (h *Hello) sni() string {
 		return ""
 	}
 	return h.SNI
-}
-
-// refuseReasons are the reasons routing turns a connection away, in the
-// order refusals counts them.
-var refuseReasons = [...]string{ReasonNoRoute, ReasonMalformed, ReasonTooLarge, ReasonTimeout, ReasonClosed}
-
-// refusals counts one listener's routing refusals by reason, and lets a
-// log line through at most once a second, so that a flood does not flood
-// the log.
-type refusals struct {
-	n   [len(refuseReasons)]atomic.Uint64
-	log backend.Every // the log lines let through
-}
-
-// add counts one refusal for reason and reports the total for it, whether
-// to log it and how many refusals were not logged since the last line.
-func (r *refusals) add(reason string) (total, suppressed uint64, log bool) {
-	i := 0
-	for i < len(refuseReasons)-1 && refuseReasons[i] != reason {
-		i++
-	}
-	total = r.n[i].Add(1)
-	suppressed, log = r.log.Allow()
-	return total, suppressed, log
-}
-
-// counts returns the counts by reason, nil when there are none.
-func (r *refusals) counts() map[string]uint64 {
-	var out map[string]uint64
-	for i, reason := range refuseReasons {
-		if n := r.n[i].Load(); n > 0 {
-			if out == nil {
-				out = map[string]uint64{}
-			}
-			out[reason] = n
-		}
-	}
-	return out
 }

@@ -66,7 +66,7 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc := &sched.Service{Name: sp.name, Scheduler: "rr", Targets: targets, Picker: picker, Listen: []netip.AddrPort{p.key}, Group: pool.Group(sp.name)}
+		svc := &sched.Service{Name: sp.name, Scheduler: "rr", Targets: targets, Picker: picker, Listen: []netip.AddrPort{p.key}}
 		pol := &Policy{ConnectTimeout: 5 * time.Second, Retries: 2, AccessLog: true}
 		if sp.tune != nil {
 			sp.tune(tuned{svc, pol})
@@ -529,10 +529,10 @@ func TestRoutePerService(t *testing.T) {
 	if g := greeting("other.example.com"); g != "default\n" {
 		t.Errorf("the default answered %q; want its greeting", g)
 	}
-	if n := p.svcs["db1"].Group.Rejected()[backend.RejectDenied]; n != 1 {
+	if n := p.srv.adm.get("db1").stats().Rejected[RejectDenied.String()]; n != 1 {
 		t.Errorf("db1 counted %d denied; want 1", n)
 	}
-	if n := p.svcs["default"].Group.Rejected()[backend.RejectDenied]; n != 0 {
+	if n := p.srv.adm.get("default").stats().Rejected[RejectDenied.String()]; n != 0 {
 		t.Errorf("the default counted %d denied; want 0", n)
 	}
 }
@@ -552,7 +552,7 @@ func TestRouteHold(t *testing.T) {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	c.Write(helloBytes(t, &tls.Config{ServerName: "db1.example.com"}))
 	db1 := p.svcs["db1"]
-	for deadline := time.Now().Add(10 * time.Second); db1.Group.HoldStats().Holding == 0; {
+	for deadline := time.Now().Add(10 * time.Second); p.srv.adm.get("db1").stats().Holding == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("the connection was not held")
 		}

@@ -34,8 +34,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
-
-	"fulcrum/backend"
 )
 
 // Server accepts on a set of listen addresses and proxies each connection.
@@ -60,10 +58,11 @@ type Server struct {
 	slots     chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
 	atLimit   atomic.Uint64 // times an accept loop waited for a slot
 	limited   atomic.Bool   // an accept loop is waiting for a slot: an episode at the limit
-	limitLog  backend.Every // lets an episode's line through at most once a second (limit.go)
+	limitLog  every         // lets an episode's line through at most once a second (limit.go)
 	limitTold atomic.Bool   // the current episode's start was logged: so is its end
 
-	admitting admissions // connections accepted and not yet sessions or ended (Admitted)
+	admitting admitCount // connections accepted and not yet sessions or ended (Admitted)
+	adm       admissions // each service's admission state, by name (admission.go)
 
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
@@ -95,7 +94,7 @@ type socket struct {
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
-	refused refusals // connections routing by name turned away (routes.go)
+	refused rejects // connections routing by name turned away (routes.go)
 }
 
 // New returns a Server with no listeners, serving the snapshots Publish
@@ -113,10 +112,18 @@ func New(tbl *atomic.Pointer[Snapshot], log zerolog.Logger) *Server {
 // forget the wake: a held connection is otherwise woken only by a passing
 // check (Kick), and one whose backend came back by a reload would wait
 // until its hold_timeout.
+//
+// It gives each service of snap its admission state, kept by name from
+// one snapshot to the next (the first snapshot naming a service adds it),
+// and its policy's accept_rate, before the store.
 func (s *Server) Publish(snap *Snapshot) {
+	for _, svc := range snap.Services {
+		pol := snap.Policy(svc)
+		s.adm.get(svc.Name).setRate(pol.AcceptRate, pol.AcceptBurst)
+	}
 	s.tbl.Store(snap)
 	for _, svc := range snap.Services {
-		svc.Group.Kick()
+		s.adm.get(svc.Name).kick()
 	}
 }
 
@@ -215,7 +222,7 @@ func (s *Server) Sockets() []SocketStats {
 	out := make([]SocketStats, 0, len(s.lns))
 	for _, so := range s.lns {
 		out = append(out, SocketStats{Listen: so.key, Addr: so.ln.Addr().String(), Accepts: so.accepts.Load(),
-			AcceptErrors: so.errors.Load(), Inherited: so.inherited, Refused: so.refused.counts()})
+			AcceptErrors: so.errors.Load(), Inherited: so.inherited, Refused: so.refused.counts(routeRejects, false)})
 	}
 	return out
 }

@@ -17,6 +17,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
+	"fulcrum/listener"
 )
 
 // The PostgreSQL failover drill: a primary (a) and its streaming replica
@@ -441,7 +442,7 @@ func TestDrillSplitBrain(t *testing.T) {
 				if na, nb := ta.Stats().Total-totalA, tb.Stats().Total-totalB; na+nb > 0 {
 					t.Errorf("during the split %d connections reached a and %d reached b; want none", na, nb)
 				}
-				refused := d.r.ptr.Load().Service("rw").Group.Rejected()[backend.RejectSplitBrain]
+				refused := d.r.admission("rw").Rejected[listener.RejectSplitBrain.String()]
 				t.Logf("split brain (%v): %d connections refused in 1s, none reached either node", split["backends"], refused)
 			case "first":
 				if nb := tb.Stats().Total - totalB; nb > 0 {

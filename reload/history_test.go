@@ -65,7 +65,7 @@ func TestServiceHistory(t *testing.T) {
 		t.Error("a connection to a dead backend read a byte; want it closed")
 	}
 	c.Close()
-	if n := r.ptr.Load().Service("lone").Group.UnservedCounts()["connect failed"]; n != 1 {
+	if n := r.admission("lone").Unserved["connect failed"]; n != 1 {
 		t.Errorf("lone's connections ended with connect failed: %d; want 1", n)
 	}
 

@@ -292,9 +292,6 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	d := diff(old, p.table) // before settle: removed backends still show their open connections
 	d.settings = settingChanges(m.cur, cfg)
 	p.draft.Commit()
-	for _, r := range p.rates {
-		r.g.SetRate(r.perSecond, r.burst)
-	}
 	for b, err := range p.addrErrs { // before the swap: a backend with no address is never eligible
 		b.SetAddressError(err, start)
 	}
@@ -358,8 +355,7 @@ type plan struct {
 	table    *sched.Table
 	policies map[string]*listener.Policy // each service's connection policy, by name
 	jobs     []health.Job
-	draft    *backend.Draft // the backends and groups the table names, new ones not yet in the pool
-	rates    []rateSpec     // each service's accept_rate, set on its group at commit
+	draft    *backend.Draft // the backends (and WAL clocks) the table names, new ones not yet in the pool
 	// addrErrs holds, for every backend named by a host name, why it has no
 	// address (nil: it has one); set on the backend at commit.
 	addrErrs map[*backend.Backend]error
@@ -368,13 +364,6 @@ type plan struct {
 	writers     map[string]writerState
 	moves       []writerMove
 	failbackDue time.Time
-}
-
-// rateSpec is one service's accept_rate, to be set on its live group.
-type rateSpec struct {
-	g         *backend.Group
-	perSecond float64
-	burst     int
 }
 
 // build turns cfg into a plan for a table of generation gen. Backends are
@@ -410,7 +399,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			}
 			if b.Health.Check != backend.CheckNone {
 				spec := checkSpec(b, dns)
-				spec.Probe.WAL = p.draft.Group(cs.Name).WAL() // the service's checks share where its primary is
+				spec.Probe.WAL = p.draft.WAL(cs.Name) // the service's checks share where its primary is
+				name := cs.Name
+				spec.Passed = func() { m.srv.Kick(name) }
 				p.jobs = append(p.jobs, health.Job{B: bk, Spec: spec})
 			}
 		}
@@ -419,10 +410,8 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			Scheduler:    cs.Scheduler,
 			Options:      sched.Options{Choices: cs.Choices, HashKey: cs.HashKey, TableSize: cs.TableSize},
 			DrainTimeout: cs.DrainTimeout,
-			Group:        p.draft.Group(cs.Name),
 		}
 		p.policies[cs.Name] = policy(cfg, cs)
-		p.rates = append(p.rates, rateSpec{g: svc.Group, perSecond: cs.AcceptRate, burst: cs.AcceptBurst})
 		svc.SplitBrain, svc.SplitWriter = singleWriter(cs, prim, back)
 		m.planWriter(p, &cs, svc, prim, now) // before the picker's reuse is decided: a new writer is a new picker
 		var prevP, prevB *sched.Service
@@ -477,6 +466,8 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 		MaxConns:          cs.MaxConns,
 		QueueTimeout:      cs.QueueTimeout,
 		MaxConnsPerSource: cs.MaxConnsPerSource,
+		AcceptRate:        cs.AcceptRate,
+		AcceptBurst:       cs.AcceptBurst,
 		ConnectTimeout:    cs.ConnectTimeout,
 		Retries:           cs.Retries,
 		HoldTimeout:       cs.HoldTimeout,

@@ -182,8 +182,8 @@ type state struct {
 func (h *harness) state() state {
 	st := state{table: h.ptr.Load(), pool: h.m.pool.Len(), rates: map[string][2]float64{}, status: h.m.Status()}
 	for _, s := range st.table.Services {
-		r, b := s.Group.Rate()
-		st.rates[s.Name] = [2]float64{r, float64(b)}
+		a, _ := h.srv.Admission(s.Name)
+		st.rates[s.Name] = [2]float64{a.Rate, float64(a.Burst)}
 	}
 	return st
 }
@@ -222,7 +222,7 @@ func TestApplyRefusedChangesNothing(t *testing.T) {
 	if after := h.state(); !reflect.DeepEqual(before, after) {
 		t.Errorf("a refused reload changed the running state:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if !h.ptr.Load().Services[0].Group.AllowAccept() {
+	if a, _ := h.srv.Admission(h.ptr.Load().Services[0].Name); a.Rate != 0 {
 		t.Error("the running service is rate limited after a refused reload")
 	}
 	busy.Close()

@@ -12,6 +12,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
+	"fulcrum/listener"
 	"fulcrum/sched"
 )
 
@@ -198,7 +199,7 @@ func TestSplitBrain(t *testing.T) {
 			case mode == "first" && (err != nil || s.Targets[i].B.Name != "a"):
 				t.Errorf("split_brain = first: Pick = %d, %v; want a", i, err)
 			}
-			if g := s.Group.Stats(); g.Splits != 1 {
+			if g := r.admission("rw"); g.Splits != 1 {
 				t.Errorf("Splits = %d; want 1", g.Splits)
 			}
 			a.Do(t, "REPLICAOF 127.0.0.1 "+port(b.Addr))
@@ -267,7 +268,7 @@ func TestSplitBrainRefuses(t *testing.T) {
 	if after := s.Targets[0].B.Stats().Total + s.Targets[1].B.Stats().Total; after != before {
 		t.Errorf("%d connections reached a claimant during the split", after-before)
 	}
-	if n := s.Group.Rejected()[backend.RejectSplitBrain]; n != 1 {
+	if n := r.admission("rw").Rejected[listener.RejectSplitBrain.String()]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
 	}
 	if n := len(r.logs.All(func(m map[string]any) bool { return m["message"] == "connection rejected" })); n != 0 {

@@ -134,6 +134,12 @@ func (r *run) attempt(within time.Duration) {
 
 func (r *run) gen() uint64 { return r.ptr.Load().Gen }
 
+// admission reads service's admission counters.
+func (r *run) admission(service string) listener.AdmissionStats {
+	st, _ := r.srv.Admission(service)
+	return st
+}
+
 // expectGen waits for one attempt and checks that it left generation want.
 // An attempt that found the file empty is passed over, twice at most: a
 // write in place is a truncation and a write, two events, and on a loaded

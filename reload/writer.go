@@ -121,7 +121,7 @@ func (m *Manager) swapped(old *sched.Table, next *listener.Snapshot) {
 		changed := !slices.Equal(s.SplitBrain, was) || s.SplitWriter != wasWriter
 		switch {
 		case len(s.SplitBrain) > 0 && len(was) == 0:
-			s.Group.SplitBrainBegan()
+			m.srv.SplitBrainBegan(s.Name)
 			action := "refusing new connections"
 			if s.SplitWriter != "" {
 				action = "keeping only " + s.SplitWriter

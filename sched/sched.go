@@ -305,7 +305,6 @@ type Service struct {
 	Picker       Picker           // over Targets
 	Backups      []Target         // backup = true: used only while no primary is up
 	BackupPicker Picker           // over Backups; nil when there are none
-	Group        *backend.Group   // live state shared across reloads: service slots, queue, counters, rate bucket
 	DrainTimeout time.Duration    // a removed backend's sessions are closed after this; 0 = never
 
 	// SplitBrain names the backends that claim the primary role at once in

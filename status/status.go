@@ -31,6 +31,9 @@ type Source struct {
 	Sockets  func() []listener.SocketStats // per-listener counters
 	Limit    func() listener.LimitStats    // the process's connection limit
 	Draining func() []Drain                // backends draining after their removal (or at shutdown)
+	// Admission reads a service's admission counters (listener.Server's
+	// Admission); nil: not shown.
+	Admission func(service string) (listener.AdmissionStats, bool)
 	// Instance answers for the instance's drain and /healthz; nil: none.
 	Instance *cluster.Instance
 	Version  string
@@ -251,18 +254,12 @@ func Of(src Source) Status {
 	if t != nil {
 		for _, s := range t.Services {
 			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer}
-			if s.Group != nil {
-				g := s.Group.Stats()
-				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
-				ss.SplitBrains = g.Splits
-				h := s.Group.HoldStats()
-				ss.Holding, ss.Held, ss.HoldExpired = h.Holding, h.Held, h.Expired
-				ss.Unserved = s.Group.UnservedCounts()
-				for why, n := range s.Group.Rejected() {
-					if ss.Rejected == nil {
-						ss.Rejected = map[string]uint64{}
-					}
-					ss.Rejected[why.String()] = n
+			if src.Admission != nil {
+				if g, ok := src.Admission(s.Name); ok {
+					ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
+					ss.SplitBrains = g.Splits
+					ss.Holding, ss.Held, ss.HoldExpired = g.Holding, g.Held, g.HoldExpired
+					ss.Unserved, ss.Rejected = g.Unserved, g.Rejected
 				}
 			}
 			if src.Watcher != nil {

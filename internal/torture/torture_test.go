@@ -1236,11 +1236,12 @@ func (h *harness) checkGauges(insts []*instance) {
 				continue
 			}
 			for _, s := range t.Services {
-				if g := s.Group.Stats(); g.Active != 0 || g.Waiting != 0 {
+				g, _ := in.srv.Admission(s.Name)
+				if g.Active != 0 || g.Waiting != 0 {
 					bad = append(bad, fmt.Sprintf("instance %d service %s slots %d waiting %d", in.n, s.Name, g.Active, g.Waiting))
 				}
-				if hs := s.Group.HoldStats(); hs.Holding != 0 {
-					bad = append(bad, fmt.Sprintf("instance %d service %s holding %d", in.n, s.Name, hs.Holding))
+				if g.Holding != 0 {
+					bad = append(bad, fmt.Sprintf("instance %d service %s holding %d", in.n, s.Name, g.Holding))
 				}
 				for _, tg := range s.All() {
 					if a := tg.B.Active(); a != 0 {

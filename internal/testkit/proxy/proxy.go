@@ -112,5 +112,12 @@ func (p *Proxy) Addr(t testing.TB, listen string) string {
 	return a.String()
 }
 
+// Admission returns the admission counters of service (zero when the
+// proxy serves no such service).
+func (p *Proxy) Admission(service string) listener.AdmissionStats {
+	st, _ := p.srv.Admission(service)
+	return st
+}
+
 // Snapshot returns the table and policies the proxy serves now.
 func (p *Proxy) Snapshot() *listener.Snapshot { return p.ptr.Load() }

@@ -1,17 +1,17 @@
-package backend
+package listener
 
 import (
 	"sync/atomic"
 	"time"
 )
 
-// Every lets a log line of one kind through at most once an interval (a
+// every lets a log line of one kind through at most once an interval (a
 // second when Interval is 0) and counts the ones it held back, which the
 // next line let through reports: a flood costs a line a second, and the
 // operator still sees its size. Every event of the kind goes through
-// Allow. The listener's limit and refusal lines use it too; the zero value
-// is ready.
-type Every struct {
+// Allow. The connection limit's lines and every rejection's use it; the
+// zero value is ready.
+type every struct {
 	Interval time.Duration
 	last     atomic.Int64  // unix nanoseconds of the last line let through
 	held     atomic.Uint64 // lines held back since
@@ -19,7 +19,7 @@ type Every struct {
 
 // Allow reports whether a line may be written now, and if so how many were
 // held back since the last one (the line's "suppressed").
-func (e *Every) Allow() (suppressed uint64, ok bool) {
+func (e *every) Allow() (suppressed uint64, ok bool) {
 	iv := e.Interval
 	if iv <= 0 {
 		iv = time.Second

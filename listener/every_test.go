@@ -1,4 +1,4 @@
-package backend
+package listener
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 // TestEvery: the first line goes through, the next ones within the
 // interval are held back and counted, and the first after it reports them.
 func TestEvery(t *testing.T) {
-	e := Every{Interval: time.Hour}
+	e := every{Interval: time.Hour}
 	if n, ok := e.Allow(); !ok || n != 0 {
 		t.Fatalf("first Allow = %d, %v; want 0, true", n, ok)
 	}

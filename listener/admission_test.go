@@ -1,4 +1,4 @@
-package backend
+package listener
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"fulcrum/backend"
 )
 
 // cpuTime is the process's user+system CPU time so far.
@@ -29,15 +31,15 @@ func BenchmarkQueueRelease(b *testing.B) {
 }
 
 func benchQueue(b *testing.B, waiters int) {
-	g := newGroup("s")
+	g := newAdmission("s")
 	deadline := time.Now().Add(10 * time.Minute)
-	benchHandOver(b, g, waiters, g.Acquire, func() bool { return g.Admit(1, deadline) }, g.Release)
+	benchHandOver(b, g, waiters, g.acquire, func() bool { return g.admit(1, deadline, 0, nil) }, g.release)
 }
 
 // benchHandOver runs waiters goroutines that each loop take, hold the slot
 // 100µs, release, until b.N hand-overs are done; the slot is held (first)
 // until all of them wait in g. It reports the process's CPU per hand-over.
-func benchHandOver(b *testing.B, g *Group, waiters int, first func(int) bool, take func() bool, release func()) {
+func benchHandOver(b *testing.B, g *admission, waiters int, first func(int) bool, take func() bool, release func()) {
 	var handed atomic.Int64
 	total := int64(b.N)
 	if !first(1) { // held until every waiter has queued
@@ -63,7 +65,7 @@ func benchHandOver(b *testing.B, g *Group, waiters int, first func(int) bool, ta
 			}
 		}()
 	}
-	for g.Stats().Waiting < int64(waiters) {
+	for g.stats().Waiting < int64(waiters) {
 		time.Sleep(time.Millisecond)
 	}
 	b.ResetTimer()
@@ -81,8 +83,8 @@ func benchHandOver(b *testing.B, g *Group, waiters int, first func(int) bool, ta
 // time in the order they came, and a newcomer cannot take a slot while
 // others wait.
 func TestAdmitInArrivalOrder(t *testing.T) {
-	g := newGroup("s")
-	if !g.Acquire(1) {
+	g := newAdmission("s")
+	if !g.acquire(1) {
 		t.Fatal("first Acquire failed")
 	}
 	const n = 5
@@ -93,17 +95,19 @@ func TestAdmitInArrivalOrder(t *testing.T) {
 		wg.Add(1)
 		go func() { // exits once it has had the slot, or at the deadline
 			defer wg.Done()
-			if g.Admit(1, deadline) {
+			if g.admit(1, deadline, 0, nil) {
 				order <- i
 			}
 		}()
-		for g.Stats().Waiting != int64(i+1) { // queued: the next one comes after it
-			time.Sleep(time.Millisecond)
+		for wait := time.Now().Add(10 * time.Second); g.stats().Waiting != int64(i+1); time.Sleep(time.Millisecond) {
+			if time.Now().After(wait) { // queued: the next one comes after it
+				t.Fatalf("waiter %d did not queue: %+v", i, g.stats())
+			}
 		}
 	}
 	for i := range n {
-		g.Release()
-		if g.Acquire(1) {
+		g.release()
+		if g.acquire(1) {
 			t.Fatalf("a newcomer took the slot released to waiter %d", i)
 		}
 		select {
@@ -116,7 +120,7 @@ func TestAdmitInArrivalOrder(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	if s := g.Stats(); s.Waiting != 0 || s.Active != 1 {
+	if s := g.stats(); s.Waiting != 0 || s.Active != 1 {
 		t.Errorf("after the queue: %+v; want 0 waiting, 1 active (the last waiter's)", s)
 	}
 }
@@ -124,16 +128,16 @@ func TestAdmitInArrivalOrder(t *testing.T) {
 // TestAdmitTimeout: a waiter whose deadline passes leaves the queue, and
 // the next release does not go to it.
 func TestAdmitTimeout(t *testing.T) {
-	g := newGroup("s")
-	g.Acquire(1)
-	if g.Admit(1, time.Now().Add(20*time.Millisecond)) {
+	g := newAdmission("s")
+	g.acquire(1)
+	if g.admit(1, time.Now().Add(20*time.Millisecond), 0, nil) {
 		t.Fatal("Admit took a slot that was held")
 	}
-	if s := g.Stats(); s.Waiting != 0 || s.Queued != 1 {
+	if s := g.stats(); s.Waiting != 0 || s.Queued != 1 {
 		t.Errorf("after a timeout: %+v; want 0 waiting, 1 queued", s)
 	}
-	g.Release()
-	if !g.Acquire(1) {
+	g.release()
+	if !g.acquire(1) {
 		t.Error("the released slot is lost")
 	}
 }
@@ -142,21 +146,22 @@ func TestAdmitTimeout(t *testing.T) {
 // waiter that cannot use it (it waits again) hands the wake on to the next
 // while the slot is still free, and not once a newcomer has taken it.
 func TestBackendWakeOne(t *testing.T) {
-	var pool Pool
-	be, g := pool.Get("s", "x"), pool.Group("s")
+	var pool backend.Pool
+	be, g := pool.Get("s", "x"), newAdmission("s")
+	release := func() { be.Release(); g.freed(be) } // as lease.release does
 	be.Acquire(1)
 	deadline := time.Now().Add(10 * time.Second)
-	a, b := g.Enqueue(), g.Enqueue()
-	defer a.Leave()
-	defer b.Leave()
-	be.Release()
+	a, b := g.enqueue(), g.enqueue()
+	defer a.leave()
+	defer b.leave()
+	release()
 	woken := make(chan string, 2)
 	go func() { // exits after one wake or the deadline
-		if b.Wait(deadline) {
+		if b.wait(deadline) {
 			woken <- "b"
 		}
 	}()
-	if !a.Wait(deadline) {
+	if !a.wait(deadline) {
 		t.Fatal("a, the oldest, was not woken")
 	}
 	select {
@@ -164,7 +169,7 @@ func TestBackendWakeOne(t *testing.T) {
 		t.Fatal("b was woken too by one freed slot")
 	case <-time.After(50 * time.Millisecond):
 	}
-	if a.Wait(time.Now().Add(10 * time.Millisecond)) { // a could not use it: handed on
+	if a.wait(time.Now().Add(10 * time.Millisecond)) { // a could not use it: handed on
 		t.Error("a was woken again without a slot freed")
 	}
 	select {
@@ -174,20 +179,20 @@ func TestBackendWakeOne(t *testing.T) {
 	}
 
 	// Taken by a newcomer before the woken waiter could: not handed on.
-	c := g.Enqueue()
-	defer c.Leave()
+	c := g.enqueue()
+	defer c.leave()
 	be.Acquire(1)
-	be.Release() // wakes a, the oldest
-	if !a.Wait(deadline) {
+	release() // wakes a, the oldest
+	if !a.wait(deadline) {
 		t.Fatal("a was not woken")
 	}
 	be.Acquire(1) // a newcomer takes the slot
 	go func() {   // exits after one wake or the deadline
-		if b.Wait(time.Now().Add(time.Second)) {
+		if b.wait(time.Now().Add(time.Second)) {
 			woken <- "b"
 		}
 	}()
-	a.Wait(time.Now().Add(10 * time.Millisecond)) // a waits again: the slot is taken, nothing to hand on
+	a.wait(time.Now().Add(10 * time.Millisecond)) // a waits again: the slot is taken, nothing to hand on
 	select {
 	case <-woken:
 		t.Error("b was woken for a slot a newcomer had taken")
@@ -206,22 +211,23 @@ func BenchmarkBackendQueueRelease(b *testing.B) {
 }
 
 func benchBackendQueue(b *testing.B, waiters int) {
-	var pool Pool
+	var pool backend.Pool
 	be := pool.Get("s", "a")
-	g := pool.Group("s")
+	g := newAdmission("s")
+	release := func() { be.Release(); g.freed(be) } // as lease.release does
 	deadline := time.Now().Add(10 * time.Minute)
 	take := func() bool { // a slot of be, queueing as connect does
 		if be.Acquire(1) {
 			return true
 		}
-		w := g.Enqueue()
-		defer w.Leave()
+		w := g.enqueue()
+		defer w.leave()
 		for !be.Acquire(1) {
-			if !w.Wait(deadline) {
+			if !w.wait(deadline) {
 				return false
 			}
 		}
 		return true
 	}
-	benchHandOver(b, g, waiters, be.Acquire, take, be.Release)
+	benchHandOver(b, g, waiters, be.Acquire, take, release)
 }
