@@ -3,7 +3,9 @@ package listener
 // Admission: what happens to an accepted connection before its session
 // starts — screen (PROXY header, access lists, rate), per-source and service
 // slots, pick, dial with retries — and the access line every connection ends
-// with. The session itself (copying bytes both ways) is in session.go.
+// with. One connection's way through it is one value, an inbound; the
+// service's state it is admitted against is its admission (admission.go).
+// The session itself (copying bytes both ways) is in session.go.
 
 import (
 	"errors"
@@ -24,7 +26,7 @@ import (
 // session, which runs in an event loop (loop.go) until it finishes itself.
 // What the connection holds (its place under the connection limit, source,
 // service and backend slots) is one lease: whoever ends the connection
-// releases it, once.
+// releases it, once. What the steps share is one inbound.
 //
 // handle runs in its accept loop's goroutine (i is not nil), and before
 // anything that may wait hands the loop on (handOff): a PROXY header or a
@@ -32,114 +34,75 @@ import (
 // goes on in the goroutine it was called in, which ends with it.
 func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
 	defer s.admitting.end() // begun by the accept loop (server.go)
-	start := time.Now()
-	l := lease{srv: s}
+	in := &inbound{c: c, key: key, l: lease{srv: s}}
+	in.start = time.Now()
 	snap := s.tbl.Load()
 	// On an address routed by name, any of its services until the route is
 	// chosen: they agree on what comes before (keepalive aside, set again).
-	svc := snap.Route(key)
-	if svc == nil { // the listener is being closed by a reload
+	if in.svc = snap.Route(key); in.svc == nil { // the listener is being closed by a reload
 		closeFD(c)
-		l.release()
+		in.l.release()
 		return
 	}
-	pol := snap.Policy(svc)
+	in.pol = snap.Policy(in.svc)
 	rs := snap.Routes(key) // nil: not routed by name
-	if len(pol.AcceptProxy) > 0 || pol.QueueTimeout > 0 || rs != nil {
+	if len(in.pol.AcceptProxy) > 0 || in.pol.QueueTimeout > 0 || rs != nil {
 		s.handOff(i) // a header or a name to wait for, or a queue
 	}
-	if err := inh.setKeepAlive(c, keepAliveFor(pol)); err != nil { // a socket that takes no option is not worth serving
-		s.log.Warn().Err(err).Str("service", svc.Name).Msg("accepted connection")
+	if err := inh.setKeepAlive(c, keepAliveFor(in.pol)); err != nil { // a socket that takes no option is not worth serving
+		s.log.Warn().Err(err).Str("service", in.svc.Name).Msg("accepted connection")
 		closeFD(c)
-		l.release()
+		in.l.release()
 		return
 	}
-	if err := setUserTimeoutFD(c, pol.UserTimeout); err != nil {
-		s.log.Warn().Err(err).Str("service", svc.Name).Msg("cannot set user_timeout on the client socket")
+	if err := setUserTimeoutFD(c, in.pol.UserTimeout); err != nil {
+		s.log.Warn().Err(err).Str("service", in.svc.Name).Msg("cannot set user_timeout on the client socket")
 	}
-	var r sched.Request
-	r.Client = unmap(peer)
-	orig := localAddr(c, key) // the address the client asked for
-	// Rejections are counted before the close, so a client that sees the
-	// close also sees the count.
-	reject := func(why Reject, err error) {
-		if total, suppressed, log := s.adm.get(svc.Name).rejects.add(why); log {
-			s.log.Warn().Str("service", svc.Name).Stringer("client", r.Client).Err(err).
-				Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
-		}
+	in.r.Client = unmap(peer)
+	in.orig = localAddr(c, key) // the address the client asked for
+	if why, err := s.proxyHeader(in.pol, c, &in.r.Client, &in.orig); err != nil {
+		s.reject(in, why, err)
+		return
+	}
+	in.addr = in.r.Client
+	if in.pol.Postgres && rs == nil && s.cancelled(c, key, in.pol, in.addr, in.start, i) { // a CancelRequest: forwarded (cancel.go)
+		in.l.release()
+		return
+	}
+	in.tm.viewAt = in.start
+	if rs != nil && !s.routeIn(in, rs, snap) {
+		return
+	}
+	in.adm = s.adm.get(in.svc.Name)
+	if why, err := screen(in.adm, in.pol, in.addr); err != nil {
+		s.reject(in, why, err)
+		return
+	}
+	if refusesSplitBrain(in.svc) { // counted here, logged once per split (by reload), not per connection
+		in.adm.rejects.add(RejectSplitBrain)
 		closeFD(c)
-		l.release()
-	}
-	if why, err := s.proxyHeader(pol, c, &r.Client, &orig); err != nil {
-		reject(why, err)
+		in.l.release()
 		return
 	}
-	if pol.Postgres && rs == nil && s.cancelled(c, key, pol, r.Client, start, i) { // a CancelRequest: forwarded (cancel.go)
-		l.release()
+	if !in.l.holdSource(in.adm, in.addr.Addr(), in.pol.MaxConnsPerSource) {
+		s.reject(in, RejectPerSource, fmt.Errorf("%d connections from %s already", in.pol.MaxConnsPerSource, in.addr.Addr()))
 		return
 	}
-	var h *Hello // what the client sent first, on an address routed by name (routes.go)
-	viewAt := start
-	if rs != nil {
-		first := pol
-		if svc, h = s.route(c, key, rs, r.Client); svc == nil {
-			l.release() // refused, counted and closed
+	if !in.l.holdService(in.pol, in.start, c, &in.tm) {
+		if in.tm.waited && clientGone(c) {
+			s.fail(in, nil, endGone, errClientGone)
 			return
 		}
-		// The client's first bytes may have come after a reload: its route
-		// stands, taken in the current table, and one the reload removed
-		// is chosen again there (its service's backends drain; a new
-		// connection is not theirs), as a client arriving now would be.
-		if at, cur := time.Now(), s.tbl.Load(); cur != snap {
-			if svc = reroute(cur.Table, key, svc.Name, h); svc == nil {
-				s.refuse(c, key, r.Client, h.SNI, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute})
-				l.release()
-				return
-			}
-			snap, viewAt = cur, at
-		}
-		pol = snap.Policy(svc)
-		routed(c, first, pol)
-	}
-	adm := s.adm.get(svc.Name)
-	if why, err := screen(adm, pol, r.Client); err != nil {
-		reject(why, err)
+		in.adm.rejects.add(RejectFull)
+		s.fail(in, nil, endFull, errFull)
 		return
 	}
-	if refusesSplitBrain(svc) { // counted here, logged once per split (by reload), not per connection
-		adm.rejects.add(RejectSplitBrain)
-		closeFD(c)
-		l.release()
-		return
-	}
-	if !l.holdSource(adm, r.Client.Addr(), pol.MaxConnsPerSource) {
-		reject(RejectPerSource, fmt.Errorf("%d connections from %s already", pol.MaxConnsPerSource, r.Client.Addr()))
-		return
-	}
-	tm := timing{viewAt: viewAt}
-	fail := func(t *sched.Target, end string, err error) {
-		if t == nil { // counted before the close, as rejections are
-			adm.unservedFor(end)
-		}
-		closeFD(c)
-		l.release(func() { s.access(svc, pol, r.Client, h.sni(), t, start, tm, 0, 0, end, err) })
-	}
-	if !l.holdService(pol, start, c, &tm) {
-		if tm.waited && clientGone(c) {
-			fail(nil, endGone, errClientGone)
-			return
-		}
-		adm.rejects.add(RejectFull)
-		fail(nil, endFull, errFull)
-		return
-	}
-	ready := h.toBackend(pol, r.Client, orig)
-	bc, t, tries, err := s.connect(c, svc, pol, &r, ready, start, &tm, i)
-	if err != nil && pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
+	ready := in.h.toBackend(in.pol, in.addr, in.orig)
+	bc, t, err := s.connect(in, ready, i)
+	if err != nil && in.pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
 		s.handOff(i)
-		bc, t, tries, err, svc, pol = s.connectHeld(c, key, svc, pol, &r, ready, start, &tm)
+		bc, t, err = s.connectHeld(in, ready)
 	}
-	tm.retries = tries
 	if err != nil {
 		end := endConnect
 		switch {
@@ -147,26 +110,24 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 			end = endGone
 		case errors.Is(err, errFull):
 			end = endFull
-			adm.rejects.add(RejectFull)
-		case errors.Is(err, sched.ErrNoBackend) && tries == 0:
+			in.adm.rejects.add(RejectFull)
+		case errors.Is(err, sched.ErrNoBackend) && in.tm.retries == 0:
 			end = endNoBackend
 		}
-		fail(nil, end, err)
+		s.fail(in, nil, end, err)
 		return
 	}
-	l.b = t.B                                 // connect took its slot
-	if t.ProxyProtocol > 0 && !h.postgres() { // such a backend had its header before its SSLRequest
-		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, r.Client, orig); err != nil {
+	in.l.b = t.B                                 // connect took its slot
+	if t.ProxyProtocol > 0 && !in.h.postgres() { // such a backend had its header before its SSLRequest
+		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, in.addr, in.orig); err != nil {
 			closeFD(bc)
-			fail(t, endReset, fmt.Errorf("send PROXY header: %w", err))
+			s.fail(in, t, endReset, fmt.Errorf("send PROXY header: %w", err))
 			return
 		}
 	}
-	ss := newSession(s, svc, pol, t, c, bc, r.Client, start, l)
-	ss.tm = tm
-	ss.sni = h.sni()
+	ss := newSession(s, in, t, bc)
 	seamAt(seamPicked, ss)
-	ok, cut := t.B.TrackSince(ss, tm.viewAt)
+	ok, cut := t.B.TrackSince(ss, in.tm.viewAt)
 	if !ok { // the backend's drain deadline has passed
 		ss.drained.Store(true)
 		ss.release() // admission's count, the only one: finish
@@ -186,6 +147,81 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		t.B.Cut(backend.CutDown)
 	}
 	ss.run()
+}
+
+// inbound is one connection on its way through admission, from its accept
+// to its session or its end: what handle's steps share, in place of a
+// dozen parameters each. Only the connection's goroutine touches it.
+type inbound struct {
+	accessInfo                // what its access line says; its session takes it over
+	c          int            // the client's socket
+	key        netip.AddrPort // the listen address it came in on
+	adm        *admission     // svc's admission state; nil until the route is chosen
+	r          sched.Request  // the client (addr, once the PROXY header is read) and the backends tried
+	orig       netip.AddrPort // the address the client asked for (a PROXY header's destination)
+	h          *Hello         // what the client sent first, on an address routed by name (routes.go); nil else
+	l          lease
+}
+
+// accessInfo is what a connection's access line says besides its backend,
+// its bytes and how it ended: admission fills it in, and the session
+// carries it on.
+type accessInfo struct {
+	svc   *sched.Service // its service, in the table its backend was picked from
+	pol   *Policy        // and that service's policy
+	addr  netip.AddrPort // the client's
+	sni   string         // the server name it sent, on an address routed by name
+	start time.Time      // the accept
+	tm    timing
+}
+
+// routeIn chooses in's service by the name its client sends first, on an
+// address routed by name (rs, in snapshot snap). false: the connection was
+// refused, counted and closed.
+func (s *Server) routeIn(in *inbound, rs *sched.Routes, snap *Snapshot) bool {
+	first := in.pol
+	if in.svc, in.h = s.route(in.c, in.key, rs, in.addr); in.svc == nil {
+		in.l.release() // refused, counted and closed
+		return false
+	}
+	// The client's first bytes may have come after a reload: its route
+	// stands, taken in the current table, and one the reload removed is
+	// chosen again there (its service's backends drain; a new connection
+	// is not theirs), as a client arriving now would be.
+	if at, cur := time.Now(), s.tbl.Load(); cur != snap {
+		name := in.svc.Name
+		if in.svc = reroute(cur.Table, in.key, name, in.h); in.svc == nil {
+			s.refuse(in.c, in.key, in.addr, in.h.SNI, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute})
+			in.l.release()
+			return false
+		}
+		snap, in.tm.viewAt = cur, at
+	}
+	in.pol, in.sni = snap.Policy(in.svc), in.h.sni()
+	routed(in.c, first, in.pol)
+	return true
+}
+
+// reject turns in away before any dial, for why: counted (before the
+// close, so that a client that sees the close also sees the count) and
+// logged at most once a second per service.
+func (s *Server) reject(in *inbound, why Reject, err error) {
+	if total, suppressed, log := s.adm.get(in.svc.Name).rejects.add(why); log {
+		s.log.Warn().Str("service", in.svc.Name).Stringer("client", in.r.Client).Err(err).
+			Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
+	}
+	closeFD(in.c)
+	in.l.release()
+}
+
+// fail ends in for end (t: the backend that took it, nil when none did;
+// then it is counted as unserved, before the close) with its access line.
+func (s *Server) fail(in *inbound, t *sched.Target, end string, err error) {
+	if t == nil {
+		in.adm.unservedFor(end)
+	}
+	closeFD(in.c)
+	in.l.release(func() { s.access(&in.accessInfo, t, 0, 0, end, err) })
 }
 
 // lease is what one connection holds while it lives: its place under the
@@ -289,19 +325,21 @@ func screen(a *admission, pol *Policy, client netip.AddrPort) (Reject, error) {
 	return 0, nil
 }
 
-// connect picks and dials backends until one answers, trying at most
-// pol.Retries more after the first failure and never one backend twice. It
-// picks from the primaries, or from the backups while no primary is up. When
-// every eligible backend is full it waits up to pol.QueueTimeout for a slot
-// (errFull after that, or at once without a queue). tries counts the dials
-// that failed. ready, if not nil, prepares each connected backend before
-// it is taken (routes.go): one it fails counts as a failed dial. il, if
-// not nil, is handed off before a dial waits (handOff). A connection that
-// waited (tm.waited) looks, before each dial, whether its client (socket
-// c) left meanwhile: errClientGone (gone.go).
-func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing, il *inline) (int, *sched.Target, int, error) {
+// connect picks and dials backends for in until one answers, trying at
+// most in.pol.Retries more after the first failure and never one backend
+// twice. It picks from the primaries, or from the backups while no primary
+// is up. When every eligible backend is full it waits up to
+// in.pol.QueueTimeout from the accept for a slot (errFull after that, or
+// at once without a queue). It returns the backend's socket and target;
+// in.tm.retries counts the dials that failed. ready, if not nil, prepares
+// each connected backend before it is taken (routes.go): one it fails
+// counts as a failed dial. il, if not nil, is handed off before a dial
+// waits (handOff). A connection that waited (tm.waited) looks, before each
+// dial, whether its client left meanwhile: errClientGone (gone.go).
+func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *inline) (bc int, t *sched.Target, err error) {
+	c, svc, pol, r, tm := in.c, in.svc, in.pol, &in.r, &in.tm
 	var last error = sched.ErrNoBackend
-	tries := 0
+	tm.retries = 0
 	targets, picker := pool(svc)
 	spins := 0
 	var w *place
@@ -310,56 +348,56 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 			w.leave()
 		}
 	}()
-	for tries <= pol.Retries {
+	for tm.retries <= pol.Retries {
 		i, err := picker.Pick(r)
 		if err != nil {
-			if tries > 0 || !up(targets, r) {
-				return -1, nil, tries, last // nothing is up: close at once
+			if tm.retries > 0 || !up(targets, r) {
+				return -1, nil, last // nothing is up: close at once
 			}
 			if spins < 3 && !full(targets, r) {
 				spins++ // a slot freed between the pick and now: pick again
 				continue
 			}
 			if pol.QueueTimeout <= 0 {
-				return -1, nil, tries, errFull
+				return -1, nil, errFull
 			}
 			if w == nil {
-				w = s.adm.get(svc.Name).enqueue()
+				w = in.adm.enqueue()
 				tm.waited = true
 				continue // try once more, now that a freed slot will wake us
 			}
-			woken, gone := waitWatching(c, start.Add(pol.QueueTimeout), w.wait)
+			woken, gone := waitWatching(c, in.start.Add(pol.QueueTimeout), w.wait)
 			if gone {
-				return -1, nil, tries, errClientGone
+				return -1, nil, errClientGone
 			}
 			if !woken {
-				return -1, nil, tries, errFull
+				return -1, nil, errFull
 			}
 			continue
 		}
 		if tm.waited && clientGone(c) {
-			return -1, nil, tries, errClientGone
+			return -1, nil, errClientGone
 		}
 		t := &targets[i]
 		if !t.B.Acquire(t.MaxConns) {
 			// Full or draining since the pick: not a failure, and not tried
 			// (the next pick skips it while it is full, takes it once free).
 			if spins++; spins > 64 {
-				return -1, nil, tries, errFull
+				return -1, nil, errFull
 			}
 			continue
 		}
 		if !r.MarkTried(i) {
 			s.releaseBackend(t.B)
-			return -1, nil, tries, last
+			return -1, nil, last
 		}
-		if tries > 0 {
-			s.adm.get(svc.Name).retries.Add(1)
+		if tm.retries > 0 {
+			in.adm.retries.Add(1)
 		}
 		tm.roleEpoch = t.B.RoleEpoch() // before the dial: a role change seen from here on cuts it (backend.CutRole)
 		d0 := time.Now()
 		if tm.dialled == 0 {
-			tm.queue, tm.dialled = d0.Sub(start), 1
+			tm.queue, tm.dialled = d0.Sub(in.start), 1
 		}
 		bc, err := s.dial(pol, t.Addr, il)
 		if err == nil && ready != nil {
@@ -370,7 +408,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 		if err == nil {
 			tm.connect = time.Since(d0)
 			t.B.PassiveOK()
-			return bc, t, tries, nil
+			return bc, t, nil
 		}
 		s.releaseBackend(t.B)
 		if localError(err) {
@@ -379,18 +417,18 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 			// backend would fare better now.
 			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
 				Bool("retry", false).Msg("connect failed")
-			return -1, nil, tries, err
+			return -1, nil, err
 		}
 		t.B.ConnectFailed()
 		if !tm.held {
 			t.B.PassiveFail(t.MaxFails, t.FailTimeout, time.Now())
 		}
-		tries++
+		tm.retries++
 		last = err
 		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
-			Bool("retry", tries <= pol.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
+			Bool("retry", tm.retries <= pol.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
-	return -1, nil, tries, last
+	return -1, nil, last
 }
 
 // localError reports whether a dial failed for want of a local resource:
@@ -462,7 +500,11 @@ type timing struct {
 // (backend.CutRole, on_role_change).
 func (ss *session) RoleEpoch() uint64 { return ss.tm.roleEpoch }
 
-func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, sni string, t *sched.Target, start time.Time, tm timing, in, out int64, end string, err error) {
+// access writes the access line of a connection that ended as end (err
+// the error that ended it): ai says which, t its backend (nil: none took
+// it), in and out the bytes each way.
+func (s *Server) access(ai *accessInfo, t *sched.Target, in, out int64, end string, err error) {
+	svc, pol, tm := ai.svc, ai.pol, &ai.tm
 	var e *zerolog.Event
 	if pol.AccessLog {
 		e = s.log.Info()
@@ -472,9 +514,9 @@ func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, 
 	if e == nil {
 		return
 	}
-	e = e.Str("service", svc.Name).Stringer("client", client)
-	if sni != "" {
-		e = e.Str("sni", sni)
+	e = e.Str("service", svc.Name).Stringer("client", ai.addr)
+	if ai.sni != "" {
+		e = e.Str("sni", ai.sni)
 	}
 	if t != nil {
 		e = e.Str("backend", t.B.Name).Stringer("backend_addr", t.Addr)
@@ -488,7 +530,7 @@ func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, 
 	if t != nil {
 		e = e.Float64("connect_ms", ms(tm.connect))
 	}
-	e = e.Int("retries", tm.retries).Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(start).Microseconds())/1000).Str("end", end)
+	e = e.Int("retries", tm.retries).Int64("bytes_in", in).Int64("bytes_out", out).Float64("duration_ms", float64(time.Since(ai.start).Microseconds())/1000).Str("end", end)
 	if err != nil && end != endClient && end != endBackend {
 		e = e.AnErr("error", err)
 	}

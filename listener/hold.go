@@ -9,7 +9,6 @@ package listener
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"time"
 
 	"fulcrum/sched"
@@ -63,13 +62,13 @@ func eligibleNow(svc *sched.Service) bool {
 // no eligible backend, or dialled every one it could and failed (a node
 // that just died, before its checks say so): nothing has been sent to a
 // backend yet, so it waits in the service's hold queue, up to hold_timeout
-// from start, and tries again each time it is woken with a backend
+// from its accept, and tries again each time it is woken with a backend
 // eligible: by a new table (a check changed a state, a passive mark
 // lapsed, a reload added a backend) or by any passing check of one of the
 // service's backends (Server.Kick), since a node
 // back within fall × interval never changes state and no table would
 // wake it. It connects through the current table's service, which it
-// returns with its policy. The connection keeps the service slot it holds,
+// leaves in in with its policy. The connection keeps the service slot it holds,
 // so max_conns bounds the waiting too. A listener removed meanwhile ends
 // the wait, and so does its client leaving (gone.go), which it looks for
 // while it waits and before each redial.
@@ -79,50 +78,51 @@ func eligibleNow(svc *sched.Service) bool {
 // evidence, and counting them marked a node down that was coming back,
 // adding rise × interval to its return. The first dial of every connection
 // still counts, so new clients still mark a dead node down.
-func (s *Server) connectHeld(c int, key netip.AddrPort, svc *sched.Service, pol *Policy, r *sched.Request, ready func(int, *sched.Target) error, start time.Time, tm *timing) (int, *sched.Target, int, error, *sched.Service, *Policy) {
-	a := s.adm.get(svc.Name)
+func (s *Server) connectHeld(in *inbound, ready func(int, *sched.Target) error) (bc int, t *sched.Target, err error) {
+	a := in.adm
 	a.hold.held.Add(1)
-	tm.held, tm.waited = true, true
-	deadline := start.Add(pol.HoldTimeout)
-	tried := svc  // the table (its service) the last connect failed in
-	woke := false // woken since that connect failed: a new table or a passing check
+	in.tm.held, in.tm.waited = true, true
+	deadline := in.start.Add(in.pol.HoldTimeout)
+	tried := in.svc // the table (its service) the last connect failed in
+	woke := false   // woken since that connect failed: a new table or a passing check
 	for {
+		in.tm.retries = 0 // a return but connect's has no failed dial to count
 		h := a.join()
 		viewAt := time.Now()
 		snap := s.tbl.Load() // after join: a snapshot published, or a check passing, from here on kicks us
-		cur := serviceAt(snap.Table, key, svc.Name)
+		cur := serviceAt(snap.Table, in.key, in.svc.Name)
 		if cur == nil {
 			h.leave()
-			return -1, nil, 0, sched.ErrNoBackend, svc, pol
+			return -1, nil, sched.ErrNoBackend
 		}
 		curPol := snap.Policy(cur)
 		// Wait while nothing is eligible, or until something happened
 		// since the backends of this table just failed. A split brain
 		// ends the wait at once.
 		if (cur == tried && !woke || !eligibleNow(cur)) && !refusesSplitBrain(cur) {
-			ok, gone := waitWatching(c, deadline, h.wait)
+			ok, gone := waitWatching(in.c, deadline, h.wait)
 			h.leave()
 			if gone {
-				return -1, nil, 0, errClientGone, svc, pol
+				return -1, nil, errClientGone
 			}
 			if !ok {
 				a.hold.expired.Add(1)
-				return -1, nil, 0, errHoldExpired, svc, pol
+				return -1, nil, errHoldExpired
 			}
 			woke = true
 			continue
 		}
 		h.leave()
-		svc, pol, tm.viewAt = cur, curPol, viewAt
-		if refusesSplitBrain(svc) {
-			return -1, nil, 0, errSplitBrain, svc, pol
+		in.svc, in.pol, in.tm.viewAt = cur, curPol, viewAt
+		if refusesSplitBrain(cur) {
+			return -1, nil, errSplitBrain
 		}
-		*r = sched.Request{Client: r.Client} // a new table, or a backend that failed may be back
-		bc, t, tries, err := s.connect(c, svc, pol, r, ready, start, tm, nil)
+		in.r = sched.Request{Client: in.r.Client} // a new table, or a backend that failed may be back
+		bc, t, err := s.connect(in, ready, nil)
 		if err == nil || errors.Is(err, errFull) || errors.Is(err, errClientGone) || time.Now().After(deadline) {
-			return bc, t, tries, err, svc, pol
+			return bc, t, err
 		}
-		tried, woke = svc, false
+		tried, woke = cur, false
 	}
 }
 

@@ -2,7 +2,6 @@ package listener
 
 import (
 	"errors"
-	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -31,18 +30,13 @@ const (
 // (loop.go); whoever ends last of the halves and stop closes both sockets,
 // releases the backend, logs and calls connDone (finish).
 type session struct {
-	srv                 *Server
-	svc                 *sched.Service
-	pol                 *Policy
+	srv *Server
+	accessInfo
 	t                   *sched.Target
-	lease               lease          // given back by finish
-	clientFD, backendFD int            // the sockets; closed by finish only
-	addr                netip.AddrPort // the client's
-	sni                 string         // the server name the client sent, on an address routed by name
-	start               time.Time
+	lease               lease         // given back by finish
+	clientFD, backendFD int           // the sockets; closed by finish only
 	idle                time.Duration // 0 = none
 	halfClose           time.Duration // once one direction has closed, the other's idle limit; 0 = none
-	tm                  timing        // queue and connect times, retries: for the access line
 
 	up   half // client → backend
 	down half // backend → client
@@ -66,9 +60,11 @@ var (
 	errHalfClose = errors.New("half-close timeout: one direction closed, the other idle")
 )
 
-func newSession(s *Server, svc *sched.Service, pol *Policy, t *sched.Target, client, backend int, addr netip.AddrPort, start time.Time, l lease) *session {
-	ss := &session{srv: s, svc: svc, pol: pol, t: t, lease: l, clientFD: client, backendFD: backend, addr: addr, start: start,
-		idle: pol.IdleTimeout, halfClose: pol.HalfCloseTimeout}
+// newSession makes the session of in, whose backend t connected on socket
+// backend; it takes in's lease and client socket over.
+func newSession(s *Server, in *inbound, t *sched.Target, backend int) *session {
+	ss := &session{srv: s, accessInfo: in.accessInfo, t: t, lease: in.l, clientFD: in.c, backendFD: backend,
+		idle: in.pol.IdleTimeout, halfClose: in.pol.HalfCloseTimeout}
 	ss.up = half{ss: ss, id: 1, x: newXfer(&s.pipes, s.mode)}
 	ss.down = half{ss: ss, id: 2, x: newXfer(&s.pipes, s.mode)}
 	ss.live.Store(1) // admission's: stop can shut a session down before it begins (begin)
@@ -187,7 +183,7 @@ func (ss *session) finish() {
 	closeFD(ss.backendFD)
 	ss.t.B.Untrack(ss)
 	ss.lease.release(func() {
-		ss.srv.access(ss.svc, ss.pol, ss.addr, ss.sni, ss.t, ss.start, ss.tm, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
+		ss.srv.access(&ss.accessInfo, ss.t, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
 	})
 }
 
