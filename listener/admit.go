@@ -40,8 +40,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	// On an address routed by name, any of its services until the route is
 	// chosen: they agree on what comes before (keepalive aside, set again).
 	if in.svc = snap.Route(key); in.svc == nil { // the listener is being closed by a reload
-		closeFD(c)
-		in.l.release()
+		in.drop()
 		return
 	}
 	in.pol = snap.Policy(in.svc)
@@ -51,8 +50,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	}
 	if err := inh.setKeepAlive(c, keepAliveFor(in.pol)); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", in.svc.Name).Msg("accepted connection")
-		closeFD(c)
-		in.l.release()
+		in.drop()
 		return
 	}
 	if err := setUserTimeoutFD(c, in.pol.UserTimeout); err != nil {
@@ -80,8 +78,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	}
 	if refusesSplitBrain(in.svc) { // counted here, logged once per split (by reload), not per connection
 		in.adm.rejects.add(RejectSplitBrain)
-		closeFD(c)
-		in.l.release()
+		in.drop()
 		return
 	}
 	if !in.l.holdSource(in.adm, in.addr.Addr(), in.pol.MaxConnsPerSource) {
@@ -210,6 +207,12 @@ func (s *Server) reject(in *inbound, why Reject, err error) {
 		s.log.Warn().Str("service", in.svc.Name).Stringer("client", in.r.Client).Err(err).
 			Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("connection rejected")
 	}
+	in.drop()
+}
+
+// drop ends in with no access line: its client socket is closed and its
+// lease given back.
+func (in *inbound) drop() {
 	closeFD(in.c)
 	in.l.release()
 }
@@ -226,8 +229,8 @@ func (s *Server) fail(in *inbound, t *sched.Target, end string, err error) {
 
 // lease is what one connection holds while it lives: its place under the
 // Server's connection limit (always), then a source slot and a service
-// slot of its service's group, and its backend's slot. release gives back
-// all that it holds, once, whoever ends the connection.
+// slot in its service's admission state, and its backend's slot. release
+// gives back all that it holds, once, whoever ends the connection.
 type lease struct {
 	srv     *Server
 	a       *admission       // the service's, whose source and service slots it holds
