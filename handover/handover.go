@@ -88,8 +88,6 @@ type Options struct {
 	// MAINPID=: this process stops writing what the new one now owns (the
 	// state file).
 	OnServe func()
-	// Timeout bounds the new process's start; 0 is Timeout.
-	Timeout time.Duration
 }
 
 // Upgrader performs upgrades for the admin listener's POST /upgrade, and
@@ -129,9 +127,6 @@ type Upgrader struct {
 // learns whether an upgrade started this process, whose first READY=1 then
 // goes to the old process (Notify).
 func New(srv *listener.Server, sd Notifier, admin netip.AddrPort, log zerolog.Logger, opt Options) (*Upgrader, error) {
-	if opt.Timeout <= 0 {
-		opt.Timeout = Timeout
-	}
 	u := &Upgrader{srv: srv, sd: sd, log: log, opt: opt, adminKey: admin, names: map[netip.AddrPort]string{},
 		named: map[string][]netip.AddrPort{}, stored: map[string]bool{}, served: make(chan int, 1)}
 	u.start = u.startBinary
@@ -288,7 +283,7 @@ func (u *Upgrader) startBinary(socks []systemd.Passed) (int, error) {
 		return 0, fmt.Errorf("upgrade: find the binary: %w", err)
 	}
 	u.log.Info().Str("binary", exe).Int("sockets", len(socks)).Msg("upgrade: starting the new process")
-	p, err := systemd.Upgrade(exe, os.Args[1:], os.Environ(), socks, os.Stdout, os.Stderr, u.opt.Timeout)
+	p, err := systemd.Upgrade(exe, os.Args[1:], os.Environ(), socks, os.Stdout, os.Stderr, Timeout)
 	if err != nil {
 		return 0, err
 	}
