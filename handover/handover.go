@@ -13,14 +13,7 @@
 // each belongs to), a previous fulcrum handed them over, or systemd's file
 // descriptor store kept them across a restart.
 //
-// Typical use (main does this):
-//
-//	var sd systemd.Notifier
-//	up, err := handover.New(srv, &sd, cfg.Admin.Listen, log, handover.Options{OnServe: state.StopWriting})
-//	adminLn, err := up.ListenAdmin() // if [admin] listen is set
-//	m := reload.New(path, &ptr, srv, log, reload.Options{Notify: up.Notify, Sockets: up.Sockets()})
-//	go func() { <-up.Done(); stopAdmin(); stopServing() }()
-//	// POST /upgrade calls up.Upgrade
+// Typical use: see Example (main does this).
 //
 // Ownership: New gives every listening socket to the Server, which closes
 // them; the admin listener returned by ListenAdmin is the caller's. The
