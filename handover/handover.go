@@ -5,7 +5,7 @@
 // processes accept from the same sockets during the overlap, so no
 // connection is refused or reset. A new binary that fails to start, exits
 // or is not ready within Timeout is stopped, and this one serves on as if
-// nothing had happened. "Hand over" means this and nothing else in fulcrum.
+// nothing had happened. In fulcrum, "hand over" means this.
 //
 // It is also the one home of the listening sockets' names: a new process
 // takes its sockets here, whether systemd passed them (socket activation:
