@@ -34,7 +34,9 @@ import (
 // goes on in the goroutine it was called in, which ends with it.
 func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
 	defer s.admitting.end() // begun by the accept loop (server.go)
-	in := &inbound{c: c, key: key, l: lease{srv: s}}
+	// The request escapes (Pick is an interface call): on the heap alone,
+	// it leaves in on the stack.
+	in := &inbound{c: c, key: key, r: new(sched.Request), l: lease{srv: s}}
 	in.start = time.Now()
 	snap := s.tbl.Load()
 	// On an address routed by name, any of its services until the route is
@@ -154,7 +156,7 @@ type inbound struct {
 	c          int            // the client's socket
 	key        netip.AddrPort // the listen address it came in on
 	adm        *admission     // svc's admission state; nil until the route is chosen
-	r          sched.Request  // the client (addr, once the PROXY header is read) and the backends tried
+	r          *sched.Request // the client (addr, once the PROXY header is read) and the backends tried
 	orig       netip.AddrPort // the address the client asked for (a PROXY header's destination)
 	h          *Hello         // what the client sent first, on an address routed by name (routes.go); nil else
 	l          lease
@@ -340,7 +342,7 @@ func screen(a *admission, pol *Policy, client netip.AddrPort) (Reject, error) {
 // waits (handOff). A connection that waited (tm.waited) looks, before each
 // dial, whether its client left meanwhile: errClientGone (gone.go).
 func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *inline) (bc int, t *sched.Target, err error) {
-	c, svc, pol, r, tm := in.c, in.svc, in.pol, &in.r, &in.tm
+	c, svc, pol, r, tm := in.c, in.svc, in.pol, in.r, &in.tm
 	var last error = sched.ErrNoBackend
 	tm.retries = 0
 	targets, picker := pool(svc)

@@ -117,7 +117,7 @@ func (s *Server) connectHeld(in *inbound, ready func(int, *sched.Target) error) 
 		if refusesSplitBrain(cur) {
 			return -1, nil, errSplitBrain
 		}
-		in.r = sched.Request{Client: in.r.Client} // a new table, or a backend that failed may be back
+		*in.r = sched.Request{Client: in.r.Client} // a new table, or a backend that failed may be back
 		bc, t, err := s.connect(in, ready, nil)
 		if err == nil || errors.Is(err, errFull) || errors.Is(err, errClientGone) || time.Now().After(deadline) {
 			return bc, t, err

@@ -70,7 +70,7 @@ backends = [{ name = "a", address = %q }]
 	}
 	t.Logf("held connections served %v after the backend came up", time.Since(up).Round(time.Millisecond))
 	if h := p.Admission("s"); h.Held != n || h.Holding != 0 || h.HoldExpired != 0 {
-		t.Errorf("HoldStats = %+v; want %d held, none holding or expired", h, n)
+		t.Errorf("Admission = %+v; want %d held, none holding or expired", h, n)
 	}
 
 	// Nothing comes up: closed when hold_timeout runs out.
