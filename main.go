@@ -238,10 +238,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		up.admin, up.adminKey = ln, a
 		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
-			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
-			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
+		src := admin.Source{Build: buildInfo(), Hosts: cfg.Admin.Hosts, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
+			Log:     func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
+			History: &admin.History{}}
+		src.Snapshot, src.Reloads, src.Sockets, src.Limit, src.Instance = ptr.Load, m.Status, srv.Sockets, srv.Limit, inst
+		src.Version, src.Draining, src.Events, src.Watcher = versionString(), m.Draining, m.Events, m.Watcher()
 		actx, cancel := context.WithCancel(context.Background())
 		stopAdmin = cancel
 		done := make(chan error, 1)

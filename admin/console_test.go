@@ -107,7 +107,7 @@ func TestSetTypoListsNames(t *testing.T) {
 		{Name: "rw", Targets: []sched.Target{{B: backend.New("rw", "pg1")}}},
 	}}
 	src := emptySource()
-	src.Table = func() *sched.Table { return tbl }
+	src.Snapshot = snapOf(tbl)
 	src.Set = func(svc, name string, o backend.Override, by string) (bool, error) {
 		return false, fmt.Errorf("no backend %q in service %s", name, svc)
 	}
@@ -178,7 +178,7 @@ func TestHistoryMetrics(t *testing.T) {
 	watch.Swapped(listener.NewSnapshot(tbl, nil), time.Now())
 	ro.Group.Unserved("no backend")
 	src := emptySource()
-	src.Table, src.Watcher, src.Events = func() *sched.Table { return tbl }, watch, pool.Events.List
+	src.Snapshot, src.Watcher, src.Events = snapOf(tbl), watch, pool.Events.List
 	srv := httptest.NewServer(Handler(src))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/metrics")

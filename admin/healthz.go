@@ -43,10 +43,12 @@ func (h *healthRule) check(now time.Time) (ok bool, why string) {
 	// A split brain is reported but does not fail the check: every
 	// instance sees the same backends, so moving traffic to another
 	// instance would not help.
-	if t := h.src.Table(); t != nil {
-		for _, s := range t.Services {
-			if len(s.SplitBrain) > 0 {
-				why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+	if h.src.Snapshot != nil {
+		if t := h.src.Snapshot(); t != nil {
+			for _, s := range t.Services {
+				if len(s.SplitBrain) > 0 {
+					why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+				}
 			}
 		}
 	}

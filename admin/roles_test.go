@@ -16,6 +16,7 @@ import (
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // TestRolesShown: a backend in the wrong role and a service in split brain
@@ -28,7 +29,7 @@ func TestRolesShown(t *testing.T) {
 		Targets: []sched.Target{{B: a, Weight: 1, Base: 1}, {B: b, Weight: 1, Base: 1}}}
 	tbl := sched.NewTable(1, []*sched.Service{svc}, nil)
 	wrongRole(t, b)
-	src := Source{Table: func() *sched.Table { return tbl }, Version: "test"}
+	src := Source{Source: status.Source{Snapshot: snapOf(tbl), Version: "test"}}
 	srv := httptest.NewServer(Handler(src))
 	defer srv.Close()
 	get := func(path string) string {

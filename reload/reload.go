@@ -192,7 +192,7 @@ func (m *Manager) refresh() {
 // services, backends up of total, open connections, and the last reload
 // error if the last attempt failed.
 func (m *Manager) StatusLine() string {
-	return status.Of(status.Source{Table: m.Table, Reloads: m.Status, Draining: m.Draining}).Line()
+	return status.Of(status.Source{Snapshot: m.ptr.Load, Reloads: m.Status, Draining: m.Draining}).Line()
 }
 
 // Draining returns the backends being drained now (removed from the

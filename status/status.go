@@ -7,7 +7,7 @@
 //
 // Typical use:
 //
-//	st := status.Of(status.Source{Table: ptr.Load, Reloads: m.Status, Draining: m.Draining})
+//	st := status.Of(status.Source{Snapshot: ptr.Load, Reloads: m.Status, Draining: m.Draining})
 //	line := st.Line() // "generation 3; 2 services; backends 3/4 up; 12 connections"
 package status
 
@@ -26,7 +26,9 @@ import (
 
 // Source is what a status is read from. Nil funcs are skipped.
 type Source struct {
-	Table    func() *sched.Table           // the current snapshot
+	// Snapshot is the running snapshot: the table, and each service's
+	// admission policy (its max_conns). Read once per status.
+	Snapshot func() *listener.Snapshot
 	Reloads  func() Reload                 // the reload history
 	Sockets  func() []listener.SocketStats // per-listener counters
 	Limit    func() listener.LimitStats    // the process's connection limit
@@ -103,6 +105,9 @@ type Service struct {
 	SplitWriter string   `json:"split_writer,omitempty"` // the claimant kept as the writer (split_brain first or newest); absent while it refuses
 	SplitBrains uint64   `json:"split_brains"`
 	Writer      string   `json:"writer,omitempty"` // scheduler first with failback: the backend kept as the writer
+	// MaxConns is the service's max_conns, its connections at once (the
+	// limit of Active); absent: none.
+	MaxConns int `json:"max_conns,omitempty"`
 	// Holding is how many connections wait for an eligible backend now
 	// (hold_timeout); Held how many had to, HoldExpired how many of those
 	// were closed when it ran out.
@@ -229,9 +234,13 @@ func Of(src Source) Status {
 	for _, d := range all {
 		drains[d.B] = d
 	}
+	var snap *listener.Snapshot
+	if src.Snapshot != nil {
+		snap = src.Snapshot()
+	}
 	var t *sched.Table
-	if src.Table != nil {
-		t = src.Table()
+	if snap != nil {
+		t = snap.Table
 	}
 	inTable := map[*backend.Backend]bool{}
 	if t != nil {
@@ -250,7 +259,8 @@ func Of(src Source) Status {
 	}
 	if t != nil {
 		for _, s := range t.Services {
-			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer}
+			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer,
+				MaxConns: snap.Policy(s).MaxConns}
 			if s.Group != nil {
 				g := s.Group.Stats()
 				ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
@@ -327,10 +337,6 @@ func Of(src Source) Status {
 		st.Connections = &Connections{Open: l.Open, Max: l.Max, Waits: l.Waits}
 	}
 	if src.Sockets != nil {
-		var t *sched.Table
-		if src.Table != nil {
-			t = src.Table()
-		}
 		for _, so := range src.Sockets() {
 			l := Listener{Listen: so.Listen.String(), Addr: so.Addr,
 				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited, Refused: so.Refused}

@@ -155,6 +155,11 @@ backends  = [{ name = "replica", address = %q }]
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-backend="ro/replica"][data-state="down"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`article[data-service="ro"][data-serving="fallback"]`)),
 	)
+	active := value(t, ctx, 10*time.Second, "read web's connections",
+		chromedp.Evaluate[string](`document.querySelector('article[data-service="web"] [data-active]').textContent`))
+	if !strings.HasSuffix(active, " / 100") {
+		t.Errorf("web's connections read %q on the page; want them with its max_conns, \"N / 100\"", active)
+	}
 	colour := value(t, ctx, 10*time.Second, "read a down badge's colour",
 		chromedp.Evaluate[string](`getComputedStyle(document.querySelector('tr[data-backend="ro/replica"] .badge')).backgroundColor`))
 	if colour != "rgb(207, 34, 46)" {
