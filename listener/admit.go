@@ -376,7 +376,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other
 			// backend would fare better now.
-			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
+			withFallback(s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name), svc, t).Stringer("client", r.Client).Bool("local", true).
 				Bool("retry", false).Msg("connect failed")
 			return -1, nil, tries, err
 		}
@@ -386,7 +386,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 		}
 		tries++
 		last = err
-		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
+		withFallback(s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name), svc, t).Stringer("client", r.Client).
 			Bool("retry", tries <= pol.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
 	return -1, nil, tries, last
@@ -492,6 +492,17 @@ func (s *Server) access(svc *sched.Service, pol *Policy, client netip.AddrPort, 
 		e = e.AnErr("error", err)
 	}
 	e.Msg("connection")
+}
+
+// withFallback adds to e, a line about backend t of a connection to svc,
+// the service t belongs to, as "fallback", when t was picked from svc's
+// fallback's backends (service names the one the client asked for), as
+// the access line does.
+func withFallback(e *zerolog.Event, svc *sched.Service, t *sched.Target) *zerolog.Event {
+	if t.B.Service != svc.Name {
+		e = e.Str("fallback", t.B.Service)
+	}
+	return e
 }
 
 // ms is d in milliseconds, to the microsecond.
