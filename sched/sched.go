@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"time"
 
 	"fulcrum/backend"
@@ -343,6 +344,31 @@ func (s *Service) Pool() ([]Target, Picker) {
 		}
 	}
 	return s.Backups, s.BackupPicker
+}
+
+// Condition names t's state (t is one of s's targets) by the one rule of
+// whether it takes new connections, Target.Up, which the schedulers,
+// /healthz and the status views all ask: backend.Condition of its
+// configured weight, or, while that says up and Up does not (this table
+// gives it no weight though the file does), draining: by s's split brain,
+// which zeroes the weight of every claimant not kept as the writer (of
+// every target while it refuses), or because it came up after this table
+// was built and the next one gives it its weight.
+func (s *Service) Condition(t *Target) backend.Condition {
+	c := t.B.Condition(t.Base)
+	if c.State != backend.StateUp || t.Up() {
+		return c
+	}
+	if len(s.SplitBrain) > 0 {
+		why := "split brain: " + strings.Join(s.SplitBrain, ", ") + " claim primary; "
+		if s.SplitWriter != "" {
+			why += "only " + s.SplitWriter + " takes new connections"
+		} else {
+			why += "new connections are refused"
+		}
+		return backend.Condition{State: backend.StateDraining, Cause: "split brain", Reason: why}
+	}
+	return backend.Condition{State: backend.StateDraining, Cause: "weight 0", Reason: "up, and given its weight by the next table", Since: c.Since}
 }
 
 // Table is one immutable snapshot of the whole configuration. The reload

@@ -2,8 +2,9 @@
 // serves as /status JSON, what `fulcrum status` prints, what /metrics is
 // gathered from and what the systemd STATUS= line sums up. It owns no
 // state; Of reads the snapshot and the live counters at the time of asking.
-// Whether a backend is up is not decided here: backend.Condition decides,
-// and this package only names the outcome.
+// Whether a backend is up is not decided here: sched.Target.Up decides, as
+// for the schedulers and /healthz, and this package names the outcome
+// (sched.Service.Condition).
 //
 // Typical use:
 //
@@ -133,7 +134,7 @@ type Service struct {
 }
 
 // Backend is one backend: its settings in this generation, its state by
-// backend.Condition, its last check and its live counters.
+// sched.Service.Condition, its last check and its live counters.
 type Backend struct {
 	Name       string `json:"name"`
 	Address    string `json:"address"`
@@ -282,8 +283,10 @@ func Of(src Source) Status {
 			for _, a := range s.Listen {
 				ss.Listen = append(ss.Listen, a.String())
 			}
-			for i, tg := range s.All() {
-				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets), now)
+			all := s.All()
+			for i := range all {
+				tg := &all[i]
+				b := backendOf(tg.B, s.Condition(tg), tg.Addr, tg.Base, i >= len(s.Targets), now)
 				b.Limit = tg.MaxConns
 				if tg.Host != "" { // a name: say which, and whether it has an address yet
 					if tg.Addr.Addr().IsValid() {
@@ -355,14 +358,14 @@ func Of(src Source) Status {
 
 // removedOf is a removed backend still draining.
 func removedOf(d Drain) Backend {
-	b := backendOf(d.B, d.Addr, 0, d.Backup, time.Now())
+	b := backendOf(d.B, d.B.Condition(0), d.Addr, 0, d.Backup, time.Now())
 	b.Removed, b.DrainDeadline = true, d.Deadline
 	return b
 }
 
-// backendOf reads one backend whose configured weight is base.
-func backendOf(bk *backend.Backend, addr netip.AddrPort, base int, backup bool, now time.Time) Backend {
-	c := bk.Condition(base)
+// backendOf reads one backend, in condition c, whose configured weight is
+// base.
+func backendOf(bk *backend.Backend, c backend.Condition, addr netip.AddrPort, base int, backup bool, now time.Time) Backend {
 	h := bk.History(now)
 	s := bk.Stats()
 	_, role := bk.State()

@@ -33,7 +33,7 @@ func table(t *testing.T, bs []*backend.Backend, weights []int) *sched.Table {
 	return sched.NewTable(3, []*sched.Service{svc}, nil)
 }
 
-// TestOf: every view's state comes from backend.Condition; a removed
+// TestOf: every view's state comes from sched.Service.Condition; a removed
 // backend still draining is listed under its service with its deadline,
 // and the STATUS= line counts it apart.
 func TestOf(t *testing.T) {
