@@ -335,15 +335,45 @@ func (s *Service) All() []Target {
 // ones, or the backups while no primary is up (HAProxy's backup servers).
 // Full primaries do not switch to backups: the connection queues instead.
 func (s *Service) Pool() ([]Target, Picker) {
-	if s.BackupPicker == nil {
+	if s.BackupPicker == nil || anyUp(s.Targets) {
 		return s.Targets, s.Picker
 	}
-	for i := range s.Targets {
-		if s.Targets[i].Up() {
-			return s.Targets, s.Picker
+	return s.Backups, s.BackupPicker
+}
+
+// MaxFallbacks bounds a chain of fallbacks that Serving follows (conf
+// refuses cycles).
+const MaxFallbacks = 8
+
+// Serving returns where a new connection to s picks its backend from now:
+// from, the service whose pool (see Pool) has a target up, s itself first
+// and then along its chain of fallbacks, with that pool's targets and
+// picker; while no pool along it has one up, from is nil and the targets
+// and picker are s's own (nothing is eligible: the connection is refused
+// or held). Fullness does not fall back: a full pool queues instead. The
+// listener routes by it and status views name it, so the two agree.
+func (s *Service) Serving() (from *Service, ts []Target, p Picker) {
+	ts, p = s.Pool()
+	if anyUp(ts) {
+		return s, ts, p
+	}
+	for f, n := s.Fallback, 0; f != nil && n < MaxFallbacks; f, n = f.Fallback, n+1 {
+		if fts, fp := f.Pool(); anyUp(fts) {
+			return f, fts, fp
 		}
 	}
-	return s.Backups, s.BackupPicker
+	return nil, ts, p
+}
+
+// anyUp reports whether one of ts is up. O(n): a connection's first pick
+// and status views.
+func anyUp(ts []Target) bool {
+	for i := range ts {
+		if ts[i].Up() {
+			return true
+		}
+	}
+	return false
 }
 
 // Condition names t's state (t is one of s's targets) by the one rule of

@@ -46,3 +46,57 @@ func TestConditionNamesUp(t *testing.T) {
 		}
 	}
 }
+
+// TestServing: a new connection picks from the service's own pool
+// (primaries, or backups while no primary is up) while one of it is up,
+// else from the first fallback along the chain that has one up, else from
+// nowhere; fullness does not fall back.
+func TestServing(t *testing.T) {
+	down := func(name string) *backend.Backend {
+		b := backend.New("s", name)
+		b.StartDown("test: down")
+		return b
+	}
+	full := backend.New("a", "full")
+	full.Acquire(0)
+	svc := func(name string, prim, back []*backend.Backend, fb *Service) *Service {
+		s := &Service{Name: name, Fallback: fb}
+		for _, b := range prim {
+			s.Targets = append(s.Targets, Target{B: b, Weight: 1, Base: 1, MaxConns: 1})
+		}
+		for _, b := range back {
+			s.Backups = append(s.Backups, Target{B: b, Weight: 1, Base: 1})
+		}
+		var err error
+		if s.Picker, err = New("rr", s.Targets, nil, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Backups) > 0 {
+			s.BackupPicker, _ = New("rr", s.Backups, nil, Options{})
+		}
+		return s
+	}
+	last := svc("last", []*backend.Backend{backend.New("last", "z")}, nil, nil)
+	mid := svc("mid", []*backend.Backend{down("y")}, nil, last)
+	for _, c := range []struct {
+		name   string
+		s      *Service
+		from   string // "": nowhere
+		target string // the first target of the pool returned
+	}{
+		{"own", svc("a", []*backend.Backend{backend.New("a", "x")}, nil, mid), "a", "x"},
+		{"own but full", svc("a", []*backend.Backend{full}, nil, mid), "a", "full"},
+		{"backups", svc("a", []*backend.Backend{down("x")}, []*backend.Backend{backend.New("a", "b")}, mid), "a", "b"},
+		{"fallback's fallback", svc("a", []*backend.Backend{down("x")}, nil, mid), "last", "z"},
+		{"nowhere", svc("a", []*backend.Backend{down("x")}, nil, svc("f", []*backend.Backend{down("w")}, nil, nil)), "", "x"},
+	} {
+		from, ts, p := c.s.Serving()
+		name := ""
+		if from != nil {
+			name = from.Name
+		}
+		if name != c.from || len(ts) == 0 || ts[0].B.Name != c.target || p == nil {
+			t.Errorf("%s: Serving() = %q, first target %s; want %q, %s", c.name, name, ts[0].B.Name, c.from, c.target)
+		}
+	}
+}
