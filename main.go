@@ -250,7 +250,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		sampled := make(chan struct{})
 		go func() { // the console's plots; exits when stopAdmin is called
 			defer close(sampled)
-			src.History.Run(actx, time.Second, func() admin.Status { return admin.Snapshot(src) })
+			src.History.Run(actx, time.Second, src.Source)
 		}()
 		defer func() { // after the drain, so that it can be watched
 			stopAdmin()

@@ -242,6 +242,20 @@ backends  = [{ name = "replica", address = %q }]
 			return err
 		}),
 	)
+	var hist struct {
+		Series map[string]struct {
+			LatencyMS []*float64 `json:"latency_ms"`
+		} `json:"series"`
+	}
+	if resp, err := http.Get("http://" + adm + "/history"); err != nil {
+		t.Error(err)
+	} else {
+		err := json.NewDecoder(resp.Body).Decode(&hist)
+		resp.Body.Close()
+		if lat := hist.Series["web/c"].LatencyMS; err != nil || len(lat) == 0 || lat[len(lat)-1] == nil {
+			t.Errorf("/history: web/c's check latency %v (%v); want its last check's", lat, err)
+		}
+	}
 	shot := value(t, ctx, 20*time.Second, "a screenshot", chromedp.FullScreenshot(100))
 	out := filepath.Join(t.TempDir(), "console.png")
 	if os.Getenv("FULCRUM_CONSOLE_SCREENSHOT") == "1" {
