@@ -278,7 +278,7 @@ func promote(w http.ResponseWriter, r *http.Request, do func(service, name, by s
 		return
 	}
 	svc, name := r.PathValue("service"), r.PathValue("backend")
-	changed, err := do(svc, name, "POST "+r.URL.Path+" from "+r.RemoteAddr)
+	changed, err := do(svc, name, who(r))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusConflict)
 		return
