@@ -341,9 +341,9 @@ func (s *Service) Pool() ([]Target, Picker) {
 	return s.Backups, s.BackupPicker
 }
 
-// MaxFallbacks bounds a chain of fallbacks that Serving follows (conf
+// maxFallbacks bounds a chain of fallbacks that Serving follows (conf
 // refuses cycles).
-const MaxFallbacks = 8
+const maxFallbacks = 8
 
 // Serving returns where a new connection to s picks its backend from now:
 // from, the service whose pool (see Pool) has a target up, s itself first
@@ -357,7 +357,7 @@ func (s *Service) Serving() (from *Service, ts []Target, p Picker) {
 	if anyUp(ts) {
 		return s, ts, p
 	}
-	for f, n := s.Fallback, 0; f != nil && n < MaxFallbacks; f, n = f.Fallback, n+1 {
+	for f, n := s.Fallback, 0; f != nil && n < maxFallbacks; f, n = f.Fallback, n+1 {
 		if fts, fp := f.Pool(); anyUp(fts) {
 			return f, fts, fp
 		}
