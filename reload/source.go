@@ -67,12 +67,15 @@ func (m *Manager) checkSources(ctx context.Context, cfg *conf.Config, p *plan) e
 	var probes []*sourceProbe
 	var errs []error
 	plains := map[netip.AddrPort]*plainProbe{}
-	local := localAddrs()
+	var local map[netip.Addr]bool // this host's addresses, read once a service needs them
 	for i := range cfg.Services {
 		cs := &cfg.Services[i]
 		svc := p.table.Service(cs.Name)
 		if !cs.Source.Client || svc == nil {
 			continue
+		}
+		if local == nil {
+			local = localAddrs()
 		}
 		refused := false
 		for _, t := range svc.All() {
