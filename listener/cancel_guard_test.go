@@ -20,6 +20,22 @@ import (
 	"fulcrum/internal/testkit"
 )
 
+// watchedPostgres starts a PostgreSQL primary and returns it, a context
+// for the test (two minutes) and a direct session to it, which the test's
+// cleanup closes.
+func watchedPostgres(t *testing.T) (*testkit.Postgres, context.Context, *pgconn.PgConn) {
+	t.Helper()
+	pg := testkit.StartPostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	watch, err := pgconn.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", pg.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { watch.Close(context.Background()) })
+	return pg, ctx, watch
+}
+
 // sleeping starts pg_sleep(30) on a session through proxy address addr
 // from 127.0.0.1 and returns the session and the query's outcome, once
 // the query runs on pg (watched over watch, a direct session).
@@ -64,14 +80,7 @@ func TestCancelScreened(t *testing.T) {
 		t.Skip("starts PostgreSQL")
 	}
 	testkit.CheckLeaks(t)
-	pg := testkit.StartPostgres(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	watch, err := pgconn.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", pg.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
+	pg, ctx, watch := watchedPostgres(t)
 	p := newProxy(t, "rr", []testBackend{{"0", pg.Addr, 1}}, func(tu tuned) { tu.Postgres = true })
 	p.svc.Group.SetRate(0.001, 1) // one token: the session's
 	c, done := sleeping(ctx, t, p.addr, watch)
@@ -193,16 +202,9 @@ func TestCancelDialPath(t *testing.T) {
 		t.Skip("IP_TRANSPARENT needs root (CAP_NET_ADMIN)")
 	}
 	testkit.CheckLeaks(t)
-	pg := testkit.StartPostgres(t)
+	pg, ctx, watch := watchedPostgres(t)
 	pg.Exec(t, "ALTER SYSTEM SET log_connections = on")
 	pg.Exec(t, "SELECT pg_reload_conf()")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	watch, err := pgconn.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable", pg.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
 	p := newProxy(t, "rr", []testBackend{{"0", pg.Addr, 1}}, func(tu tuned) { tu.Postgres, tu.SourceClient = true, true })
 	c, done := sleeping(ctx, t, p.addr, watch)
 	_, off := pg.LogSince(t, 0)
