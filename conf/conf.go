@@ -265,6 +265,10 @@ type Service struct {
 	// ALPN narrows SNI: the client must offer one of these protocols. nil
 	// (default): any protocol, or none.
 	ALPN []string
+
+	// Source is where connections to the backends come from (source.go):
+	// zero (default): fulcrum's own address; "client": the client's.
+	Source Source
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -385,6 +389,7 @@ func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config,
 	cfg := w.config(w.table("", tree))
 	cfg.File = name
 	cfg.Digest = sha256.Sum256(data)
+	sourceLines(cfg, data)
 	if len(w.errs) > 0 {
 		w.locateErrors(data)
 		slices.SortStableFunc(w.errs, func(a, b *Error) int { return a.Line - b.Line })
@@ -846,6 +851,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
 	s.Failback, s.FailbackAfter = w.failback(t, s.Scheduler)
 	s.SNI, s.ALPN = w.routeKeys(t)
+	s.Source = w.source(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {

@@ -360,7 +360,7 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(start), 1
 		}
-		bc, err := s.dial(pol, t.Addr, il)
+		bc, err := s.dial(pol, t.Addr, r.Client.Addr(), il)
 		if err == nil && ready != nil {
 			if err = ready(bc, t); err != nil {
 				closeFD(bc)
@@ -394,9 +394,10 @@ func (s *Server) connect(c int, svc *sched.Service, pol *Policy, r *sched.Reques
 
 // localError reports whether a dial failed for want of a local resource:
 // descriptors (EMFILE, ENFILE), kernel memory (ENOBUFS, ENOMEM), local
-// ports (EADDRNOTAVAIL), or the socket could not be made at all.
+// ports (EADDRNOTAVAIL), the socket could not be made at all, or not bound
+// to the client's address (source = "client": transparent.go).
 func localError(err error) bool {
-	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL, ErrNoTransparent, errSourceFamily} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -68,6 +68,8 @@ type Server struct {
 
 	admitting admissions // connections accepted and not yet sessions or ended (Admitted)
 
+	cancels atomic.Int32 // PostgreSQL cancel requests being forwarded, at most maxCancels (cancel.go)
+
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
 

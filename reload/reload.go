@@ -290,6 +290,9 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	if err != nil {
 		return err
 	}
+	if err := m.checkSources(context.Background(), cfg, p); err != nil { // source = "client": source.go
+		return err
+	}
 	var want []netip.AddrPort
 	for _, s := range p.table.Services {
 		want = append(want, s.Listen...)
@@ -500,6 +503,7 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 		AccessLog:         cfg.Log.Access,
 		Postgres:          speaksPostgres(cs),
 		PrereadTimeout:    cs.PrereadTimeout,
+		SourceClient:      cs.Source.Client,
 	}
 }
 
