@@ -74,7 +74,7 @@ func TestControllerChecks(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	defer hc.Stop()
 
-	spec := backend.CheckSpec{Probe: backend.Probe{Kind: "tcp", Addr: dead, Timeout: time.Second}, Interval: 20 * time.Millisecond, Rise: 1, Fall: 2}
+	spec := CheckSpec{Probe: Probe{Kind: "tcp", Addr: dead, Timeout: time.Second}, Interval: 20 * time.Millisecond, Rise: 1, Fall: 2}
 	hc.SetChecks([]Job{{B: b, Spec: spec}})
 	for deadline := time.Now().Add(10 * time.Second); !b.Down() || rebuilds.Load() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
