@@ -66,9 +66,10 @@ type Probe struct {
 	PasswordFile string
 	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
 	MaxLag       time.Duration // role "replica" (pgsql, mysql, redis): a replica further behind than this is down; 0 = no limit
-	// WAL (pgsql) is where the checks of one service keep the positions
-	// their primaries were seen at, and replicas' lag is measured against
-	// (see WALClock); reload gives every probe of a service its group's.
+	// WAL is where the checks of one service keep the positions their
+	// primaries were seen at (pgsql's WAL, mysql's binary log, redis's
+	// offset), which its replicas' lag is measured against (see WALClock);
+	// reload gives every probe of a service the same one (Controller.WAL).
 	// nil: a replica's lag is its own view (see pgRoleQuery).
 	WAL *WALClock
 
