@@ -258,3 +258,38 @@ func TestFailedReasonCountsItsKind(t *testing.T) {
 		t.Errorf("reason after a pass and one failure = %q; want %q", reason, "check failed once: timeout")
 	}
 }
+
+// TestChecked: one check's outcome, as health hands it over. A failure
+// for want of fulcrum's own resources is shown as the last check and
+// changes nothing else, even with fall 1; a lag is kept until a check
+// measures another, and one that measured none leaves it; a role change
+// is reported even where the state stays.
+func TestChecked(t *testing.T) {
+	changes := make(chan *Backend, 10)
+	p := Pool{Changes: changes}
+	b := p.Get("s", "a")
+	now := time.Now()
+	b.Checked(Check{Start: now, Err: errors.New("too many open files"), Local: true}, 1, 1)
+	if cs := b.Checks(); b.Down() || cs.Failed != 0 || cs.Count != 0 || !strings.Contains(cs.Last.Err, "not counted") {
+		t.Fatalf("after a local failure: down %v, checks %+v; want up, none counted, the last shown", b.Down(), cs)
+	}
+	b.Checked(Check{Start: now, Took: time.Millisecond, Role: RoleReplica, RoleWanted: true, Lag: 3 * time.Second, LagSet: true}, 1, 1)
+	b.Checked(Check{Start: now, Err: errors.New("refused")}, 2, 2) // measured nothing: the lag stands
+	if lag, ok := b.Lag(); !ok || lag != 3*time.Second {
+		t.Errorf("Lag = %v, %v; want 3s kept", lag, ok)
+	}
+	b.Checked(Check{Start: now, Role: RoleReplica, RoleWanted: true, Lag: -1, LagSet: true}, 1, 1)
+	if lag, ok := b.Lag(); ok {
+		t.Errorf("Lag = %v, known; want unknown", lag)
+	}
+	for len(changes) > 0 {
+		(<-changes).Seen()
+	}
+	b.Checked(Check{Start: now, Role: RolePrimary, RoleWanted: true}, 1, 1) // promoted: up before, up now
+	if len(changes) != 1 {
+		t.Errorf("%d reports of a role change; want 1", len(changes))
+	}
+	if from, to, ok := b.TakeRoleChange(); !ok || from != RoleReplica || to != RolePrimary {
+		t.Errorf("TakeRoleChange = %q, %q, %v; want replica, primary", from, to, ok)
+	}
+}
