@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/health"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 	"fulcrum/status"
@@ -86,7 +87,7 @@ func wrongRole(t *testing.T, b *backend.Backend) {
 	done := make(chan struct{})
 	go func() { // exits when cancel is called
 		defer close(done)
-		b.RunChecks(ctx, backend.CheckSpec{Probe: backend.Probe{Kind: "redis", Role: "primary", Addr: replica.Addr, Timeout: time.Second},
+		health.RunChecks(ctx, b, health.CheckSpec{Probe: health.Probe{Kind: "redis", Role: "primary", Addr: replica.Addr, Timeout: time.Second},
 			Interval: time.Second, Rise: 1, Fall: 1})
 	}()
 	defer func() { cancel(); <-done }()

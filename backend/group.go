@@ -37,7 +37,6 @@ type Group struct {
 
 	limits limits
 	hold   holdQueue // hold_timeout: connections waiting for an eligible backend
-	wal    WALClock  // pgsql: where the service's primaries were, for its replicas' max_lag
 
 	unservedMu sync.Mutex        // protects unserved
 	unserved   map[string]uint64 // connections ended without a backend, by the access line's end reason
@@ -64,10 +63,6 @@ func (g *Group) UnservedCounts() map[string]uint64 {
 	}
 	return maps.Clone(g.unserved)
 }
-
-// WAL is the clock the service's pgsql checks share (see WALClock): its
-// primaries' positions, against which its replicas' lag is measured.
-func (g *Group) WAL() *WALClock { return &g.wal }
 
 func newGroup(service string) *Group {
 	g := &Group{Service: service}
