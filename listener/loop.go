@@ -78,6 +78,7 @@ type loop struct {
 	epfd    int
 	wake    int                       // an eventfd in epfd (tagged wakeTag): close's wake-up
 	closing atomic.Bool               // close has asked run to return
+	waits   atomic.Uint64             // epoll waits made (BenchmarkRoundTrip)
 	tab     []atomic.Pointer[session] // by descriptor: the session a socket belongs to
 	wait    []atomic.Pointer[waiter]  // by descriptor: a goroutine waiting for a socket not yet in a session (await)
 	done    chan struct{}             // closed when run returns, having closed epfd and wake
@@ -174,9 +175,9 @@ func (lp *loop) run() {
 			} else if err == nil && now-busy > int64(rawIdle) { // idle: give the P back
 				rawSlots.give()
 				raw = false
-				continue
+				n, err = epollWaitBlocking(lp.epfd, events[:])
 			}
-			if now-yielded >= int64(rawYield) {
+			if raw && now-yielded >= int64(rawYield) {
 				// What the loop made runnable (a bulk half, an awaiter, a
 				// finish) runs here, and sysmon does not signal the thread
 				// to preempt a goroutine it sees running for 10 ms.
@@ -186,6 +187,7 @@ func (lp *loop) run() {
 		} else {
 			n, err = epollWaitBlocking(lp.epfd, events[:])
 		}
+		lp.waits.Add(1)
 		if err == unix.EINTR {
 			continue
 		}
