@@ -20,9 +20,8 @@ import (
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
 // would block). A Server has one loop per P (and fulcrum one loop, and
 // P, per CPU it may use, or [process] loops: procs.go), sessions spread
-// round robin. A loop's epoll descriptor
-// is itself watched by Go's poller (a nested epoll): the loop's goroutine
-// parks there, holding no thread, and when woken runs, inline, whatever
+// round robin, and the runtime one P more (reserveP). A loop's goroutine
+// waits in epoll_wait itself and, when woken, runs inline whatever
 // directions its events wake, each until it would block or has used its
 // budget, after which it goes on in a goroutine of its own until it would
 // block (a bulk transfer then does not hold up the other sessions of its
@@ -30,11 +29,19 @@ import (
 // entersyscall): the loop keeps its P, and the runtime does not hand it off
 // or wake sysmon per message.
 //
-// Measured against a loop locked to its thread that blocks in epoll_wait
-// (redis-benchmark GET, 50 clients, 6 interleaved runs): that loop costs
-// 8.1 µs of proxy CPU per request against 6.0 nested, since every time it
-// blocks its syscall wakes sysmon, which then polls every 20 µs, and its P
-// is handed off and taken back.
+// The wait, too, is made raw while the loop is busy (run): it keeps its P
+// through it, so a wake-up costs one epoll_wait, as nginx's worker makes.
+// Before, the loop's epoll was nested in Go's poller, and a wake-up cost
+// three (the runtime's poll without blocking, its blocking poll, then the
+// loop's own on its epoll): pinned, 10.0 syscalls per 64 B round trip of
+// which 6.0 epoll waits, against nginx's 6.0 and 2.0. A loop holding its P
+// leaves the runtime at least one for everything else (accept loops,
+// checks, timers, admin; rawSlots, TestBusyLoopLeavesAP), yields it every
+// 9 ms, and, idle for 50 ms, waits as an ordinary blocking syscall, whose
+// P the runtime takes back: an idle process costs nothing. An earlier try
+// of blocking loops, with entersyscall, cost more than the nested loop:
+// every wait woke sysmon, which then polled every 20 µs, and handed the P
+// off and back.
 //
 // Lost wakeups are what can go wrong, so:
 //   - a direction's state is idle, running, kicked (an event came while
