@@ -20,6 +20,7 @@ import (
 	"fulcrum/admin"
 	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/handover"
 )
 
 // adminCommand parses the flags of a subcommand that asks the admin
@@ -289,7 +290,7 @@ func upgrade(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	c := adminClient
-	c.Timeout = upgradeTimeout + 10*time.Second // the daemon bounds the wait; this only backs it up
+	c.Timeout = handover.Timeout + 10*time.Second // the daemon bounds the wait; this only backs it up
 	body, status, err := post(&c, addr, "/upgrade")
 	if err != nil {
 		fmt.Fprintf(stderr, "fulcrum upgrade: %v\n", unreachable(err))

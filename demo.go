@@ -56,7 +56,7 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log := newLogger(cfg.Log, stderr)
 	var ptr atomic.Pointer[listener.Snapshot]
 	srv := listener.New(&ptr, log)
-	m := reload.New("", &ptr, srv, log)
+	m := reload.New("", &ptr, srv, log, reload.Options{})
 	if err := m.Apply(cfg); err != nil {
 		fmt.Fprintf(stderr, "fulcrum demo: %v\n", err)
 		if errors.Is(err, syscall.EADDRINUSE) {

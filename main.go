@@ -11,7 +11,7 @@
 //	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
 //
-// main.go holds flags and wiring only.
+// main.go holds the command table, flags and wiring only.
 package main
 
 import (
@@ -21,9 +21,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
@@ -38,9 +36,12 @@ import (
 	"fulcrum/admin"
 	"fulcrum/cluster"
 	"fulcrum/conf"
+	"fulcrum/handover"
 	"fulcrum/listener"
 	"fulcrum/logsink"
 	"fulcrum/reload"
+	"fulcrum/sched"
+	"fulcrum/statefile"
 	"fulcrum/systemd"
 )
 
@@ -62,34 +63,23 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// commands are fulcrum's subcommands, by their first argument; anything
+// else is the daemon's own flags (run).
+var commands = map[string]func(args []string, stdout, stderr io.Writer) int{
+	"status":  status,
+	"drain":   drain,
+	"upgrade": upgrade,
+	"healthz": healthz,
+	"set":     set,
+	"demo":    demoCommand,
+	"version": versionCommand,
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "status" {
-		return status(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "drain" {
-		return drain(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "upgrade" {
-		return upgrade(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "healthz" {
-		return healthz(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "set" {
-		return set(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "demo" {
-		ctx, stop := signalContext(func() { fmt.Fprintln(stderr, "fulcrum demo: second signal, exiting now") })
-		defer stop()
-		return demo(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "version" {
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "fulcrum version: unexpected argument %q\n", args[1])
-			return 2
+	if len(args) > 0 {
+		if cmd := commands[args[0]]; cmd != nil {
+			return cmd(args[1:], stdout, stderr)
 		}
-		writeVersion(stdout)
-		return 0
 	}
 	fs := flag.NewFlagSet("fulcrum", flag.ContinueOnError)
 	path := fs.String("config", conf.DefaultPath, "configuration `file`")
@@ -114,163 +104,115 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "fulcrum: %v\n", configError(*path, err))
 		return 1
 	}
-	// The event loops, one per P: set once, before anything runs on them.
-	// Setting it stops the runtime's own updates when the cgroup's limit
-	// changes later, so such a change takes a restart (docs/operations.md).
-	loops, loopsFrom := chooseLoops(cfg.Process.Loops, os.Getenv("GOMAXPROCS"), readBudget())
-	if *check {
-		// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
-		// DNS lookups to slow them (the daemon resolves and logs on its own).
-		if !*quiet {
-			cfg.WriteSummary(stdout)
-			fmt.Fprintf(stdout, "\nprocess: %d event loop%s (%s)\n", loops, plural(loops), loopsFrom)
-			if why := conf.Exposed(*path); why != "" {
-				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
-			}
-			for _, w := range cfg.Warnings() {
-				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
-			}
-			for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
-				fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
-			}
-		}
-		return 0
+	// The event loops, one per P: set once (serve), before anything runs on
+	// them. Setting it stops the runtime's own updates when the cgroup's
+	// limit changes later, so such a change takes a restart
+	// (docs/operations.md).
+	loops, loopsFrom := chooseLoops(cfg.Process.Loops, os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0), readBudget())
+	if !*check {
+		return serve(*path, cfg, loops, loopsFrom, stderr)
 	}
+	// -q is for ExecStartPre= and ExecReload=: nothing on success, and no
+	// DNS lookups to slow them (the daemon resolves and logs on its own).
+	if !*quiet {
+		cfg.WriteSummary(stdout)
+		fmt.Fprintf(stdout, "\nprocess: %d event loop%s (%s)\n", loops, plural(loops), loopsFrom)
+		if why := conf.Exposed(*path); why != "" {
+			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", why)
+		}
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+		}
+		for _, w := range reload.Warnings(context.Background(), cfg.Names()) {
+			fmt.Fprintf(stderr, "fulcrum: warning: %s\n", w)
+		}
+	}
+	return 0
+}
+
+func demoCommand(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signalContext(func() { fmt.Fprintln(stderr, "fulcrum demo: second signal, exiting now") })
+	defer stop()
+	return demo(ctx, args, stdout, stderr)
+}
+
+func versionCommand(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "fulcrum version: unexpected argument %q\n", args[0])
+		return 2
+	}
+	writeVersion(stdout)
+	return 0
+}
+
+// serve runs the daemon on cfg, read from path, until a signal stops it or
+// an upgrade hands over to a new process; it returns the exit code.
+func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io.Writer) int {
 	// SIGUSR1 and SIGUSR2 would kill the process by default: catch them first.
 	usr := make(chan os.Signal, 2)
 	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(usr)
 	runtime.GOMAXPROCS(loops)
-	// Every line goes through a bounded buffer: a log reader that stops
-	// reading must not stop the daemon (package logsink).
-	sink := logsink.New(stderr, logsink.DefaultSize)
+	log, sink := newDaemonLogger(cfg.Log, stderr)
 	defer sink.Close(2 * time.Second)
-	log := newLoggerOn(cfg.Log, stderr, sink)
-	llog := log.With().Str("component", "log").Logger()
-	sink.OnDrop = func(n uint64) {
-		llog.Warn().Uint64("dropped", n).Uint64("dropped_total", sink.Dropped()).Msgf("log output was stalled: %d lines dropped", n)
-	}
 	mlog := log.With().Str("component", "main").Logger() // main's own lines
-	mlog.Info().Str("version", versionString()).Str("config", *path).Int("procs", runtime.GOMAXPROCS(0)).
+	mlog.Info().Str("version", versionString()).Str("config", path).Int("procs", runtime.GOMAXPROCS(0)).
 		Int("loops", loops).Str("loops_from", loopsFrom).Msg("starting")
 	ctx, stop := signalContext(func() {
 		mlog.Warn().Msg("second signal, exiting now")
 		sink.Close(time.Second) // os.Exit follows: write out what is queued, this line included
 	})
 	defer stop()
+
+	state, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == "start-empty", log)
+	if err != nil {
+		return 1 // Open logged why
+	}
 	var ptr atomic.Pointer[listener.Snapshot] // written by reload only
 	srv := listener.New(&ptr, log)
-	m := reload.New(*path, &ptr, srv, log)
-	inst := cluster.New(m.Table, log)
-	ictx, stopInst := context.WithCancel(ctx)
-	instDone := make(chan struct{})
-	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when run returns
-	defer func() { stopInst(); <-instDone }()
-	m.OnLog = setLevel
-	hup, stopHup := hupChannel()
-	defer stopHup()
-	m.Hup = hup
-	if f := cfg.Admin.StateFile; f != "" {
-		st, err := reload.ReadState(f)
-		if err != nil {
-			// Fail closed: the file may hold an instance drain and maint
-			// overrides that keep traffic off what must not take it.
-			if cfg.Admin.StateDamaged != "start-empty" {
-				mlog.Error().Err(err).Str("path", f).Msg("cannot start: the state file is damaged; starting without the drains and overrides it held would put them back in rotation unnoticed. Repair or remove it, or set [admin] state_damaged = \"start-empty\" to keep it aside and start without it")
-				return 1
-			}
-			aside, rerr := reload.SetAside(f, time.Now())
-			if rerr != nil {
-				mlog.Error().Err(err).AnErr("aside", rerr).Str("path", f).Msg("cannot start: the state file is damaged and cannot be kept aside; the first save would overwrite it")
-				return 1
-			}
-			mlog.Error().Err(err).Str("path", f).Str("kept_as", aside).Msg("the state file is damaged: kept aside, starting with no drain, override or health from it (state_damaged = \"start-empty\")")
-			st = reload.SavedState{}
-		}
-		m.StateFile, m.Instance, inst.OnChange = f, inst.Drained, m.StateChanged
-		m.Restore(st)
-		if d := st.Instance; d != nil {
-			mlog.Warn().Str("by", d.By).Time("since", d.Since).Msg("the instance was drained before the restart; it stays drained (fulcrum drain -undo)")
-			inst.Drain(d.By)
-		}
+	inst := cluster.New(func() *sched.Table { return tableOf(&ptr) }, log)
+	inst.OnChange = state.Changed
+	if d := state.Restored().Instance; d != nil {
+		mlog.Warn().Str("by", d.By).Time("since", d.Since).Msg("the instance was drained before the restart; it stays drained (fulcrum drain -undo)")
+		inst.Drain(d.By)
 	}
 	var sd systemd.Notifier
-	up := newUpgrader(srv, &sd, mlog)
-	m.Notify, up.handOver = up.Notify, m.HandOver
-	m.Watchdog = sd.WatchdogInterval()
-	socks, err := sd.Listeners()
+	up, err := handover.New(srv, &sd, cfg.Admin.Listen, log.With().Str("component", "upgrade").Logger(), handover.Options{OnServe: state.StopWriting})
 	if err != nil {
 		mlog.Error().Err(err).Msg("cannot start")
 		return 1
 	}
-	socks, adminLn := up.adopt(socks, cfg.Admin.Listen) // a previous fulcrum's (upgrade, fd store); systemd's are left
-	for _, so := range socks {
-		a := srv.Inherit(so.Listener)
-		up.names[a] = so.Name
-		mlog.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
-		if so.Name != "" {
-			if m.Sockets == nil {
-				m.Sockets = map[string][]netip.AddrPort{}
-			}
-			m.Sockets[so.Name] = append(m.Sockets[so.Name], a)
-		}
+	hup, stopHup := hupChannel()
+	defer stopHup()
+	m := reload.New(path, &ptr, srv, log, reload.Options{Hup: hup, Notify: up.Notify, OnLog: setLevel, Watchdog: sd.WatchdogInterval(),
+		State: state, Instance: inst.Drained, Sockets: up.Sockets()})
+	ictx, stopInst := context.WithCancel(ctx)
+	instDone := make(chan struct{})
+	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when serve returns
+	defer func() { stopInst(); <-instDone }()
+	startWarnings(mlog, path, cfg)
+	src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
+		Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
+		Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
+		Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
+	stopAdmin, waitAdmin, err := startAdmin(cfg.Admin, up, src, log, mlog)
+	if err != nil {
+		mlog.Error().Err(err).Msg("cannot start the admin listener")
+		return 1
 	}
-	up.ready = sd.UpgradeReady() // after Listeners, which reads its variable
-	if os.Geteuid() == 0 {
-		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
-	}
-	if why := conf.Exposed(*path); why != "" {
-		mlog.Warn().Msg(why)
-	}
-	for _, w := range cfg.Warnings() {
-		mlog.Warn().Msg(w)
-	}
-	stopAdmin := func() {}
-	if a := cfg.Admin.Listen; a.IsValid() {
-		ln := adminLn
-		if ln == nil {
-			l, err := net.Listen("tcp", a.String())
-			if err != nil {
-				mlog.Error().Err(err).Msg("cannot start the admin listener")
-				return 1
-			}
-			ln = l.(*net.TCPListener)
-		}
-		up.admin, up.adminKey = ln, a
-		mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
-		src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Instance: inst, Version: versionString(), Build: buildInfo(),
-			Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
-			Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
-			Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
-		actx, cancel := context.WithCancel(context.Background())
-		stopAdmin = cancel
-		done := make(chan error, 1)
-		go func() { done <- admin.Serve(actx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stopAdmin is called
-		sampled := make(chan struct{})
-		go func() { // the console's plots; exits when stopAdmin is called
-			defer close(sampled)
-			src.History.Run(actx, time.Second, func() admin.Status { return admin.Snapshot(src) })
-		}()
-		defer func() { // after the drain, so that it can be watched
-			stopAdmin()
-			<-sampled
-			if err := <-done; err != nil {
-				mlog.Warn().Err(err).Msg("admin listener")
-			}
-		}()
-	}
-	// After an upgrade the new process serves: stop the admin listener (the
-	// new one answers on the same socket) and drain, as on SIGTERM but
-	// telling systemd nothing.
-	rctx, handOver := context.WithCancel(ctx)
-	hoDone := make(chan struct{})
-	defer func() { handOver(); <-hoDone }()
-	go func() { // exits at the handoff or when run returns
-		defer close(hoDone)
+	defer waitAdmin() // after the drain, so that it can be watched
+	// Once an upgrade's new process serves, this one stops its admin
+	// listener (the new one answers on the same socket) and drains, as on
+	// SIGTERM but telling systemd nothing.
+	rctx, stopServing := context.WithCancel(ctx)
+	upDone := make(chan struct{})
+	defer func() { stopServing(); <-upDone }()
+	go func() { // exits at the hand-over or when serve returns
+		defer close(upDone)
 		select {
-		case <-up.handoff:
+		case <-up.Done():
 			stopAdmin()
-			handOver()
+			stopServing()
 		case <-rctx.Done():
 		}
 	}()
@@ -280,6 +222,57 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	mlog.Info().Msg("stopped")
 	return 0
+}
+
+// tableOf is the running table in ptr; nil before the first.
+func tableOf(ptr *atomic.Pointer[listener.Snapshot]) *sched.Table {
+	if s := ptr.Load(); s != nil {
+		return s.Table
+	}
+	return nil
+}
+
+// startWarnings logs what an operator should hear about at every start.
+func startWarnings(mlog zerolog.Logger, path string, cfg *conf.Config) {
+	if os.Geteuid() == 0 {
+		mlog.Warn().Msg("running as root: fulcrum needs no privilege but binding ports below 1024; run it as an unprivileged user with CAP_NET_BIND_SERVICE, as systemd/fulcrum.service does, or let systemd pass the sockets")
+	}
+	if why := conf.Exposed(path); why != "" {
+		mlog.Warn().Msg(why)
+	}
+	for _, w := range cfg.Warnings() {
+		mlog.Warn().Msg(w)
+	}
+}
+
+// startAdmin serves [admin] listen (the socket a previous process handed
+// over, or a new one) and samples the console's plots until stop is
+// called; wait calls stop and returns once both have ended. Without
+// [admin] listen both do nothing.
+func startAdmin(ac conf.Admin, up *handover.Upgrader, src admin.Source, log, mlog zerolog.Logger) (stop, wait func(), err error) {
+	if !ac.Listen.IsValid() {
+		return func() {}, func() {}, nil
+	}
+	ln, err := up.ListenAdmin()
+	if err != nil {
+		return nil, nil, err
+	}
+	mlog.Info().Stringer("addr", ln.Addr()).Msg("admin listening: /metrics /status /healthz /drain")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- admin.Serve(ctx, ln, admin.Handler(src), admin.Options{Log: log}) }() // exits when stop is called
+	sampled := make(chan struct{})
+	go func() { // the console's plots; exits when stop is called
+		defer close(sampled)
+		src.History.Run(ctx, time.Second, func() admin.Status { return admin.Snapshot(src) })
+	}()
+	return cancel, func() {
+		cancel()
+		<-sampled
+		if err := <-done; err != nil {
+			mlog.Warn().Err(err).Msg("admin listener")
+		}
+	}, nil
 }
 
 // adminClient bounds every request to the admin listener.
@@ -349,6 +342,19 @@ func setLevel(lc conf.Log) {
 		level = zerolog.InfoLevel
 	}
 	zerolog.SetGlobalLevel(level)
+}
+
+// newDaemonLogger is the daemon's root logger: every line goes through a
+// bounded buffer, since a log reader that stops reading must not stop the
+// daemon (package logsink). The caller closes the sink.
+func newDaemonLogger(lc conf.Log, stderr io.Writer) (zerolog.Logger, *logsink.Writer) {
+	sink := logsink.New(stderr, logsink.DefaultSize)
+	log := newLoggerOn(lc, stderr, sink)
+	llog := log.With().Str("component", "log").Logger()
+	sink.OnDrop = func(n uint64) {
+		llog.Warn().Uint64("dropped", n).Uint64("dropped_total", sink.Dropped()).Msgf("log output was stalled: %d lines dropped", n)
+	}
+	return log, sink
 }
 
 // newLogger builds the root logger from the [log] table. Console lines

@@ -199,3 +199,26 @@ func TestDemo(t *testing.T) {
 		t.Errorf("demo exited %d", code)
 	}
 }
+
+// TestUsageNamesEveryCommand holds the usage text to the command table:
+// each command run dispatches has a usage line, and each usage line's
+// command is dispatched.
+func TestUsageNamesEveryCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"-h"}, &out, &errOut); code != 0 {
+		t.Fatalf("run -h = %d; stderr %q", code, errOut.String())
+	}
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^(?:usage:)?\s+fulcrum ([a-z]+)`).FindAllStringSubmatch(out.String(), -1) {
+		listed[m[1]] = true
+	}
+	for name := range commands {
+		if !listed[name] {
+			t.Errorf("command %q is dispatched but not in the usage:\n%s", name, out.String())
+		}
+		delete(listed, name)
+	}
+	if len(listed) > 0 {
+		t.Errorf("the usage names %v, which run does not dispatch", listed)
+	}
+}

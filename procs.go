@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"math"
 	"os"
 	"path"
 	"strconv"
@@ -16,20 +15,12 @@ import (
 // cpuBudget is what the host lets the process use, read once at start: the
 // CPUs of its affinity mask (systemd's CPUAffinity=, taskset, a cpuset) and
 // its cgroup's CPU bandwidth quota (CPUQuota=, a container's CPU limit).
+// Go's own default GOMAXPROCS is derived from the same two (Go 1.25 and
+// later); fulcrum reads them to say where its count comes from, and for the
+// one case where its default differs from Go's (chooseLoops).
 type cpuBudget struct {
 	affinity int     // CPUs in the affinity mask; at least 1
 	quota    float64 // CPUs' worth of time the cgroup allows; 0: no quota
-}
-
-// cpus is the budget in whole CPUs: the affinity mask, capped by the
-// quota rounded up (a quota of 1.5 CPUs keeps two loops busy 75% of the
-// time rather than one at its limit), at least one.
-func (b cpuBudget) cpus() int {
-	n := b.affinity
-	if b.quota > 0 {
-		n = min(n, int(math.Ceil(b.quota)))
-	}
-	return max(n, 1)
 }
 
 func (b cpuBudget) String() string {
@@ -138,17 +129,23 @@ func ratio(quota, period string) float64 {
 }
 
 // chooseLoops is how many event loops (and Go Ps) to run, and why: the
-// file's [process] loops if set; else $GOMAXPROCS if set (env, as the
-// runtime reads it); else one per CPU of the budget (docs/operations.md
-// says why all of them).
-func chooseLoops(set int, env string, b cpuBudget) (int, string) {
+// file's [process] loops if set; else procs, runtime.GOMAXPROCS(0) read at
+// start, which is $GOMAXPROCS if that is set (env, as the runtime reads
+// it) and else Go's default: one per CPU of the affinity mask, capped by
+// the cgroup's quota rounded up (docs/operations.md says why all of them).
+// Under a quota of one CPU or less Go's floor is two Ps; fulcrum's
+// documented default is one loop there.
+func chooseLoops(set int, env string, procs int, b cpuBudget) (int, string) {
 	if set > 0 {
 		return set, "[process] loops"
 	}
 	if n, err := strconv.Atoi(strings.TrimSpace(env)); err == nil && n > 0 {
-		return n, "$GOMAXPROCS"
+		return procs, "$GOMAXPROCS"
 	}
-	return b.cpus(), "one per CPU the process may use: " + b.String()
+	if b.quota > 0 && b.quota <= 1 {
+		procs = 1
+	}
+	return procs, "one per CPU the process may use: " + b.String()
 }
 
 func plural(n int) string {

@@ -66,22 +66,23 @@ func TestChooseLoops(t *testing.T) {
 		name     string
 		set      int
 		env      string
+		procs    int // runtime.GOMAXPROCS(0) at start
 		b        cpuBudget
 		want     int
 		wantFrom string
 	}{
-		{"the file wins", 3, "5", cpuBudget{affinity: 8}, 3, "[process] loops"},
-		{"then $GOMAXPROCS", 0, "5", cpuBudget{affinity: 8}, 5, "$GOMAXPROCS"},
-		{"a bad $GOMAXPROCS is the runtime's to refuse", 0, "many", cpuBudget{affinity: 8}, 8, "one per CPU the process may use: 8 in the affinity mask, no CPU quota"},
-		{"every CPU of the mask", 0, "", cpuBudget{affinity: 4}, 4, "one per CPU the process may use: 4 in the affinity mask, no CPU quota"},
-		{"a quota rounds up", 0, "", cpuBudget{affinity: 8, quota: 1.5}, 2, "one per CPU the process may use: 8 in the affinity mask, a CPU quota of 1.5"},
-		{"a quota under one CPU is one loop", 0, "", cpuBudget{affinity: 8, quota: 0.2}, 1, "one per CPU the process may use: 8 in the affinity mask, a CPU quota of 0.2"},
-		{"a quota above the mask", 0, "", cpuBudget{affinity: 2, quota: 6}, 2, "one per CPU the process may use: 2 in the affinity mask, a CPU quota of 6"},
+		{"the file wins", 3, "5", 5, cpuBudget{affinity: 8}, 3, "[process] loops"},
+		{"then $GOMAXPROCS", 0, "5", 5, cpuBudget{affinity: 8}, 5, "$GOMAXPROCS"},
+		{"a bad $GOMAXPROCS is the runtime's to refuse", 0, "many", 8, cpuBudget{affinity: 8}, 8, "one per CPU the process may use: 8 in the affinity mask, no CPU quota"},
+		{"every CPU of the mask", 0, "", 4, cpuBudget{affinity: 4}, 4, "one per CPU the process may use: 4 in the affinity mask, no CPU quota"},
+		{"a quota rounds up", 0, "", 2, cpuBudget{affinity: 8, quota: 1.5}, 2, "one per CPU the process may use: 8 in the affinity mask, a CPU quota of 1.5"},
+		{"a quota under one CPU is one loop (Go's floor is two)", 0, "", 2, cpuBudget{affinity: 8, quota: 0.2}, 1, "one per CPU the process may use: 8 in the affinity mask, a CPU quota of 0.2"},
+		{"a quota above the mask", 0, "", 2, cpuBudget{affinity: 2, quota: 6}, 2, "one per CPU the process may use: 2 in the affinity mask, a CPU quota of 6"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			n, from := chooseLoops(c.set, c.env, c.b)
+			n, from := chooseLoops(c.set, c.env, c.procs, c.b)
 			if n != c.want || from != c.wantFrom {
-				t.Errorf("chooseLoops(%d, %q, %+v) = %d, %q; want %d, %q", c.set, c.env, c.b, n, from, c.want, c.wantFrom)
+				t.Errorf("chooseLoops(%d, %q, %d, %+v) = %d, %q; want %d, %q", c.set, c.env, c.procs, c.b, n, from, c.want, c.wantFrom)
 			}
 		})
 	}

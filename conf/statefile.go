@@ -12,8 +12,8 @@ import (
 // at start when the state file exists but cannot be read as one.
 var StateDamaged = []string{"refuse", "start-empty"}
 
-// stateHeader is how every state file fulcrum writes begins (reload's
-// SavedState, marshalled with its first field "fulcrum_state"; files of
+// stateHeader is how every state file fulcrum writes begins (a
+// statefile.State, marshalled with its first field "fulcrum_state"; files of
 // earlier releases begin with "saved"). A file that begins otherwise is not
 // fulcrum's, and fulcrum must not overwrite it.
 var stateHeader = regexp.MustCompile(`^\s*\{\s*"(fulcrum_state|saved)"\s*:`)

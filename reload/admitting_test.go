@@ -37,7 +37,7 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 		}
 		in.h.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
-	in.h.m = New("", &in.h.ptr, in.h.srv, log)
+	in.h.m = New("", &in.h.ptr, in.h.srv, log, Options{})
 	t.Cleanup(func() { in.h.m.Shutdown(context.Background()) })
 	cfg, err := conf.Parse("t.toml", []byte(text))
 	if err != nil {

@@ -142,7 +142,7 @@ func (m *Manager) commitWriters(p *plan) {
 		m.failback = time.AfterFunc(time.Until(p.failbackDue)+time.Millisecond, m.refresh) // refresh takes m.mu; after Shutdown it does nothing
 	}
 	if changed {
-		m.StateChanged()
+		m.opt.State.Changed()
 	}
 }
 

@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/sched"
+	"fulcrum/statefile"
 	"fulcrum/status"
 )
 
@@ -171,15 +174,18 @@ func failOver(t *testing.T, r *run, a *namer) time.Time {
 }
 
 // withState runs a Manager with the state file at path, restored from it.
-func withState(t *testing.T, path string) func(*Manager) {
-	return func(m *Manager) {
-		st, err := ReadState(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.StateFile = path
-		m.Restore(st)
+func withState(t *testing.T, path string) func(*Options) {
+	return func(o *Options) { o.State = openState(t, path) }
+}
+
+// openState opens the state file at path as a start does.
+func openState(t *testing.T, path string) *statefile.File {
+	t.Helper()
+	f, err := statefile.Open(path, false, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
 	}
+	return f
 }
 
 // TestFailbackNever: first over three real backends with failback =
@@ -200,8 +206,8 @@ func TestFailbackNever(t *testing.T) {
 		t.Errorf("/status writer %+v; want b", st.Services)
 	}
 	r.stop() // writes the state file as it exits
-	st, err := ReadState(sf)
-	if err != nil || len(st.Writers) != 1 || st.Writers[0] != (SavedWriter{"db", "b", st.Writers[0].Since}) || st.Writers[0].Since.IsZero() {
+	st, err := statefile.Read(sf)
+	if err != nil || len(st.Writers) != 1 || st.Writers[0] != (statefile.Writer{Service: "db", Backend: "b", Since: st.Writers[0].Since}) || st.Writers[0].Since.IsZero() {
 		t.Fatalf("state file writers %+v (%v); want db's writer b with its time", st.Writers, err)
 	}
 

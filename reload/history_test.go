@@ -107,7 +107,7 @@ func TestUnresolvedAddressShown(t *testing.T) {
 	dns := &dnsStub{}
 	port := b.Addr[strings.LastIndex(b.Addr, ":")+1:]
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "b", addr: "b.test:" + port, weight: 1}}})
-	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
 	addr := func() string {
 		return status.Of(status.Source{Table: r.m.Table}).Services[0].Backends[0].Address
 	}

@@ -439,7 +439,7 @@ func BenchmarkReload10k(b *testing.B) {
 	files := [][]byte{bigConfig(10000, 0), bigConfig(10000, 1)}
 	var ptr atomic.Pointer[listener.Snapshot]
 	srv := listener.New(&ptr, zerolog.Nop())
-	m := New("", &ptr, srv, zerolog.Nop())
+	m := New("", &ptr, srv, zerolog.Nop(), Options{})
 	defer m.Shutdown(b.Context())
 	cfg, err := conf.Parse("big.toml", files[0])
 	if err != nil {

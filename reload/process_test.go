@@ -40,7 +40,7 @@ func TestApplyWarnsProcessAtRestart(t *testing.T) {
 	var ptr atomic.Pointer[listener.Snapshot]
 	log := zerolog.New(&logs)
 	srv := listener.New(&ptr, log)
-	m := New("", &ptr, srv, log)
+	m := New("", &ptr, srv, log, Options{})
 	t.Cleanup(func() { m.Shutdown(context.Background()) })
 	parse := func(src string) *conf.Config {
 		t.Helper()

@@ -10,8 +10,7 @@
 //
 //	var ptr atomic.Pointer[listener.Snapshot]
 //	srv := listener.New(&ptr, log)
-//	m := reload.New(path, &ptr, srv, log)
-//	m.Hup = hupSignals // optional: SIGHUP reloads at once
+//	m := reload.New(path, &ptr, srv, log, reload.Options{Hup: hupSignals}) // SIGHUP reloads at once
 //	err := m.Run(ctx, cfg) // applies cfg, follows the file until ctx ends, then shuts down
 //
 // Ownership: Run owns the file watcher, the debounce timer, the recheck
@@ -38,60 +37,66 @@ import (
 	"fulcrum/health"
 	"fulcrum/listener"
 	"fulcrum/sched"
+	"fulcrum/statefile"
 	"fulcrum/status"
 	"fulcrum/systemd"
 )
 
-// Manager applies configurations, one at a time.
-type Manager struct {
-	// Hup, if set before Run, reloads the file at once on every receive,
-	// even when its content looks unchanged (host names are re-resolved).
+// Options are a Manager's collaborators and settings, fixed at New; the
+// zero value of each field is valid.
+type Options struct {
+	// Hup reloads the file at once on every receive, even when its content
+	// looks unchanged (host names are re-resolved). nil: only the file's
+	// events and the recheck reload.
 	Hup <-chan struct{}
-	// Notify, if set before Run, is told of reloads in sd_notify terms
-	// ("RELOADING=1…", "READY=1…"). A nil Notify is a no-op.
+	// Notify is told of reloads in sd_notify terms ("RELOADING=1…",
+	// "READY=1…"). nil is a no-op.
 	Notify func(state string) error
-	// OnLog, if set, applies the reloadable [log] settings (level) of each
-	// configuration that is applied.
+	// OnLog applies the reloadable [log] settings (level) of each
+	// configuration that is applied. nil: none.
 	OnLog func(conf.Log)
-	// Watchdog, if set before Run, is how often to send WATCHDOG=1 (half of
-	// WATCHDOG_USEC). A ping is sent only when the accept loops have
-	// answered the Server's heartbeat and this loop is running.
+	// Watchdog is how often to send WATCHDOG=1 (half of WATCHDOG_USEC). A
+	// ping is sent only when the accept loops have answered the Server's
+	// heartbeat and Run's loop is running. 0: no pings.
 	Watchdog time.Duration
-	// Lookup, if set before Run or the first Apply, resolves backend host
-	// names; nil is the system resolver.
-	Lookup LookupFunc
-	// ResolveTimeout, if set before Run or the first Apply, bounds one round
-	// of name resolution (every name at once); 0 is DefaultResolveTimeout.
-	ResolveTimeout time.Duration
-	// StateFile, if set before Run, is where the instance drain, overrides
-	// and last known health are written ([admin] state_file); see
-	// SavedState. "" writes nothing.
-	StateFile string
-	// Instance, if set before Run, reports the instance's drain for the
-	// state file: who drained it and since when, ok false when it is not
-	// drained by an operator.
-	Instance func() (by string, since time.Time, ok bool)
-	// Alive, if set before Run, is the liveness probe the watchdog ping
-	// depends on: it reports whether every accept loop has answered within
-	// maxAge. nil is the Server's own (listener.Server.Alive).
+	// Alive is the liveness probe the watchdog ping depends on: it reports
+	// whether every accept loop has answered within maxAge. nil is the
+	// Server's own (listener.Server.Alive).
 	Alive func(maxAge time.Duration) bool
-	// Sockets, if set before the first Apply, names the listening sockets
-	// passed by systemd (FileDescriptorName= → addresses): a service of that
-	// name also listens on them, whatever its listen list says.
+	// Lookup resolves backend host names; nil is the system resolver.
+	Lookup LookupFunc
+	// ResolveTimeout bounds one round of name resolution (every name at
+	// once); 0 is DefaultResolveTimeout.
+	ResolveTimeout time.Duration
+	// State is [admin] state_file: the first commit restores what it read,
+	// every commit and change marks it to be written, and Run runs its
+	// writer. nil keeps nothing.
+	State *statefile.File
+	// Instance reports the instance's drain for the state file: who drained
+	// it and since when, ok false when it is not drained by an operator.
+	// nil: never drained.
+	Instance func() (by string, since time.Time, ok bool)
+	// Sockets names the listening sockets passed by systemd
+	// (FileDescriptorName= → addresses; handover.Upgrader.Sockets): a
+	// service of that name also listens on them, whatever its listen list
+	// says.
 	Sockets map[string][]netip.AddrPort
 
+	// newWatcher, if set, replaces newWatcher: a test creates the watcher
+	// under a lowered inotify queue with it.
+	newWatcher func() (*watcher, error)
+}
+
+// Manager applies configurations, one at a time.
+type Manager struct {
+	opt   Options
 	path  string
 	ptr   *atomic.Pointer[listener.Snapshot]
 	srv   *listener.Server
 	log   zerolog.Logger
-	ovlog zerolog.Logger // overrides and restored state, under component "state"
-	// newWatcher, if set before Run, replaces newWatcher: a test creates the
-	// watcher under a lowered inotify queue with it.
-	newWatcher func() (*watcher, error)
+	ovlog zerolog.Logger // overrides, under component "state"
 
 	pool   backend.Pool
-	dirty  chan struct{}      // StateChanged → saveLoop
-	handed atomic.Bool        // HandOver was called: the state file is another process's now
 	health *health.Controller // the checks, passive expiry, slow start and transitions; Run runs it
 	watch  status.Watcher     // each service's own state (fallback, holding), read after every swap
 
@@ -102,12 +107,11 @@ type Manager struct {
 	stopped    bool            // Shutdown has run
 	drainCtx   context.Context // parent of every drain; ended by stopDrains when Shutdown's context ends
 	stopDrains context.CancelFunc
-	seq        atomic.Uint64              // the last Table.Seq handed out
-	restore    map[[2]string]SavedBackend // Restore's state, for the first apply; nil after it
-	writers    map[string]writerState     // failback: each such service's writer (failback.go); replaced whole at each commit
-	promote    map[string]promotion       // failback: Promote's wishes, for the next build
-	started    time.Time                  // the first commit: health known before it counts from it (failback)
-	failback   *time.Timer                // the next after: failback's refresh; nil when none is due
+	seq        atomic.Uint64          // the last Table.Seq handed out
+	writers    map[string]writerState // failback: each such service's writer (failback.go); replaced whole at each commit
+	promote    map[string]promotion   // failback: Promote's wishes, for the next build
+	started    time.Time              // the first commit: health known before it counts from it (failback)
+	failback   *time.Timer            // the next after: failback's refresh; nil when none is due
 
 	statusMu sync.Mutex // protects status and draining
 	status   Status
@@ -118,10 +122,18 @@ type Manager struct {
 // of the one status type.
 type Status = status.Reload
 
-// New returns a Manager for the file at path.
-func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Server, log zerolog.Logger) *Manager {
-	m := &Manager{path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
-		ovlog: log.With().Str("component", "state").Logger(), dirty: make(chan struct{}, 1)}
+// New returns a Manager for the file at path, which publishes its
+// snapshots to ptr for srv (listener.New(ptr, …)). opt is fixed from here
+// on. The writers of failback services are taken back from opt.State.
+func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Server, log zerolog.Logger, opt Options) *Manager {
+	m := &Manager{opt: opt, path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
+		ovlog: log.With().Str("component", "state").Logger()}
+	if ws := opt.State.Restored().Writers; len(ws) > 0 {
+		m.writers = map[string]writerState{}
+		for _, w := range ws {
+			m.writers[w.Service] = writerState{w.Backend, w.Since} // the first build keeps it if it is up (failback.go)
+		}
+	}
 	m.drainCtx, m.stopDrains = context.WithCancel(context.Background())
 	m.health = health.New(log, m.Table, m.refresh)
 	m.pool.Changes = m.health.Changes()
@@ -185,7 +197,7 @@ func (m *Manager) refresh() {
 	p.draft.Commit() // nothing new: the running configuration's backends all exist
 	m.swapped(old, m.publish(p))
 	m.commitWriters(p)
-	m.StateChanged() // health may have changed
+	m.opt.State.Changed() // health may have changed
 }
 
 // StatusLine is the one-line summary systemd shows (STATUS=): generation,
@@ -218,8 +230,8 @@ func (m *Manager) Status() Status {
 }
 
 func (m *Manager) notify(state string) {
-	if m.Notify != nil {
-		if err := m.Notify(state); err != nil {
+	if m.opt.Notify != nil {
+		if err := m.opt.Notify(state); err != nil {
 			m.log.Warn().Err(err).Msg("sd_notify failed")
 		}
 	}
@@ -240,15 +252,15 @@ func (m *Manager) Apply(cfg *conf.Config) error {
 }
 
 func (m *Manager) lookup() LookupFunc {
-	if m.Lookup != nil {
-		return m.Lookup
+	if m.opt.Lookup != nil {
+		return m.opt.Lookup
 	}
 	return defaultLookup
 }
 
 func (m *Manager) resolveTimeout() time.Duration {
-	if m.ResolveTimeout > 0 {
-		return m.ResolveTimeout
+	if m.opt.ResolveTimeout > 0 {
+		return m.opt.ResolveTimeout
 	}
 	return DefaultResolveTimeout
 }
@@ -298,16 +310,16 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 		b.SetAddressError(err, start)
 	}
 	m.dns = dns
-	m.restoreOnce(p)          // before the swap: a backend down before a restart takes nothing
-	health.AwaitRoles(p.jobs) // before the swap: a node not asked yet takes nothing
+	m.opt.State.Restore(p.table) // the first commit only; before the swap: a backend down before a restart takes nothing
+	health.AwaitRoles(p.jobs)    // before the swap: a node not asked yet takes nothing
 	m.swapped(old, m.publish(p))
 	m.commitWriters(p)
 	opened, closed := ch.Commit()
 	m.settle(old, p.table)
 	m.health.SetChecks(p.jobs)
 	m.health.Kick()
-	if m.OnLog != nil {
-		m.OnLog(cfg.Log)
+	if m.opt.OnLog != nil {
+		m.opt.OnLog(cfg.Log)
 	}
 	if m.cur != nil && !m.cur.Admin.Equal(cfg.Admin) {
 		m.log.Warn().Msg("[admin] changes only at restart; keeping the running admin listener")
@@ -321,7 +333,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 			Msg("log.format changes only at restart; keeping the running format")
 	}
 	m.cur = cfg
-	m.StateChanged()
+	m.opt.State.Changed()
 	took := time.Since(start)
 
 	m.statusMu.Lock()
@@ -442,7 +454,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 		}
 		services = append(services, svc)
 		svc.Listen = slices.Clone(cs.Listen)
-		for _, a := range m.Sockets[cs.Name] {
+		for _, a := range m.opt.Sockets[cs.Name] {
 			if !slices.Contains(svc.Listen, a) {
 				svc.Listen = append(svc.Listen, a)
 			}

@@ -30,7 +30,7 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t}
 	log := zerolog.New(io.Discard)
 	h.srv = listener.New(&h.ptr, log)
-	h.m = New("", &h.ptr, h.srv, log)
+	h.m = New("", &h.ptr, h.srv, log, Options{})
 	t.Cleanup(func() { h.m.Shutdown(context.Background()) })
 	return h
 }
@@ -254,7 +254,7 @@ func TestTableSeq(t *testing.T) {
 func TestShutdownDeadline(t *testing.T) {
 	h := &harness{t: t}
 	h.srv = listener.New(&h.ptr, zerolog.Nop())
-	h.m = New("", &h.ptr, h.srv, zerolog.Nop())
+	h.m = New("", &h.ptr, h.srv, zerolog.Nop(), Options{})
 	be, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

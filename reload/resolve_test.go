@@ -61,7 +61,7 @@ func TestUnresolvableBackend(t *testing.T) {
 	bPort := b.Addr[strings.LastIndex(b.Addr, ":"):]
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{
 		{name: "a", addr: a.Addr, weight: 1}, {name: "b", addr: "b.test" + bPort, weight: 1}}})
-	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
 	bk := r.ptr.Load().Services[0].Targets[1].B
 	if up, reason, _ := bk.Health(); up || !strings.HasPrefix(reason, "resolve: ") {
 		t.Fatalf("backend b: up %v, reason %q; want down with a resolve reason", up, reason)
@@ -95,10 +95,10 @@ func TestLoopNeverBlocks(t *testing.T) {
 	a := testkit.NewServer(t, greetEcho("a"))
 	dns := &dnsStub{}
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}})
-	r := startRun(t, t.TempDir(), text, func(m *Manager) {
-		m.Lookup = dns.lookup
-		m.ResolveTimeout = time.Hour
-		m.Watchdog = 200 * time.Millisecond
+	r := startRun(t, t.TempDir(), text, func(o *Options) {
+		o.Lookup = dns.lookup
+		o.ResolveTimeout = time.Hour
+		o.Watchdog = 200 * time.Millisecond
 	})
 	dns.mu.Lock()
 	dns.hang = true
@@ -190,7 +190,7 @@ func TestAddressChange(t *testing.T) {
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr",
 		backends: []be{{name: "db", addr: "db.test" + port, weight: 1}}})
 	text = strings.Replace(text, "[reload]\n", "[reload]\nresolve_interval = \"1s\"\n", 1)
-	r := startRun(t, t.TempDir(), text, func(m *Manager) { m.Lookup = dns.lookup })
+	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
 	addr := r.addr("127.0.0.1:0")
 	old, err := dialSession(addr) // a session on the old address, kept open
 	if err != nil {
@@ -222,9 +222,9 @@ func TestWatchdogWithheld(t *testing.T) {
 	a := testkit.NewServer(t, greetEcho("a"))
 	var frozen atomic.Bool
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "a", addr: a.Addr, weight: 1}}}),
-		func(m *Manager) {
-			m.Watchdog = 100 * time.Millisecond
-			m.Alive = func(time.Duration) bool { return !frozen.Load() }
+		func(o *Options) {
+			o.Watchdog = 100 * time.Millisecond
+			o.Alive = func(time.Duration) bool { return !frozen.Load() }
 		})
 	pings := func(n int, within time.Duration) int {
 		t.Helper()

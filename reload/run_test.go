@@ -76,8 +76,8 @@ func render(services ...svc) string {
 
 // startRun writes text to dir/fulcrum.toml (unless the file exists already,
 // as a symlink layout made by the test) and runs a Manager on it, after
-// applying opts to it.
-func startRun(t *testing.T, dir, text string, opts ...func(*Manager)) *run {
+// applying opts to its Options.
+func startRun(t *testing.T, dir, text string, opts ...func(*Options)) *run {
 	t.Helper()
 	r := &run{t: t, dir: dir, path: filepath.Join(dir, "fulcrum.toml"), logs: testkit.NewLogSink(),
 		events: make(chan string, 4096), hup: make(chan struct{}, 1), done: make(chan error, 1)}
@@ -90,15 +90,14 @@ func startRun(t *testing.T, dir, text string, opts ...func(*Manager)) *run {
 	}
 	log := zerolog.New(r.logs)
 	r.srv = listener.New(&r.ptr, log)
-	r.m = New(r.path, &r.ptr, r.srv, log)
-	r.m.Hup = r.hup
-	r.m.Notify = func(s string) error {
+	opt := Options{Hup: r.hup, Notify: func(s string) error {
 		r.events <- s
 		return nil
-	}
+	}}
 	for _, o := range opts {
-		o(r.m)
+		o(&opt)
 	}
+	r.m = New(r.path, &r.ptr, r.srv, log, opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- r.m.Run(ctx, cfg) }() // exits when the test's cleanup cancels ctx

@@ -12,6 +12,7 @@ import (
 	"fulcrum/backend"
 	"fulcrum/conf"
 	"fulcrum/internal/testkit"
+	"fulcrum/statefile"
 	"fulcrum/status"
 )
 
@@ -99,22 +100,21 @@ func TestStateFile(t *testing.T) {
 	health := "[services.s.health]\ncheck = \"tcp\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 3\nfall = 1\n"
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", extra: health, backends: []be{
 		{name: "a", addr: live.Addr, weight: 1}, {name: "dead", addr: testkit.DeadAddr(t), weight: 1}, {name: "m", addr: live.Addr, weight: 1}}})
-	withState := func(m *Manager) { m.StateFile = state }
-	r := startRun(t, dir, text, withState)
+	r := startRun(t, dir, text, withState(t, state))
 	if _, err := r.m.SetOverride("s", "m", backend.Maint, "test"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.m.SetOverride("s", "nosuch", backend.Drain, "test"); err == nil {
 		t.Error("SetOverride of an unknown backend succeeded")
 	}
-	read := func() SavedState {
-		st, err := ReadState(state)
+	read := func() statefile.State {
+		st, err := statefile.Read(state)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return st
 	}
-	find := func(st SavedState, name string) *SavedBackend {
+	find := func(st statefile.State, name string) *statefile.Backend {
 		for i := range st.Backends {
 			if st.Backends[i].Backend == name {
 				return &st.Backends[i]
@@ -139,21 +139,20 @@ func TestStateFile(t *testing.T) {
 	if err := json.Unmarshal(data, &raw); err != nil {
 		t.Fatalf("state file is not JSON: %v\n%s", err, data)
 	}
-	if !conf.IsStateFile(data) || raw["fulcrum_state"] != float64(stateFormat) {
+	if !conf.IsStateFile(data) || raw["fulcrum_state"] != float64(statefile.Format) {
 		t.Errorf("the state file does not begin with the header conf looks for:\n%s", data)
 	}
 
 	// Next start: "dead" now answers, but was down: it waits for rise
 	// checks; m is still in maint.
-	saved := read()
-	d := find(saved, "dead")
+	d := find(read(), "dead")
 	if d == nil {
 		t.Fatal("dead is not in the state file")
 	}
 	lateLive := testkit.NewServer(t, testkit.Echo)
 	text2 := strings.Replace(text, findAddr(t, text, "dead"), lateLive.Addr, 1)
 	dir2 := t.TempDir()
-	r2 := startRun(t, dir2, text2, func(m *Manager) { m.StateFile = state; m.Restore(saved) })
+	r2 := startRun(t, dir2, text2, withState(t, state))
 	src := status.Source{Table: r2.m.Table}
 	if b := findBackend(status.Of(src), "s", "dead"); b == nil || b.State != "down" || !strings.Contains(b.Reason, "before the restart") {
 		t.Fatalf("restored backend at start: %+v; want down since before the restart", b)

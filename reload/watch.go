@@ -34,15 +34,15 @@ import (
 func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	r := &runner{m: m, cfg: cfg.Reload, watched: map[string]dirID{}}
 	r.ld = newLoader(m, cfg.Digest)
-	if m.Watchdog > 0 {
-		m.srv.SetHeartbeat(m.Watchdog / 2) // before the first accept loop starts
+	if m.opt.Watchdog > 0 {
+		m.srv.SetHeartbeat(m.opt.Watchdog / 2) // before the first accept loop starts
 	}
 	// Watch before applying, so that no edit made from here on is missed.
 	var events <-chan event
 	var werrs <-chan error
 	mk := newWatcher
-	if m.newWatcher != nil {
-		mk = m.newWatcher
+	if m.opt.newWatcher != nil {
+		mk = m.opt.newWatcher
 	}
 	w, err := mk()
 	if err != nil {
@@ -54,8 +54,8 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	}
 	sctx, stopSaver := context.WithCancel(context.Background())
 	saverDone := make(chan struct{})
-	go func() { m.saveLoop(sctx); close(saverDone) }() // exits when stopSaver is called, as Run returns, after its last write
-	defer func() { stopSaver(); <-saverDone }()        // after Shutdown: the state at exit is written
+	go func() { m.opt.State.Run(sctx, m.savedState); close(saverDone) }() // exits when stopSaver is called, as Run returns, after its last write
+	defer func() { stopSaver(); <-saverDone }()                           // after Shutdown: the state at exit is written
 	if err := m.Apply(cfg); err != nil {
 		m.srv.Close()
 		return err
@@ -100,8 +100,8 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 		debounce.Reset(r.cfg.Debounce)
 	}
 	var watchdog <-chan time.Time
-	if m.Watchdog > 0 {
-		t := time.NewTicker(m.Watchdog)
+	if m.opt.Watchdog > 0 {
+		t := time.NewTicker(m.opt.Watchdog)
 		defer t.Stop()
 		watchdog = t.C
 	}
@@ -138,7 +138,7 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			}
 			r.applyLoaded(res)
 			r.resetResolve(resolveTick)
-		case <-m.Hup:
+		case <-m.opt.Hup:
 			debounce.Stop()
 			r.check(true)
 			r.resetRecheck(recheck)
@@ -147,10 +147,10 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 			// their heartbeat (every half interval) within two intervals,
 			// or systemd hears nothing.
 			alive := m.srv.Alive
-			if m.Alive != nil {
-				alive = m.Alive
+			if m.opt.Alive != nil {
+				alive = m.opt.Alive
 			}
-			if alive(2 * m.Watchdog) {
+			if alive(2 * m.opt.Watchdog) {
 				m.notify(systemd.Watchdog + "\n" + systemd.Status(m.StatusLine()))
 			} else {
 				m.log.Error().Msg("an accept loop did not answer; withholding the watchdog ping")

@@ -124,7 +124,7 @@ func TestRunInotifyOverflow(t *testing.T) {
 		return strings.Replace(render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{"a", a.Addr, w, ""}}}),
 			"[reload]\n", "[reload]\nrecheck = \"2s\"\n", 1)
 	}
-	r := startRun(t, t.TempDir(), text(1), func(m *Manager) { m.newWatcher = lowered })
+	r := startRun(t, t.TempDir(), text(1), func(o *Options) { o.newWatcher = lowered })
 	if b, _ := os.ReadFile(sysctl); string(b) != string(old) {
 		t.Fatalf("%s = %q; want it restored to %q", sysctl, b, old)
 	}

@@ -598,8 +598,7 @@ func (h *harness) start(n int, exp []listener.Exported) (*instance, error) {
 		}
 		in.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
-	in.m = reload.New(h.path, &in.ptr, in.srv, log)
-	in.m.Hup = in.hup
+	in.m = reload.New(h.path, &in.ptr, in.srv, log, reload.Options{Hup: in.hup})
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go func() { in.done <- in.m.Run(ctx, cfg) }() // exits when stop cancels ctx, after Shutdown and Server.Wait

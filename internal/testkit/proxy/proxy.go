@@ -67,9 +67,8 @@ func Start(t testing.TB, text string) *Proxy {
 	p := &Proxy{Logs: testkit.NewLogSink(), done: make(chan error, 1)}
 	log := zerolog.New(p.Logs)
 	p.srv = listener.New(&p.ptr, log)
-	m := reload.New(path, &p.ptr, p.srv, log)
 	ready := make(chan struct{}, 1)
-	m.Notify = func(s string) error {
+	m := reload.New(path, &p.ptr, p.srv, log, reload.Options{Notify: func(s string) error {
 		if strings.HasPrefix(s, "READY=1") {
 			select {
 			case ready <- struct{}{}:
@@ -77,7 +76,7 @@ func Start(t testing.TB, text string) *Proxy {
 			}
 		}
 		return nil
-	}
+	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- m.Run(ctx, cfg) }() // exits when the test's cleanup cancels ctx
