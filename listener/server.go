@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -415,9 +416,8 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	n := s.nlp
 	if n <= 0 {
-		n = loopProcs() // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
+		n = runtime.GOMAXPROCS(0) // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
 	}
-	reserveP(n)
 	lps := make(loops, 0, n)
 	for range n {
 		lp, err := newLoop()
