@@ -2,6 +2,7 @@
 #
 #   make                  ./fulcrum (version stamped from git describe) and the man pages
 #   make install          into $(DESTDIR)$(PREFIX): binary, units, man pages, completion,
+#                         the opt-in drop-in share/fulcrum/transparent.conf (not enabled),
 #                         and /etc/fulcrum/fulcrum.toml unless one exists
 #   make deb              build/fulcrum_VERSION_ARCH.deb (packaging/deb/build.sh)
 #   make test             the full suite;  make test-short: the quick one
@@ -42,12 +43,14 @@ man:
 
 install: all
 	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(MANDIR)/man5 \
-		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(SYSCONFDIR)/fulcrum
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(SYSCONFDIR)/fulcrum $(DESTDIR)$(PREFIX)/share/fulcrum
 	$(INSTALL) -m 0755 fulcrum $(DESTDIR)$(BINDIR)/fulcrum
 	sed -e 's|/usr/local/bin/fulcrum|$(BINDIR)/fulcrum|g' -e 's|/etc/fulcrum/|$(SYSCONFDIR)/fulcrum/|g' \
 		systemd/fulcrum.service >$(DESTDIR)$(UNITDIR)/fulcrum.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/fulcrum.service
 	$(INSTALL) -m 0644 systemd/fulcrum.socket $(DESTDIR)$(UNITDIR)/fulcrum.socket
+	@# source = "client"'s capability: shipped, enabled only by the operator (docs/databases.md).
+	$(INSTALL) -m 0644 systemd/transparent.conf $(DESTDIR)$(PREFIX)/share/fulcrum/transparent.conf
 	$(INSTALL) -m 0644 build/man/fulcrum.8 $(DESTDIR)$(MANDIR)/man8/fulcrum.8
 	$(INSTALL) -m 0644 build/man/fulcrum.toml.5 $(DESTDIR)$(MANDIR)/man5/fulcrum.toml.5
 	$(INSTALL) -m 0644 completion/fulcrum.bash $(DESTDIR)$(BASHCOMPDIR)/fulcrum
@@ -64,6 +67,7 @@ install: all
 # The configuration stays, as a package's conffile does until a purge.
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/fulcrum $(DESTDIR)$(UNITDIR)/fulcrum.service $(DESTDIR)$(UNITDIR)/fulcrum.socket \
+		$(DESTDIR)$(PREFIX)/share/fulcrum/transparent.conf \
 		$(DESTDIR)$(MANDIR)/man8/fulcrum.8 $(DESTDIR)$(MANDIR)/man5/fulcrum.toml.5 \
 		$(DESTDIR)$(BASHCOMPDIR)/fulcrum $(DESTDIR)$(ZSHCOMPDIR)/_fulcrum
 

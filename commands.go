@@ -98,14 +98,8 @@ func warnInvalid(w io.Writer, name, addr string, invalid error) {
 	table := "the running table"
 	c := adminClient
 	c.Timeout = 2 * time.Second
-	if resp, err := c.Get("http://" + addr + "/status"); err == nil {
-		var st struct {
-			Generation uint64 `json:"generation"`
-		}
-		if json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&st) == nil && st.Generation > 0 {
-			table = fmt.Sprintf("the running table %d", st.Generation)
-		}
-		resp.Body.Close()
+	if _, st, err := fetchStatus(&c, addr); err == nil && st.Generation > 0 {
+		table = fmt.Sprintf("the running table %d", st.Generation)
 	}
 	fmt.Fprintf(w, "fulcrum %s: the file on disk is invalid; %s ignores it:\n  %s\n", name, table,
 		strings.ReplaceAll(invalid.Error(), "\n", "\n  "))
@@ -138,20 +132,14 @@ func status(args []string, stdout, stderr io.Writer) int {
 	if addr == "" {
 		return code
 	}
-	resp, err := adminClient.Get("http://" + addr + "/status")
+	js, st, err := fetchStatus(&adminClient, addr)
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %v\n", unreachable(err))
+		fmt.Fprintf(stderr, "fulcrum status: %v\n", err)
 		return 1
 	}
-	defer resp.Body.Close()
 	if *raw {
-		io.Copy(stdout, resp.Body)
+		stdout.Write(js)
 		return 0
-	}
-	var st admin.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintf(stderr, "fulcrum status: %s: %v\n", addr, err)
-		return 1
 	}
 	if *events {
 		admin.WriteEvents(stdout, st.Events)
@@ -238,15 +226,9 @@ func setList(args []string, stdout, stderr io.Writer) int {
 	if addr == "" {
 		return code
 	}
-	resp, err := adminClient.Get("http://" + addr + "/status")
+	_, st, err := fetchStatus(&adminClient, addr)
 	if err != nil {
-		fmt.Fprintf(stderr, "fulcrum set: %v\n", unreachable(err))
-		return 1
-	}
-	defer resp.Body.Close()
-	var st admin.Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		fmt.Fprintf(stderr, "fulcrum set: %s: %v\n", addr, err)
+		fmt.Fprintf(stderr, "fulcrum set: %v\n", err)
 		return 1
 	}
 	for _, s := range st.Services {
@@ -302,6 +284,33 @@ func upgrade(args []string, stdout, stderr io.Writer) int {
 	}
 	stdout.Write(body)
 	return 0
+}
+
+// maxStatus bounds the /status a command reads: tens of thousands of
+// backends fit.
+const maxStatus = 64 << 20
+
+// fetchStatus asks the admin listener at addr for /status with c: the JSON
+// as served, and read into a Status. err says what went wrong in words
+// fit for the command's error line: unreachable, an answer that is not 200
+// OK (with its text), or one that is not a status.
+func fetchStatus(c *http.Client, addr string) (js []byte, st admin.Status, err error) {
+	resp, err := c.Get("http://" + addr + "/status")
+	if err != nil {
+		return nil, st, unreachable(err)
+	}
+	defer resp.Body.Close()
+	js, err = io.ReadAll(io.LimitReader(resp.Body, maxStatus))
+	if err != nil {
+		return nil, st, fmt.Errorf("%s/status: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, st, fmt.Errorf("%s/status: %s: %s", addr, resp.Status, bytes.TrimSpace(js))
+	}
+	if err := json.Unmarshal(js, &st); err != nil {
+		return nil, st, fmt.Errorf("%s/status: %w", addr, err)
+	}
+	return js, st, nil
 }
 
 // post sends an empty POST to path on the admin listener at addr. It

@@ -107,3 +107,27 @@ func TestCheckWarns(t *testing.T) {
 		t.Errorf("-check -q = %d, %q %q; want 0 and nothing", code, out.String(), errb.String())
 	}
 }
+
+// TestStatusRefused: an admin listener that answers /status with an error
+// (here the Host check's 421) is reported with its status and text, by
+// every command that reads /status, not as JSON that did not parse.
+func TestStatusRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `host "lb1" is not served here`, http.StatusMisdirectedRequest)
+	})}
+	go srv.Serve(ln) // exits when the cleanup closes the server
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+	for _, args := range [][]string{{"status"}, {"status", "-json"}, {"set", "-list"}} {
+		var out, errb bytes.Buffer
+		code := run(append(args, "-admin", addr), &out, &errb)
+		want := addr + "/status: 421 Misdirected Request: host \"lb1\" is not served here"
+		if code != 1 || !strings.Contains(errb.String(), want) || out.Len() != 0 {
+			t.Errorf("fulcrum %v = %d, stdout %q, stderr %q; want 1 and %q", args, code, out.String(), errb.String(), want)
+		}
+	}
+}

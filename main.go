@@ -191,10 +191,12 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	go func() { inst.Run(ictx, usr); close(instDone) }() // exits at the first SIGTERM, or when serve returns
 	defer func() { stopInst(); <-instDone }()
 	startWarnings(mlog, path, cfg)
-	src := admin.Source{Table: m.Table, Reloads: m.Status, Sockets: srv.Sockets, Limit: srv.Limit, Admission: srv.Admission, Instance: inst, Version: versionString(), Build: buildInfo(),
-		Hosts: cfg.Admin.Hosts, Draining: m.Draining, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
-		Log:    func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
-		Events: m.Events, Watcher: m.Watcher(), History: &admin.History{}}
+	src := admin.Source{Build: buildInfo(), Hosts: cfg.Admin.Hosts, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
+		Log:     func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
+		History: &admin.History{}}
+	src.Snapshot, src.Reloads, src.Sockets, src.Limit, src.Instance = ptr.Load, m.Status, srv.Sockets, srv.Limit, inst
+	src.Version, src.Draining, src.Events, src.Watcher = versionString(), m.Draining, m.Events, m.Watcher()
+	src.Admission = srv.Admission
 	stopAdmin, waitAdmin, err := startAdmin(cfg.Admin, up, src, log, mlog)
 	if err != nil {
 		mlog.Error().Err(err).Msg("cannot start the admin listener")
@@ -264,7 +266,7 @@ func startAdmin(ac conf.Admin, up *handover.Upgrader, src admin.Source, log, mlo
 	sampled := make(chan struct{})
 	go func() { // the console's plots; exits when stop is called
 		defer close(sampled)
-		src.History.Run(ctx, time.Second, func() admin.Status { return admin.Snapshot(src) })
+		src.History.Run(ctx, time.Second, src.Source)
 	}()
 	return cancel, func() {
 		cancel()

@@ -12,7 +12,7 @@
 //
 // Typical use (main does this):
 //
-//	src := admin.Source{Table: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst}
+//	src := admin.Source{Source: status.Source{Snapshot: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst}}
 //	go admin.Serve(ctx, ln, admin.Handler(src), admin.Options{Log: log}) // returns when ctx ends
 //
 // The listener cannot starve the data path: it holds at most
@@ -49,22 +49,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"fulcrum/backend"
-	"fulcrum/cluster"
-	"fulcrum/listener"
-	"fulcrum/reload"
-	"fulcrum/sched"
 	"fulcrum/status"
 )
 
-// Source is what the admin listener reads.
+// Source is what the admin listener reads (the status, /metrics and
+// /healthz read what status.Source names) and the few actions it takes.
 type Source struct {
-	Table   func() *sched.Table           // the current snapshot
-	Reloads func() reload.Status          // the reload history
-	Sockets func() []listener.SocketStats // per-listener counters
-	Limit   func() listener.LimitStats    // the process's connection limit; nil: not shown
-	// Admission reads a service's admission counters
-	// (listener.Server.Admission); nil: not shown.
-	Admission func(service string) (listener.AdmissionStats, bool)
+	status.Source
 	// Set applies `fulcrum set SERVICE/BACKEND drain|maint|ready` (POST
 	// /backends/{service}/{backend}/{state}); by says who asked. Nil: the
 	// endpoint answers 404.
@@ -73,13 +64,6 @@ type Source struct {
 	// /backends/{service}/{backend}/writer): the backend becomes the writer
 	// of its failback service. Nil: that state answers 404.
 	Promote func(service, name, by string) (changed bool, err error)
-	// Draining lists the backends draining after their removal, so that
-	// they stay in view until gone; nil: none are listed.
-	Draining func() []status.Drain
-	// Instance answers /healthz and takes POST /drain and /undrain; nil:
-	// /healthz is always 200 and there is nothing to drain.
-	Instance *cluster.Instance
-	Version  string
 	// Hosts are the names a request's Host may carry besides localhost and
 	// the address the request came in on ([admin] hosts); lower case.
 	Hosts []string
@@ -93,10 +77,6 @@ type Source struct {
 	// start because stderr did not take them, and whether it drops now.
 	// Nil: fulcrum_log_dropped_total is not served.
 	Log func() (dropped uint64, stalled bool)
-	// Events lists the recent state changes for /status and the console;
-	// Watcher knows each service's fallback and hold state. Nil: not shown.
-	Events  func() []backend.Event
-	Watcher *status.Watcher
 	// History holds the console's per-backend samples (GET /history);
 	// nil: it serves none. Its owner runs its sampler.
 	History *History
@@ -298,7 +278,7 @@ func promote(w http.ResponseWriter, r *http.Request, do func(service, name, by s
 		return
 	}
 	svc, name := r.PathValue("service"), r.PathValue("backend")
-	changed, err := do(svc, name, "POST "+r.URL.Path+" from "+r.RemoteAddr)
+	changed, err := do(svc, name, who(r))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusConflict)
 		return
@@ -543,7 +523,4 @@ type (
 )
 
 // Snapshot reads src into a Status.
-func Snapshot(src Source) Status {
-	return status.Of(status.Source{Table: src.Table, Reloads: src.Reloads, Sockets: src.Sockets, Limit: src.Limit, Admission: src.Admission,
-		Draining: src.Draining, Instance: src.Instance, Version: src.Version, Events: src.Events, Watcher: src.Watcher})
-}
+func Snapshot(src Source) Status { return status.Of(src.Source) }

@@ -7,11 +7,19 @@ import (
 	"strings"
 	"testing"
 
+	"fulcrum/listener"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
+// snapOf is a Source's Snapshot func for table t, with no policies.
+func snapOf(t *sched.Table) func() *listener.Snapshot {
+	s := listener.NewSnapshot(t, nil)
+	return func() *listener.Snapshot { return s }
+}
+
 func emptySource() Source {
-	return Source{Table: func() *sched.Table { return nil }, Version: "v9.9.9",
+	return Source{Source: status.Source{Version: "v9.9.9"},
 		Build: map[string]string{"version": "v9.9.9", "commit": "abc", "go": "go1.26.8", "date": "2026-12-01T00:00:00Z"}}
 }
 

@@ -63,10 +63,10 @@ func who(r *http.Request) string {
 // the names that do: the service's backends, or every SERVICE/BACKEND when
 // the service is unknown.
 func validNames(src Source, service string) string {
-	if src.Table == nil {
+	if src.Snapshot == nil {
 		return ""
 	}
-	t := src.Table()
+	t := src.Snapshot()
 	if t == nil {
 		return ""
 	}

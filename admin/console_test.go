@@ -66,34 +66,47 @@ func TestConsolePage(t *testing.T) {
 	})
 }
 
-// TestHistory: samples become per-backend series of connections, new
-// connections per second and check latency, oldest first, bounded.
+// TestHistory: samples of the running table's backends (and those
+// draining after their removal) become per-backend series of connections,
+// new connections per second and check latency, oldest first, bounded.
 func TestHistory(t *testing.T) {
+	var pool backend.Pool
+	b, gone := pool.Get("s", "b"), pool.Get("s", "gone")
+	tbl := sched.NewTable(1, []*sched.Service{{Name: "s", Targets: []sched.Target{{B: b, Weight: 1, Base: 1}}}}, nil)
+	var drains []status.Drain
+	src := status.Source{Snapshot: snapOf(tbl), Draining: func() []status.Drain { return drains }}
 	h := &History{Len: 3}
 	t0 := time.Unix(1000, 0)
-	st := func(active int64, total uint64, lat float64) status.Status {
-		return status.Status{Services: []status.Service{{Name: "s", Backends: []status.Backend{{Name: "b", Active: active, Total: total,
-			LastCheck: &status.LastCheck{LatencyMS: lat}}}}}}
+	open := func(n int) {
+		for range n {
+			b.Acquire(0)
+		}
 	}
-	h.Sample(st(1, 10, 0.5), t0, 0)
-	h.Sample(st(2, 14, 0.7), t0.Add(time.Second), time.Second)
-	h.Sample(st(3, 20, 0.9), t0.Add(3*time.Second), 2*time.Second)
-	h.Sample(st(4, 20, 1.1), t0.Add(4*time.Second), time.Second)
-	j := h.JSON()
-	b, _ := json.Marshal(j)
-	want := `{"times":[1001000,1003000,1004000],"series":{"s/b":{"conns":[2,3,4],"rate":[4,3,0],"latency_ms":[0.7,0.9,1.1]}}}`
-	if string(b) != want {
-		t.Errorf("history %s; want %s", b, want)
+	open(1)
+	h.Sample(src, t0, 0)
+	open(4) // 5 open, 5 in all
+	h.Sample(src, t0.Add(time.Second), time.Second)
+	open(6) // 11, 11
+	h.Sample(src, t0.Add(3*time.Second), 2*time.Second)
+	b.Release()
+	drains = []status.Drain{{B: gone}} // removed, still draining: in view
+	h.Sample(src, t0.Add(4*time.Second), time.Second)
+	got, _ := json.Marshal(h.JSON())
+	want := `{"times":[1001000,1003000,1004000],"series":{"s/b":{"conns":[5,11,10],"rate":[4,3,0],"latency_ms":[null,null,null]},` +
+		`"s/gone":{"conns":[null,null,0],"rate":[null,null,null],"latency_ms":[null,null,null]}}}`
+	if string(got) != want {
+		t.Errorf("history %s; want %s", got, want)
 	}
+	src.Snapshot, drains = nil, nil
 	for range 3 { // gone for a whole ring: forgotten
-		h.Sample(status.Status{}, t0.Add(5*time.Second), time.Second)
+		h.Sample(src, t0.Add(5*time.Second), time.Second)
 	}
 	if j := h.JSON(); len(j.Series) != 0 {
 		t.Errorf("a backend gone for %d samples is still kept: %v", 3, j.Series)
 	}
 	h = &History{Len: 3, MaxSeries: 2}
-	many := status.Status{Services: []status.Service{{Name: "s", Backends: []status.Backend{{Name: "a"}, {Name: "b"}, {Name: "c"}}}}}
-	h.Sample(many, t0, 0)
+	many := sched.NewTable(1, []*sched.Service{{Name: "s", Targets: []sched.Target{{B: pool.Get("s", "a")}, {B: b}, {B: pool.Get("s", "c")}}}}, nil)
+	h.Sample(status.Source{Snapshot: snapOf(many)}, t0, 0)
 	if j := h.JSON(); len(j.Series) != 2 || j.Series["s/c"].Conns != nil {
 		t.Errorf("with MaxSeries 2, series %v; want s/a and s/b only", j.Series)
 	}
@@ -107,7 +120,7 @@ func TestSetTypoListsNames(t *testing.T) {
 		{Name: "rw", Targets: []sched.Target{{B: backend.New("rw", "pg1")}}},
 	}}
 	src := emptySource()
-	src.Table = func() *sched.Table { return tbl }
+	src.Snapshot = snapOf(tbl)
 	src.Set = func(svc, name string, o backend.Override, by string) (bool, error) {
 		return false, fmt.Errorf("no backend %q in service %s", name, svc)
 	}
@@ -183,7 +196,7 @@ func TestHistoryMetrics(t *testing.T) {
 		}
 		return listener.AdmissionStats{}, true
 	}
-	src.Table, src.Watcher, src.Events = func() *sched.Table { return tbl }, watch, pool.Events.List
+	src.Snapshot, src.Watcher, src.Events = snapOf(tbl), watch, pool.Events.List
 	srv := httptest.NewServer(Handler(src))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/metrics")

@@ -104,9 +104,7 @@ func TestHealthzEndpoint(t *testing.T) {
 	// A split brain is reported, but does not fail the check: every
 	// instance sees the same backends.
 	split := emptySource()
-	split.Table = func() *sched.Table {
-		return &sched.Table{Services: []*sched.Service{{Name: "rw", SplitBrain: []string{"a", "b"}}}}
-	}
+	split.Snapshot = snapOf(&sched.Table{Services: []*sched.Service{{Name: "rw", SplitBrain: []string{"a", "b"}}}})
 	srv1 := httptest.NewServer(Handler(split))
 	defer srv1.Close()
 	if code, _, body := call(t, srv1, "GET", "/healthz"); code != 200 || body != "ok; split brain in service rw: a, b claim primary\n" {

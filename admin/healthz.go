@@ -40,13 +40,17 @@ func (h *healthRule) check(now time.Time) (ok bool, why string) {
 		l := h.src.Limit()
 		why += fmt.Sprintf("connection limit reached (%d of %d) and no connection accepted for %s: this instance cannot serve new clients", l.Open, l.Max, d.Round(time.Second))
 	}
-	// A split brain is reported but does not fail the check: every
-	// instance sees the same backends, so moving traffic to another
-	// instance would not help.
-	if t := h.src.Table(); t != nil {
-		for _, s := range t.Services {
-			if len(s.SplitBrain) > 0 {
-				why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+	// A split brain is reported but does not fail the check by itself
+	// (every instance sees the same backends, so moving traffic to another
+	// instance would not help); the claimants it keeps from new
+	// connections are not up, as everywhere, and the instance's rule
+	// counts them so.
+	if h.src.Snapshot != nil {
+		if t := h.src.Snapshot(); t != nil {
+			for _, s := range t.Services {
+				if len(s.SplitBrain) > 0 {
+					why += "; split brain in service " + s.Name + ": " + strings.Join(s.SplitBrain, ", ") + " claim primary"
+				}
 			}
 		}
 	}

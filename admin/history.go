@@ -6,6 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"fulcrum/backend"
+	"fulcrum/listener"
+	"fulcrum/sched"
 	"fulcrum/status"
 )
 
@@ -13,8 +16,10 @@ import (
 // connections, new connections per second and last check latency: the
 // console's small plots. It lives in memory only and is bounded: Len
 // samples of three numbers for at most MaxSeries backends (the first in
-// the status's order; 3.6 MiB at the defaults), and a backend gone for Len
-// samples is forgotten. Run samples; the rest may be called from any
+// the table's order; 3.6 MiB at the defaults), and a backend gone for Len
+// samples is forgotten. A sample reads each backend's counters and nothing
+// else (not a whole status), so keeping the history costs little whether
+// or not anyone looks. Run samples; the rest may be called from any
 // goroutine.
 type History struct {
 	Len       int // samples kept; 0: DefaultHistory
@@ -24,7 +29,8 @@ type History struct {
 	times  []int64    // unix milliseconds of each sample, a ring of Len
 	next   int        // where the next sample goes
 	filled int        // samples in the ring
-	series map[string]*series
+	taken  uint64     // samples taken, the one being taken included
+	series map[*backend.Backend]*series
 }
 
 // DefaultHistory is how many samples a History keeps: five minutes.
@@ -35,34 +41,46 @@ const DefaultHistory = 300
 const DefaultHistorySeries = 1000
 
 // series is one backend's samples, aligned with History.times; NaN where
-// the backend was not in the status.
+// the backend was not sampled.
 type series struct {
+	key                  string // "service/backend"
 	conns, rate, latency []float32
 	total                uint64 // its connections total at the last sample
 	seen                 bool   // total is from the sample before
+	at                   uint64 // the History.taken of its last sample
 	absent               int    // samples in a row it was missing from
 }
 
-// Run samples read() every interval until ctx ends.
-func (h *History) Run(ctx context.Context, interval time.Duration, read func() status.Status) {
+// Run samples the backends of src every interval until ctx ends: those of
+// the running table (src.Snapshot) and those draining after their removal
+// (src.Draining).
+func (h *History) Run(ctx context.Context, interval time.Duration, src status.Source) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	last := time.Now()
-	h.Sample(read(), last, 0)
+	h.Sample(src, last, 0)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			h.Sample(read(), now, now.Sub(last))
+			h.Sample(src, now, now.Sub(last))
 			last = now
 		}
 	}
 }
 
-// Sample adds one sample of st taken at now, dt after the previous one
-// (0: the first, which has no rate).
-func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
+// Sample adds one sample of src's backends taken at now, dt after the
+// previous one (0: the first, which has no rate).
+func (h *History) Sample(src status.Source, now time.Time, dt time.Duration) {
+	var snap *listener.Snapshot
+	if src.Snapshot != nil {
+		snap = src.Snapshot()
+	}
+	var drains []status.Drain
+	if src.Draining != nil {
+		drains = src.Draining()
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := h.Len
@@ -71,44 +89,28 @@ func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
 	}
 	if h.times == nil {
 		h.times = make([]int64, n)
-		h.series = map[string]*series{}
+		h.series = map[*backend.Backend]*series{}
 	}
 	i := h.next
 	h.times[i] = now.UnixMilli()
 	h.next = (i + 1) % n
 	h.filled = min(h.filled+1, n)
-	most := h.MaxSeries
-	if most <= 0 {
-		most = DefaultHistorySeries
-	}
-	nan := float32(math.NaN())
-	present := map[string]bool{}
-	for _, s := range st.Services {
-		for _, b := range s.Backends {
-			k := s.Name + "/" + b.Name
-			sr := h.series[k]
-			if sr == nil {
-				if len(h.series) >= most {
-					continue
+	h.taken++
+	if snap != nil {
+		for _, s := range snap.Services {
+			for _, ts := range [][]sched.Target{s.Targets, s.Backups} {
+				for j := range ts {
+					h.add(ts[j].B, i, n, dt)
 				}
-				sr = &series{conns: nans(n), rate: nans(n), latency: nans(n)}
-				h.series[k] = sr
-			}
-			present[k] = true
-			sr.conns[i] = float32(b.Active)
-			sr.rate[i] = nan
-			if sr.seen && dt > 0 && b.Total >= sr.total {
-				sr.rate[i] = float32(float64(b.Total-sr.total) / dt.Seconds())
-			}
-			sr.total, sr.seen, sr.absent = b.Total, true, 0
-			sr.latency[i] = nan
-			if b.LastCheck != nil {
-				sr.latency[i] = float32(b.LastCheck.LatencyMS)
 			}
 		}
 	}
+	for _, d := range drains {
+		h.add(d.B, i, n, dt)
+	}
+	nan := float32(math.NaN())
 	for k, sr := range h.series {
-		if present[k] {
+		if sr.at == h.taken {
 			continue
 		}
 		sr.conns[i], sr.rate[i], sr.latency[i] = nan, nan, nan
@@ -116,6 +118,38 @@ func (h *History) Sample(st status.Status, now time.Time, dt time.Duration) {
 		if sr.absent++; sr.absent >= n {
 			delete(h.series, k)
 		}
+	}
+}
+
+// add records backend b in sample i of a ring of n, dt after the one
+// before. Called with mu held.
+func (h *History) add(b *backend.Backend, i, n int, dt time.Duration) {
+	sr := h.series[b]
+	if sr == nil {
+		most := h.MaxSeries
+		if most <= 0 {
+			most = DefaultHistorySeries
+		}
+		if len(h.series) >= most {
+			return
+		}
+		sr = &series{key: b.Service + "/" + b.Name, conns: nans(n), rate: nans(n), latency: nans(n)}
+		h.series[b] = sr
+	}
+	if sr.at == h.taken { // listed twice (in the table, and draining at shutdown)
+		return
+	}
+	st := b.Stats()
+	nan := float32(math.NaN())
+	sr.conns[i] = float32(st.Active)
+	sr.rate[i] = nan
+	if sr.seen && dt > 0 && st.Total >= sr.total {
+		sr.rate[i] = float32(float64(st.Total-sr.total) / dt.Seconds())
+	}
+	sr.total, sr.seen, sr.at, sr.absent = st.Total, true, h.taken, 0
+	sr.latency[i] = nan
+	if c := b.Checks().Last; !c.At.IsZero() {
+		sr.latency[i] = float32(float64(c.Latency.Microseconds()) / 1000)
 	}
 }
 
@@ -167,8 +201,13 @@ func (h *History) JSON() HistoryJSON {
 		}
 		return o
 	}
-	for k, sr := range h.series {
-		out.Series[k] = SeriesJSON{Conns: pick(sr.conns), Rate: pick(sr.rate), LatencyMS: pick(sr.latency)}
+	at := make(map[string]uint64, len(h.series))
+	for _, sr := range h.series {
+		if a, dup := at[sr.key]; dup && a > sr.at {
+			continue // removed, and added again since as a new backend: the one sampled last
+		}
+		at[sr.key] = sr.at
+		out.Series[sr.key] = SeriesJSON{Conns: pick(sr.conns), Rate: pick(sr.rate), LatencyMS: pick(sr.latency)}
 	}
 	return out
 }

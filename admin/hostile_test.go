@@ -16,6 +16,7 @@ import (
 	"fulcrum/cluster"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // serve runs Serve on a fresh loopback port with o until the test ends.
@@ -43,7 +44,7 @@ func serve(t *testing.T, h http.Handler, o Options) string {
 // nothing.
 func TestHostCheck(t *testing.T) {
 	inst := cluster.New(func() *sched.Table { return nil }, zerolog.Nop())
-	src := Source{Table: func() *sched.Table { return nil }, Instance: inst, Hosts: []string{"lb1.example.net"}}
+	src := Source{Source: status.Source{Instance: inst}, Hosts: []string{"lb1.example.net"}}
 	addr := serve(t, Handler(src), Options{})
 	_, port, _ := net.SplitHostPort(addr)
 	client := &http.Client{Timeout: 5 * time.Second}

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/health"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // TestRolesShown: a backend in the wrong role and a service in split brain
@@ -28,7 +30,7 @@ func TestRolesShown(t *testing.T) {
 		Targets: []sched.Target{{B: a, Weight: 1, Base: 1}, {B: b, Weight: 1, Base: 1}}}
 	tbl := sched.NewTable(1, []*sched.Service{svc}, nil)
 	wrongRole(t, b)
-	src := Source{Table: func() *sched.Table { return tbl }, Version: "test"}
+	src := Source{Source: status.Source{Snapshot: snapOf(tbl), Version: "test"}}
 	srv := httptest.NewServer(Handler(src))
 	defer srv.Close()
 	get := func(path string) string {
@@ -85,7 +87,7 @@ func wrongRole(t *testing.T, b *backend.Backend) {
 	done := make(chan struct{})
 	go func() { // exits when cancel is called
 		defer close(done)
-		b.RunChecks(ctx, backend.CheckSpec{Probe: backend.Probe{Kind: "redis", Role: "primary", Addr: replica.Addr, Timeout: time.Second},
+		health.RunChecks(ctx, b, health.CheckSpec{Probe: health.Probe{Kind: "redis", Role: "primary", Addr: replica.Addr, Timeout: time.Second},
 			Interval: time.Second, Rise: 1, Fall: 1})
 	}()
 	defer func() { cancel(); <-done }()

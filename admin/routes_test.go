@@ -29,7 +29,7 @@ func TestRoutedListener(t *testing.T) {
 	tbl := sched.NewTable(1, []*sched.Service{db1, def}, map[netip.AddrPort]*sched.Service{a: db1})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{a: rs}
 	src := emptySource()
-	src.Table = func() *sched.Table { return tbl }
+	src.Snapshot = snapOf(tbl)
 	src.Sockets = func() []listener.SocketStats {
 		return []listener.SocketStats{{Listen: a, Addr: a.String(), Accepts: 9, Refused: map[string]uint64{"no-route": 2, "preread-timeout": 1}}}
 	}

@@ -39,8 +39,12 @@ func writeTable(w io.Writer, st Status, verbose bool, now time.Time) {
 		fmt.Fprintf(w, "instance %s: %s\n", health, is.Reason)
 	}
 	for _, s := range st.Services {
-		fmt.Fprintf(w, "\nservice %s  %s  listen %s  active %d  waiting %d  retries %d  refused %d\n", s.Name, s.Scheduler,
-			strings.Join(s.Listen, " "), s.Active, s.Waiting, s.Retries, s.Refused)
+		active := fmt.Sprint(s.Active)
+		if s.MaxConns > 0 {
+			active += fmt.Sprintf("/%d", s.MaxConns)
+		}
+		fmt.Fprintf(w, "\nservice %s  %s  listen %s  active %s  waiting %d  retries %d  refused %d\n", s.Name, s.Scheduler,
+			strings.Join(s.Listen, " "), active, s.Waiting, s.Retries, s.Refused)
 		if len(s.SplitBrain) > 0 {
 			fmt.Fprintf(w, "  SPLIT BRAIN: %s claim primary\n", strings.Join(s.SplitBrain, ", "))
 		}

@@ -15,11 +15,12 @@ import (
 
 // TestTable: a state is a short cause, so one long reason never pads every
 // row; -v puts the reason on its own line; weights show effective/configured;
-// a draining backend shows its time left; a check shows result and latency.
+// a draining backend shows its time left; a check shows result and latency;
+// a service's connections show with its max_conns.
 func TestTable(t *testing.T) {
 	now := time.Date(2026, 12, 1, 5, 0, 0, 0, time.UTC)
 	long := "check failed 3 times: dial tcp 127.0.0.1:55432: connect: connection refused, and a great deal more text"
-	st := Status{Generation: 2, Services: []status.Service{{Name: "pg", Scheduler: "lc", Backends: []status.Backend{
+	st := Status{Generation: 2, Services: []status.Service{{Name: "pg", Scheduler: "lc", Active: 4, MaxConns: 100, Backends: []status.Backend{
 		{Name: "a", Address: "127.0.0.1:1", Weight: 3, Configured: 3, State: "up",
 			LastCheck: &status.LastCheck{At: now.Add(-time.Second), OK: true, LatencyMS: 1.25}},
 		{Name: "b", Address: "127.0.0.1:2", Weight: 0, Configured: 1, State: "down", Cause: "check", Reason: long, Since: now.Add(-192 * time.Second),
@@ -29,7 +30,7 @@ func TestTable(t *testing.T) {
 	var short, verbose strings.Builder
 	writeTable(&short, st, false, now)
 	writeTable(&verbose, st, true, now)
-	for _, want := range []string{"down (check)", "0/1", "3m12s ago", "ok 1.2ms, 1s ago", "failed 300µs, 0s ago", "draining (removed, 9s left)"} {
+	for _, want := range []string{"active 4/100", "down (check)", "0/1", "3m12s ago", "ok 1.2ms, 1s ago", "failed 300µs, 0s ago", "draining (removed, 9s left)"} {
 		if !strings.Contains(short.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, short.String())
 		}

@@ -12,6 +12,7 @@ import (
 
 	"fulcrum/cluster"
 	"fulcrum/sched"
+	"fulcrum/status"
 )
 
 // TestHealthzUnderTrickle: 100 clients that send their request headers a
@@ -25,7 +26,7 @@ func TestHealthzUnderTrickle(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 12 s")
 	}
-	src := Source{Table: func() *sched.Table { return nil }}
+	src := Source{}
 	addr := serve(t, Handler(src), Options{Log: zerolog.Nop()}) // the daemon's defaults: 64 places, 5 s for headers
 	const tricklers = 100
 	stop := make(chan struct{})
@@ -123,7 +124,7 @@ func TestHealthzUnderTrickle(t *testing.T) {
 // the instance's real answer (here 503: nothing up), not a default.
 func TestHealthzAnswersInstance(t *testing.T) {
 	inst := cluster.New(func() *sched.Table { return nil }, zerolog.Nop())
-	addr := serve(t, Handler(Source{Table: func() *sched.Table { return nil }, Instance: inst}), Options{MaxConns: 2})
+	addr := serve(t, Handler(Source{Source: status.Source{Instance: inst}}), Options{MaxConns: 2})
 	for range 2 { // silent: each waits for a request
 		c, err := net.Dial("tcp", addr)
 		if err != nil {

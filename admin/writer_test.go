@@ -48,14 +48,16 @@ func TestWriterEndpoint(t *testing.T) {
 		{"/backends/db/a/writer", nil, 200, "db/a already the writer"},
 		{"/backends/db/down/writer", nil, 409, "db/down is not up"},
 		{"/backends/db/a/writer", []string{"Sec-Fetch-Site", "cross-site"}, 403, ""},
+		{"/backends/db/a/writer", []string{"X-Fulcrum-Console", "1"}, 200, "db/a already the writer"},
 	} {
 		code, body := post(tc.path, tc.header...)
 		if code != tc.code || !strings.Contains(body, tc.body) {
 			t.Errorf("POST %s = %d %q; want %d %q", tc.path, code, body, tc.code, tc.body)
 		}
 	}
-	if len(by) != 2 || !strings.HasPrefix(by[0], "db/a POST /backends/db/a/writer from 127.0.0.1:") {
-		t.Errorf("Promote calls %q; want two for db/a, by the request", by)
+	if len(by) != 3 || !strings.HasPrefix(by[0], "db/a POST /backends/db/a/writer from 127.0.0.1:") ||
+		!strings.HasPrefix(by[2], "db/a console: POST /backends/db/a/writer from 127.0.0.1:") {
+		t.Errorf("Promote calls %q; want three for db/a, by the request, the last by the console", by)
 	}
 	src.Promote = nil
 	srv2 := httptest.NewServer(Handler(src))

@@ -1,6 +1,7 @@
 // Package backend holds what fulcrum knows about each backend server and
-// keeps across reloads: its identity (service and name), live counters, and
-// drain state.
+// keeps across reloads: its identity (service and name), live counters,
+// health and drain state. The health state is what the checks' results set
+// (Checked, PassiveFail); package health runs the checks.
 //
 // Settings that a reload may change (address, weight, limits) live in the
 // scheduler snapshot, not here. A Backend is shared by every snapshot that

@@ -182,12 +182,12 @@ func (s *epochSession) Cut(end string)    { s.end.Store(&end); s.closed.Store(tr
 func TestCutRoleSparesSessionsOfTheNewRole(t *testing.T) {
 	var p Pool
 	b := p.Get("s", "b")
-	b.observed(Answer{Role: RoleReplica}, true)
+	b.observed(RoleReplica, 0, true)
 	old := &epochSession{epoch: b.RoleEpoch()} // dialled as a replica
 	b.Track(old)
 	plain := &closer{} // a session that tells no epoch is cut as before
 	b.Track(plain)
-	if !b.observed(Answer{Role: RolePrimary}, true) {
+	if !b.observed(RolePrimary, 0, true) {
 		t.Fatal("promotion not seen as a role change")
 	}
 	fresh := &epochSession{epoch: b.RoleEpoch()} // dialled once the check saw it primary
@@ -218,10 +218,10 @@ func TestCutRoleSparesSessionsOfTheNewRole(t *testing.T) {
 func TestTrackSinceAfterCutRole(t *testing.T) {
 	var p Pool
 	b := p.Get("s", "b")
-	b.observed(Answer{Role: RoleReplica}, true)
+	b.observed(RoleReplica, 0, true)
 	view := time.Now()
 	late := &epochSession{epoch: b.RoleEpoch()} // dialled as a replica, not yet tracked
-	b.observed(Answer{Role: RolePrimary}, true)
+	b.observed(RolePrimary, 0, true)
 	fresh := &epochSession{epoch: b.RoleEpoch()}
 	b.CutRole(CutRoleChange)
 	if ok, cut := b.TrackSince(late, view); !ok || cut != CutRoleChange {

@@ -19,12 +19,12 @@ func TestCondition(t *testing.T) {
 	}{
 		{"up", func(*Backend) {}, 1, StateUp, "", true},
 		{"weight 0", func(*Backend) {}, 0, StateDraining, "weight 0", true},
-		{"check down", func(b *Backend) { b.checked(errors.New("refused"), 1, 1, now) }, 1, StateDown, "check", false},
-		{"down at weight 0", func(b *Backend) { b.checked(errors.New("refused"), 1, 1, now) }, 0, StateDown, "check", false},
+		{"check down", func(b *Backend) { b.checked(errors.New("refused"), false, 1, 1, now) }, 1, StateDown, "check", false},
+		{"down at weight 0", func(b *Backend) { b.checked(errors.New("refused"), false, 1, 1, now) }, 0, StateDown, "check", false},
 		{"removed", func(b *Backend) { b.StopNew() }, 1, StateDraining, "removed", false},
 		{"set drain", func(b *Backend) { b.SetOverride(Drain, "test", now) }, 1, StateDraining, "set drain", false},
 		{"set maint over down", func(b *Backend) {
-			b.checked(errors.New("refused"), 1, 1, now)
+			b.checked(errors.New("refused"), false, 1, 1, now)
 			b.SetOverride(Maint, "test", now)
 		}, 1, StateMaint, "set maint", false},
 		{"ready again", func(b *Backend) {

@@ -1,9 +1,6 @@
 package backend
 
 import (
-	"context"
-	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -28,6 +25,12 @@ const (
 	StateUp        State = iota
 	StateDown            // checks failed, or passive failures
 	StateWrongRole       // answers, but as a primary where a replica is wanted or the other way round
+)
+
+// The roles a check may observe a backend in (State, Check.Role).
+const (
+	RolePrimary = "primary"
+	RoleReplica = "replica"
 )
 
 // String is the state as status views and metrics name it.
@@ -260,101 +263,87 @@ func (b *Backend) ExpirePassive(now time.Time) time.Time {
 	return time.Time{}
 }
 
-// CheckSpec says how to run active checks on a backend.
-type CheckSpec struct {
-	Probe    Probe
-	Interval time.Duration // between checks; jittered ±10%
-	Rise     int           // consecutive successes to come up
-	Fall     int           // consecutive failures to go down
-	// Wake, when not nil, asks for a check at once (a Sentinel's failover
-	// event: see WatchSentinel); the interval then restarts from it.
-	Wake <-chan struct{}
-	// Passed, when not nil, runs after each passing check: reload wakes
-	// the service's held connections with it (listener.Server.Kick), since
-	// a node back within fall × interval never changes state.
-	Passed func()
+// Check is one active check's outcome, as the backend's health takes it.
+// Package health runs the checks and decides each one's verdict; the
+// backend counts the verdicts toward rise and fall, keeps what they found
+// (role, timeline, lag) and counts them (Checks).
+type Check struct {
+	Start time.Time     // when the check began
+	Took  time.Duration // how long it took
+	Err   error         // nil: the check passed; else why it failed
+	// WrongRole: Err is the server's own answer in the other role, which
+	// decides at once, without waiting for fall (see Checked).
+	WrongRole bool
+	// Local: Err is for want of fulcrum's own resources (descriptors,
+	// ports), which says nothing about the backend: the check is kept as
+	// the last one, and neither counted nor held against the backend.
+	Local bool
+	// Role is the role the server answered in: RolePrimary, RoleReplica,
+	// or "" when the check tells none or got no answer.
+	Role string
+	// RoleWanted: the check requires a role, so that an answer in another
+	// role than the last one seen is a role change (TakeRoleChange).
+	RoleWanted bool
+	Timeline   uint64 // pgsql, a primary: the timeline it writes on (see Timeline); 0 = not known
+	// Lag is the replication lag the check measured, negative when there
+	// is none to measure (a primary) or it could not; with LagSet false
+	// the check measured nothing, and the last measure stands (see Lag).
+	Lag    time.Duration
+	LagSet bool
 }
 
-// RunChecks probes the backend every Interval until ctx ends, marking it
-// down after Fall failures in a row and up after Rise successes in a row.
-// A probe that failed for want of fulcrum's own resources (LocalError)
-// counts as neither: it is shown as the last check and changes nothing.
-// The first check comes after a random fraction of Interval, so that the
-// checks of many backends do not align.
-//
-// A backend waiting for its first role check (AwaitRole) is probed at once.
-func (b *Backend) RunChecks(ctx context.Context, spec CheckSpec) {
-	spec.Probe.lag = &b.lag
-	defer b.lag.Store(-1) // checks off: nothing measures it any more
-	first := time.Duration(rand.Int64N(int64(spec.Interval)) + 1)
-	if b.awaitingRole() {
-		first = time.Nanosecond
+// Checked takes one active check's outcome (see Check): it marks the
+// backend down after fall failures in a row, in the wrong role at once,
+// and up after rise passes in a row (its first check after AwaitRole
+// decides at once, whatever rise and fall say).
+func (b *Backend) Checked(c Check, rise, fall int) {
+	if c.Local {
+		b.checks.recordLocal(c.Start, c.Took, c.Err)
+		return
 	}
-	t := time.NewTimer(first)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-spec.Wake:
-			t.Stop()
-		}
-		start := time.Now()
-		a, err := spec.Probe.Ask(ctx)
-		if ctx.Err() != nil {
-			return // stopped mid-probe: the result means nothing
-		}
-		now := time.Now()
-		if LocalError(err) {
-			// fulcrum's own want (descriptors, ports) says nothing about
-			// the backend: neither a failure nor a pass, but in view.
-			b.checks.recordLocal(start, now.Sub(start), err)
-		} else {
-			moved := b.observed(a, spec.Probe.roleWanted())
-			err = spec.Probe.verdict(a.Role, err)
-			b.checks.record(start, now.Sub(start), err)
-			b.checked(err, spec.Rise, spec.Fall, now)
-			if moved {
-				b.changed() // a role change is news even where the state stays (see TakeRoleChange)
-			}
-			if err == nil && spec.Passed != nil {
-				spec.Passed() // held connections try again: a node back within fall × interval never changed state
-			}
-		}
-		jitter := time.Duration(rand.Int64N(int64(spec.Interval)/5+1)) - spec.Interval/10
-		t.Reset(spec.Interval + jitter)
+	if c.LagSet {
+		b.SetLag(c.Lag)
+	}
+	moved := b.observed(c.Role, c.Timeline, c.RoleWanted)
+	b.checks.record(c.Start, c.Took, c.Err)
+	b.checked(c.Err, c.WrongRole, rise, fall, c.Start.Add(c.Took))
+	if moved {
+		b.changed() // a role change is news even where the state stays (see TakeRoleChange)
 	}
 }
+
+// SetLag keeps the replication lag a check measured, for Lag; negative:
+// unknown (the checks stopped, or measured none).
+func (b *Backend) SetLag(d time.Duration) { b.lag.Store(int64(max(d, -1))) }
 
 // observed records what a check saw (a role of "" when it tells none, or
 // failed) and reports whether, with a role wanted, the node answers in
 // another role than the last check that saw one: it was promoted or
 // demoted.
-func (b *Backend) observed(a Answer, wanted bool) (moved bool) {
+func (b *Backend) observed(role string, timeline uint64, wanted bool) (moved bool) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.role = a.Role
-	if a.Role == "" {
+	h.role = role
+	if role == "" {
 		return false
 	}
 	h.roleChecked = true
-	if a.Role == RolePrimary {
-		h.timeline = a.Timeline
+	if role == RolePrimary {
+		h.timeline = timeline
 	} else {
 		h.timeline = 0
 	}
-	if wanted && h.lastRole != "" && h.lastRole != a.Role {
+	if wanted && h.lastRole != "" && h.lastRole != role {
 		b.roles.Add(1) // before the state changes: a connection that can pick it in its new role dials after this (CutRole)
 		if h.roleFrom == "" {
 			h.roleFrom = h.lastRole
-		} else if h.roleFrom == a.Role {
+		} else if h.roleFrom == role {
 			h.roleFrom = "" // back before anyone looked: no change
 		}
 		moved = h.roleFrom != ""
 	}
-	h.lastRole = a.Role
+	h.lastRole = role
 	return moved
 }
 
@@ -387,7 +376,7 @@ func (b *Backend) Announce(st State) bool {
 }
 
 // Timeline is the PostgreSQL timeline the backend's last check saw it
-// write on as a primary (see Answer.Timeline); 0 when none is known.
+// write on as a primary (see Check.Timeline); 0 when none is known.
 func (b *Backend) Timeline() uint64 {
 	b.health.mu.Lock()
 	defer b.health.mu.Unlock()
@@ -418,20 +407,21 @@ func (b *Backend) AwaitRole(role string) {
 	}
 }
 
-// awaitingRole reports whether AwaitRole's first check is still to come.
-func (b *Backend) awaitingRole() bool {
+// AwaitingRole reports whether AwaitRole's first check is still to come:
+// the checks then run it at once.
+func (b *Backend) AwaitingRole() bool {
 	b.health.mu.Lock()
 	defer b.health.mu.Unlock()
 	return b.health.awaiting
 }
 
-// checked applies one check result. A *WrongRoleError decides at once,
-// without waiting for fall: an answer in the other role is the server's
-// own word, not a flaky failure (a promoted replica must leave a replica
+// checked applies one check result. An answer in the wrong role
+// (wrongRole) decides at once, without waiting for fall: it is the
+// server's own word, not a flaky failure (a promoted replica must leave a replica
 // pool before new readers reach it, an old master that turned replica must
 // end a split brain now). Other failures count toward fall; the state they
 // lead to is StateDown.
-func (b *Backend) checked(err error, rise, fall int, now time.Time) {
+func (b *Backend) checked(err error, wrongRole bool, rise, fall int, now time.Time) {
 	h := &b.health
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -459,8 +449,7 @@ func (b *Backend) checked(err error, rise, fall int, now time.Time) {
 		h.failKind, h.failKindN, h.failSince = msg, 0, now
 	}
 	h.failKindN++
-	var wr *WrongRoleError
-	if errors.As(err, &wr) {
+	if wrongRole {
 		b.setBits(downRole, downActive, err.Error(), now)
 		return
 	}

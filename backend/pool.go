@@ -14,9 +14,8 @@ type Pool struct {
 	// own, which their owner adds); it outlives reloads with the pool.
 	Events Events
 
-	mu   sync.Mutex // protects m and wals
-	m    map[key]*Backend
-	wals map[string]*WALClock
+	mu sync.Mutex // protects m
+	m  map[key]*Backend
 }
 
 type key struct{ service, name string }
@@ -33,21 +32,20 @@ func (p *Pool) Get(service, name string) *Backend {
 	return b
 }
 
-// Draft is a pending change of a Pool: the backends and WAL clocks a new
+// Draft is a pending change of a Pool: the backends a new
 // configuration names, the existing ones as they are and new ones created
 // but not yet in the pool. Commit adds them; a draft that is dropped
 // leaves the pool as it was. Drafts are not safe for concurrent use, and
 // two drafts of one pool must not be committed out of order (reload
 // serialises them).
 type Draft struct {
-	p    *Pool
-	bs   map[key]*Backend
-	wals map[string]*WALClock
+	p  *Pool
+	bs map[key]*Backend
 }
 
 // Draft starts a pending change of p.
 func (p *Pool) Draft() *Draft {
-	return &Draft{p: p, bs: map[key]*Backend{}, wals: map[string]*WALClock{}}
+	return &Draft{p: p, bs: map[key]*Backend{}}
 }
 
 // Get returns the backend for (service, name): the pool's, or a new one
@@ -69,23 +67,7 @@ func (d *Draft) Get(service, name string) *Backend {
 	return b
 }
 
-// WAL returns the clock the pgsql checks of service share (see WALClock):
-// the pool's, or a new one that Commit will add.
-func (d *Draft) WAL(service string) *WALClock {
-	if w, ok := d.wals[service]; ok {
-		return w
-	}
-	d.p.mu.Lock()
-	w, ok := d.p.wals[service]
-	d.p.mu.Unlock()
-	if !ok {
-		w = &WALClock{}
-	}
-	d.wals[service] = w
-	return w
-}
-
-// Commit puts every backend and WAL clock the draft handed out into the pool.
+// Commit puts every backend the draft handed out into the pool.
 // One that a finished drain forgot meanwhile is put back: the new snapshot
 // names it, so it is live again.
 func (d *Draft) Commit() {
@@ -95,14 +77,8 @@ func (d *Draft) Commit() {
 	if p.m == nil {
 		p.m = map[key]*Backend{}
 	}
-	if p.wals == nil {
-		p.wals = map[string]*WALClock{}
-	}
 	for k, b := range d.bs {
 		p.m[k] = b
-	}
-	for s, w := range d.wals {
-		p.wals[s] = w
 	}
 }
 

@@ -1,9 +1,25 @@
-# bash completion for fulcrum(8): commands, their flags, and -config files.
+# bash completion for fulcrum(8): commands, their flags, -config files, and
+# the running daemon's SERVICE/BACKEND names for `fulcrum set`.
 _fulcrum() {
-	local cur prev cmd i
+	local cur words
+	# The words as typed, split at blanks only: bash's COMP_WORDS also splits
+	# at ':' (COMP_WORDBREAKS), which cuts `-admin 127.0.0.1:9900` in three.
+	read -ra words <<<"${COMP_LINE:0:COMP_POINT}"
+	[[ ${COMP_LINE:0:COMP_POINT} == *[[:blank:]] ]] && words+=("")
+	cur=${words[${#words[@]}-1]}
 	COMPREPLY=()
-	cur=${COMP_WORDS[COMP_CWORD]}
-	prev=${COMP_WORDS[COMP_CWORD-1]}
+	__fulcrum_complete
+	# bash replaces only what follows the word's last ':'.
+	if [[ $cur == *:* && $COMP_WORDBREAKS == *:* ]]; then
+		local colon=${cur%"${cur##*:}"}
+		COMPREPLY=("${COMPREPLY[@]#"$colon"}")
+	fi
+}
+
+# __fulcrum_complete fills COMPREPLY for cur, the last of words.
+__fulcrum_complete() {
+	local prev cmd i cword=$((${#words[@]} - 1))
+	prev=${words[cword-1]}
 
 	case $prev in
 	-config | --config)
@@ -21,9 +37,9 @@ _fulcrum() {
 	esac
 
 	cmd=
-	for ((i = 1; i < COMP_CWORD; i++)); do
-		case ${COMP_WORDS[i]} in
-		status | drain | set | healthz | upgrade | demo | version) cmd=${COMP_WORDS[i]}; break ;;
+	for ((i = 1; i < cword; i++)); do
+		case ${words[i]} in
+		status | drain | set | healthz | upgrade | demo | version) cmd=${words[i]}; break ;;
 		esac
 	done
 
@@ -43,19 +59,22 @@ _fulcrum() {
 		COMPREPLY=($(compgen -W 'status drain set healthz upgrade demo version' -- "$cur"))
 		return
 	fi
-	if [[ $cmd == set && $cur != -* && $prev == */* ]]; then
-		COMPREPLY=($(compgen -W 'drain maint ready writer' -- "$cur"))
-		return
-	fi
-	if [[ $cmd == set && $cur != -* && $prev != -config && $prev != -admin ]]; then
-		# The running daemon's names, asked the way this command line would ask.
-		local ask=() j
-		for ((j = 1; j < COMP_CWORD; j++)); do
-			case ${COMP_WORDS[j]} in
-			-config | -admin) ask+=("${COMP_WORDS[j]}" "${COMP_WORDS[j+1]}") ;;
+	if [[ $cmd == set && $cur != -* ]]; then
+		# Which operand cur is (SERVICE/BACKEND, then the state), and how
+		# this command line would ask the running daemon for its names.
+		local n=0 ask=() j
+		for ((j = i + 1; j < cword; j++)); do
+			case ${words[j]} in
+			-config | --config | -admin | --admin) ask+=("${words[j]}" "${words[j+1]/#\~/$HOME}"); ((j++)) ;;
+			-config=* | --config=* | -admin=* | --admin=*) ask+=("${words[j]}") ;;
+			-*) ;;
+			*) ((n++)) ;;
 			esac
 		done
-		COMPREPLY=($(compgen -W "$(fulcrum set -list "${ask[@]}" 2>/dev/null)" -- "$cur"))
+		case $n in
+		0) COMPREPLY=($(compgen -W "$(fulcrum set -list "${ask[@]}" 2>/dev/null)" -- "$cur")) ;;
+		1) COMPREPLY=($(compgen -W 'drain maint ready writer' -- "$cur")) ;;
+		esac
 		return
 	fi
 	COMPREPLY=($(compgen -W "$flags" -- "$cur"))

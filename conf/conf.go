@@ -21,7 +21,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"fulcrum/backend"
+	"fulcrum/health"
 	"fulcrum/sched"
 	"io"
 	"net"
@@ -189,18 +189,18 @@ type Settings struct {
 
 // Health is a [health] table: how to check that a backend is up.
 type Health struct {
-	Check    backend.CheckKind // none (default) | tcp | send-expect | pgsql | redis | mysql | http
-	Interval time.Duration     // between checks; default 2s
-	Timeout  time.Duration     // for one check; default 1s, at most Interval
-	Rise     int               // consecutive successes to come up; default 2
-	Fall     int               // consecutive failures to go down; default 3
-	Port     int               // check this port on the backend's host; 0 = the backend's port
-	Address  string            // check this host:port instead of the backend ("" = the backend)
-	Send     string            // send-expect: bytes to send first
-	Expect   *regexp.Regexp    // send-expect: what the answer must match (compiled); nil = none
-	Path     string            // http: the path to GET; default "/"
-	Status   int               // http: the status that means up; default 200
-	User     string            // pgsql, mysql: the user to log in as; default "fulcrum"
+	Check    health.CheckKind // none (default) | tcp | send-expect | pgsql | redis | mysql | http
+	Interval time.Duration    // between checks; default 2s
+	Timeout  time.Duration    // for one check; default 1s, at most Interval
+	Rise     int              // consecutive successes to come up; default 2
+	Fall     int              // consecutive failures to go down; default 3
+	Port     int              // check this port on the backend's host; 0 = the backend's port
+	Address  string           // check this host:port instead of the backend ("" = the backend)
+	Send     string           // send-expect: bytes to send first
+	Expect   *regexp.Regexp   // send-expect: what the answer must match (compiled); nil = none
+	Path     string           // http: the path to GET; default "/"
+	Status   int              // http: the status that means up; default 200
+	User     string           // pgsql, mysql: the user to log in as; default "fulcrum"
 
 	Role         string        // "any" (default) | "primary" | "replica" | "galera" (mysql only): the role a pgsql, mysql or redis check requires
 	PasswordFile string        // pgsql, mysql, redis: a file holding the password (never the password itself); "" = none. Relative to the config file's directory
@@ -214,12 +214,12 @@ type Health struct {
 	// TLS is tls, tls_ca, tls_cert, tls_key, tls_server_name and
 	// tls_verify (default true): every kind over TLS, verified. Paths are
 	// relative to the config file's directory. Zero = no TLS.
-	TLS       backend.TLS
+	TLS       health.TLS
 	SendProxy bool // send_proxy: checks send the PROXY header the backend's proxy_protocol names; default false
 }
 
 // Roles are the values of [health] role.
-var Roles = []string{"any", "primary", "replica", backend.RoleGalera}
+var Roles = []string{"any", "primary", "replica", health.RoleGalera}
 
 // schedulerNames are the names the scheduler key takes: sched's.
 var schedulerNames = func() []string {
@@ -232,8 +232,8 @@ var schedulerNames = func() []string {
 
 // checkNames are the names the check key takes: backend's check kinds.
 var checkNames = func() []string {
-	out := make([]string, len(backend.CheckKinds))
-	for i, k := range backend.CheckKinds {
+	out := make([]string, len(health.CheckKinds))
+	for i, k := range health.CheckKinds {
 		out[i] = string(k)
 	}
 	return out
@@ -265,6 +265,10 @@ type Service struct {
 	// ALPN narrows SNI: the client must offer one of these protocols. nil
 	// (default): any protocol, or none.
 	ALPN []string
+
+	// Source is where connections to the backends come from (source.go):
+	// zero (default): fulcrum's own address; "client": the client's.
+	Source Source
 }
 
 // Backend is one [[services.NAME.backends]] entry.
@@ -292,7 +296,7 @@ type Backend struct {
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: backend.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
+		Health:  Health{Check: health.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
 		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse", Protocol: "auto",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
@@ -385,6 +389,7 @@ func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config,
 	cfg := w.config(w.table("", tree))
 	cfg.File = name
 	cfg.Digest = sha256.Sum256(data)
+	sourceLines(cfg, data)
 	if len(w.errs) > 0 {
 		w.locateErrors(data)
 		slices.SortStableFunc(w.errs, func(a, b *Error) int { return a.Line - b.Line })
@@ -663,7 +668,7 @@ func (w *walker) prefixes(t *table, k string, base []netip.Prefix) []netip.Prefi
 // health reads a [health] table over base; ht may be empty.
 func (w *walker) health(ht *table, base Health) Health {
 	h := Health{
-		Check:    backend.CheckKind(ht.oneOf("check", string(base.Check), checkNames...)),
+		Check:    health.CheckKind(ht.oneOf("check", string(base.Check), checkNames...)),
 		Interval: ht.duration("interval", base.Interval, 100*time.Millisecond),
 		Timeout:  ht.duration("timeout", base.Timeout, time.Millisecond),
 		Rise:     int(ht.integer("rise", int64(base.Rise), 1, 100)),
@@ -710,7 +715,7 @@ func (w *walker) health(ht *table, base Health) Health {
 		}
 		h.Expect = re
 	}
-	if h.Check == backend.CheckSendExpect && h.Expect == nil && ht.has("check") {
+	if h.Check == health.CheckSendExpect && h.Expect == nil && ht.has("check") {
 		w.errorf(ht.key("expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 	}
 	if ht.has("path") && !strings.HasPrefix(h.Path, "/") {
@@ -801,8 +806,8 @@ func credential(p string) (string, bool) {
 // files against the config file's directory and, when this table sets any
 // of them, loads them now, so that a missing file or a key that does not
 // match its certificate is a located error at load.
-func (w *walker) healthTLS(ht *table, base backend.TLS) backend.TLS {
-	t := backend.TLS{
+func (w *walker) healthTLS(ht *table, base health.TLS) health.TLS {
+	t := health.TLS{
 		On:         ht.boolean("tls", base.On),
 		CA:         w.relative(ht.str("tls_ca", base.CA)),
 		Cert:       w.relative(ht.str("tls_cert", base.Cert)),
@@ -846,6 +851,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 	s := Service{Name: name, Settings: w.settings(t, defaults), Fallback: t.str("fallback", "")}
 	s.Failback, s.FailbackAfter = w.failback(t, s.Scheduler)
 	s.SNI, s.ALPN = w.routeKeys(t)
+	s.Source = w.source(t)
 
 	addrs, ok := t.strs("listen")
 	if !ok || addrs != nil && len(addrs) == 0 {
@@ -907,39 +913,39 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 				b.CheckAddr = netip.AddrPortFrom(ap.Addr(), uint16(b.Health.Port))
 			}
 		}
-		if b.Health.Address != "" && b.Health.Check != backend.CheckNone {
+		if b.Health.Address != "" && b.Health.Check != health.CheckNone {
 			if host, ap, err := endpoint(b.Health.Address); err != nil {
 				w.errorf(bt.key("health.address"), "%v", err)
 			} else {
 				b.CheckHost, b.CheckAddr = host, ap
 			}
 		}
-		if b.Health.Check == backend.CheckSendExpect && b.Health.Expect == nil {
+		if b.Health.Check == health.CheckSendExpect && b.Health.Expect == nil {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
 		if h := b.Health; h.Role != "any" && !h.Check.TellsRoles() {
 			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
 		}
-		if h := b.Health; h.Role == backend.RoleGalera && h.Check != backend.CheckMySQL {
+		if h := b.Health; h.Role == health.RoleGalera && h.Check != health.CheckMySQL {
 			w.errorf(bt.key("health.role"), `role = "galera" needs check = "mysql"; have check = %q`, h.Check)
 		}
 		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || !h.Check.TellsRoles()) {
 			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql", "mysql" or "redis" and role = "replica"`)
 		}
-		if h := b.Health; !h.TLS.On && (h.TLS != backend.TLS{}) {
+		if h := b.Health; !h.TLS.On && (h.TLS != health.TLS{}) {
 			w.errorf(bt.key("health.tls"), "tls_ca, tls_cert, tls_key, tls_server_name and tls_verify need tls = true")
 		}
-		if h := b.Health; h.SendProxy && b.ProxyProtocol == 0 && h.Check != backend.CheckNone {
+		if h := b.Health; h.SendProxy && b.ProxyProtocol == 0 && h.Check != health.CheckNone {
 			w.errorf(bt.key("health.send_proxy"), `send_proxy sends the header proxy_protocol names; set proxy_protocol = "v1" or "v2"`)
 		}
-		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != backend.CheckPgSQL {
+		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != health.CheckPgSQL {
 			// Only PostgreSQL's timelines say which claimant is newer.
 			w.errorf(bt.key("health.check"), `split_brain = "newest" needs check = "pgsql" (it compares timelines); have check = %q`, h.Check)
 		}
-		if h := b.Health; h.PatroniPort != 0 && h.Check != backend.CheckPgSQL {
+		if h := b.Health; h.PatroniPort != 0 && h.Check != health.CheckPgSQL {
 			w.errorf(bt.key("health.patroni_port"), `patroni_port needs check = "pgsql"; have check = %q`, h.Check)
 		}
-		if h := b.Health; len(h.Sentinels) > 0 && h.Check != backend.CheckRedis {
+		if h := b.Health; len(h.Sentinels) > 0 && h.Check != health.CheckRedis {
 			w.errorf(bt.key("health.sentinels"), `sentinels needs check = "redis"; have check = %q`, h.Check)
 		} else if len(h.Sentinels) > 0 && h.MasterName == "" {
 			w.errorf(bt.key("health.master_name"), "missing: sentinels needs the name they monitor the master under, e.g. \"mymaster\"")

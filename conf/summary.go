@@ -54,6 +54,9 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 		if h := checkLine(s.Health); h != "" {
 			fmt.Fprintf(w, "  health: %s\n", h)
 		}
+		if s.Source.Client {
+			fmt.Fprintln(w, `  source "client": backends see each client's own address (needs CAP_NET_ADMIN and the route back, which the daemon tests at start and reload; -check does not)`)
+		}
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  backend\taddress\tweight\tnotes\t")
 		for _, b := range s.Backends {

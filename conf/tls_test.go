@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"fulcrum/backend"
+	"fulcrum/health"
 	"fulcrum/internal/testkit"
 )
 
@@ -43,7 +43,7 @@ health = { tls_verify = false, tls_server_name = "redis.internal" }
 		t.Fatal(err)
 	}
 	b0, b1 := cfg.Services[0].Backends[0], cfg.Services[0].Backends[1]
-	want := backend.TLS{On: true, CA: filepath.Join(dir, "ca.pem"), Cert: crt, Key: key}
+	want := health.TLS{On: true, CA: filepath.Join(dir, "ca.pem"), Cert: crt, Key: key}
 	if b0.Health.TLS != want || !b0.Health.SendProxy || b0.ProxyProtocol != 2 {
 		t.Errorf("backend 0 health TLS = %+v, send_proxy %v, proxy %d; want %+v, true, 2", b0.Health.TLS, b0.Health.SendProxy, b0.ProxyProtocol, want)
 	}

@@ -1,11 +1,19 @@
-// Package health is fulcrum's health controller: it runs the active check
-// goroutines of the running configuration, lifts passive marks when their
-// fail_timeout passes, steps slow-start weights up, and turns each backend
-// transition into a table rebuild, one log line and the session cuts the
+// Package health is where fulcrum's health checks live: the probes of
+// every kind (check*.go: tcp, send-expect, http, pgsql, mysql and Galera,
+// redis and Sentinel, Patroni; over TLS, with a PROXY header), the
+// replication lag they measure (lag.go, wal.go), the loop that runs them
+// (RunChecks) and the Sentinel event subscriptions that wake them. Beside
+// them is the health controller: it runs the active check goroutines of
+// the running configuration, lifts passive marks when their fail_timeout
+// passes, steps slow-start weights up, and turns each backend transition
+// into a table rebuild, one log line and the session cuts the
 // configuration asks for (on_down, on_up, on_role_change, and a split
-// brain's claimants: cut.go). The state itself (up, down,
-// wrong role, passive counts) lives with each backend.Backend, so it
-// survives reloads; the controller only drives it.
+// brain's claimants: cut.go).
+//
+// health probes and decides; the state a result sets (up, down, wrong
+// role, the rise and fall counts, the lag, the check counters) lives with
+// each backend.Backend (Checked), so it survives reloads, and the
+// connection path reads it without importing a probe.
 //
 // It does not build tables: Rebuild, given by its owner (reload), rebuilds
 // the running configuration's table at the same generation with effective
@@ -37,7 +45,7 @@ import (
 // Job is one backend's active check.
 type Job struct {
 	B    *backend.Backend
-	Spec backend.CheckSpec
+	Spec CheckSpec
 }
 
 // Controller drives the health of the running table's backends.
@@ -48,10 +56,11 @@ type Controller struct {
 	changes chan *backend.Backend
 	kick    chan struct{} // a new table: recompute the timers
 
-	mu      sync.Mutex // protects stop and stopped
+	mu      sync.Mutex // protects stop, stopped and clocks
 	stop    context.CancelFunc
 	stopped bool
-	checks  sync.WaitGroup // the check goroutines
+	checks  sync.WaitGroup       // the check goroutines
+	clocks  map[string]*WALClock // by service: the clocks the running checks share (see WAL)
 }
 
 // New returns a controller over the tables table returns, which calls
@@ -74,6 +83,19 @@ func (c *Controller) Kick() {
 	}
 }
 
+// WAL is the clock the checks of service share (Probe.WAL): the running
+// checks' one, so that what they learned of its primaries outlives a
+// reload, or a new one. SetChecks keeps the clocks its jobs use. It reads
+// the controller's state but changes none: a reload's build calls it.
+func (c *Controller) WAL(service string) *WALClock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.clocks[service]; w != nil {
+		return w
+	}
+	return &WALClock{}
+}
+
 // SetChecks ends the running checks and starts jobs, one goroutine each. A
 // backend of the running table whose checks are now off is no longer held
 // down by them. After Stop it does nothing.
@@ -87,6 +109,12 @@ func (c *Controller) SetChecks(jobs []Job) {
 		c.stop()
 		c.stop = nil
 	}
+	c.clocks = map[string]*WALClock{}
+	for _, j := range jobs {
+		if w := j.Spec.Probe.WAL; w != nil {
+			c.clocks[j.B.Service] = w
+		}
+	}
 	checked := map[*backend.Backend]bool{}
 	if len(jobs) > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -97,7 +125,7 @@ func (c *Controller) SetChecks(jobs []Job) {
 			c.checks.Add(1)
 			go func() { // exits when the next SetChecks or Stop cancels ctx
 				defer c.checks.Done()
-				j.B.RunChecks(ctx, j.Spec)
+				RunChecks(ctx, j.B, j.Spec)
 			}()
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/backend"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
 
@@ -74,7 +75,7 @@ func TestControllerChecks(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	defer hc.Stop()
 
-	spec := backend.CheckSpec{Probe: backend.Probe{Kind: "tcp", Addr: dead, Timeout: time.Second}, Interval: 20 * time.Millisecond, Rise: 1, Fall: 2}
+	spec := CheckSpec{Probe: Probe{Kind: "tcp", Addr: dead, Timeout: time.Second}, Interval: 20 * time.Millisecond, Rise: 1, Fall: 2}
 	hc.SetChecks([]Job{{B: b, Spec: spec}})
 	for deadline := time.Now().Add(10 * time.Second); !b.Down() || rebuilds.Load() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -102,5 +103,33 @@ func TestRamping(t *testing.T) {
 	}
 	if d := ramping(table(10*time.Second, b), up.Add(time.Minute)); d != 0 {
 		t.Errorf("after slow start: next step in %v; want none", d)
+	}
+}
+
+// TestWALOutlivesReload: the clock a service's checks share is the running
+// checks' one, so what it learned of the primaries survives a reload (it
+// was the service's backend.Group's before the checks moved here); a
+// service whose checks are off gets a new one.
+func TestWALOutlivesReload(t *testing.T) {
+	pool := backend.Pool{}
+	b := pool.Get("s", "a")
+	hc := New(zerolog.Nop(), func() *sched.Table { return table(0, b) }, func() {})
+	defer hc.Stop()
+	if hc.WAL("s") == hc.WAL("s") {
+		t.Fatal("a service without checks shares a clock before any SetChecks")
+	}
+	w := hc.WAL("s")
+	w.Primary(time.Now(), 1, 100)
+	job := Job{B: b, Spec: CheckSpec{Probe: Probe{Kind: CheckPgSQL, Addr: testkit.DeadAddr(t), Timeout: time.Second, WAL: w}, Interval: time.Hour, Rise: 1, Fall: 1}}
+	hc.SetChecks([]Job{job})
+	if got := hc.WAL("s"); got != w {
+		t.Fatal("the next reload's build gets another clock than the running checks'")
+	}
+	if _, known := hc.WAL("s").Lag(time.Now(), 100, time.Minute); !known {
+		t.Error("the running checks' clock forgot its primary")
+	}
+	hc.SetChecks(nil)
+	if hc.WAL("s") == w {
+		t.Error("a service whose checks are off keeps their clock")
 	}
 }

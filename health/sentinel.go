@@ -4,24 +4,22 @@ import (
 	"context"
 	"slices"
 	"strings"
-
-	"fulcrum/backend"
 )
 
 // watchSentinels starts, under ctx and the controller's checks group, one
-// subscription (backend.Probe.WatchSentinel) per Sentinel listed by the
+// subscription (Probe.WatchSentinel) per Sentinel listed by the
 // redis checks of each service and master_name, and returns jobs with Wake
 // set: a failover event on any of those Sentinels checks every node of
 // that master at once. The caller holds c.mu; jobs is not changed.
 func (c *Controller) watchSentinels(ctx context.Context, jobs []Job) []Job {
 	type key struct{ service, master, sentinels string }
 	wakes := map[key][]chan struct{}{}
-	probes := map[key]backend.Probe{}
+	probes := map[key]Probe{}
 	var order []key
 	jobs = slices.Clone(jobs)
 	for i, j := range jobs {
 		p := j.Spec.Probe
-		if p.Kind != backend.CheckRedis || len(p.Sentinels) == 0 {
+		if p.Kind != CheckRedis || len(p.Sentinels) == 0 {
 			continue
 		}
 		k := key{j.B.Service, p.MasterName, strings.Join(p.Sentinels, ",")}

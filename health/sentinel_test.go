@@ -85,9 +85,9 @@ func TestSentinelEventChecksAtOnce(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	defer hc.Stop()
 
-	probe := backend.Probe{Kind: backend.CheckRedis, Addr: node, Backend: node, Timeout: 2 * time.Second, Role: backend.RolePrimary,
+	probe := Probe{Kind: CheckRedis, Addr: node, Backend: node, Timeout: 2 * time.Second, Role: backend.RolePrimary,
 		Sentinels: []string{sentinel}, MasterName: "mymaster"}
-	hc.SetChecks([]Job{{B: b, Spec: backend.CheckSpec{Probe: probe, Interval: time.Hour, Rise: 1, Fall: 1}}})
+	hc.SetChecks([]Job{{B: b, Spec: CheckSpec{Probe: probe, Interval: time.Hour, Rise: 1, Fall: 1}}})
 	await := func(what string, ok func(st backend.State, reason string) bool) {
 		t.Helper()
 		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) {

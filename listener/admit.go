@@ -404,7 +404,7 @@ func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *
 		if tm.dialled == 0 {
 			tm.queue, tm.dialled = d0.Sub(in.start), 1
 		}
-		bc, err := s.dial(pol, t.Addr, il)
+		bc, err := s.dial(pol, t.Addr, r.Client.Addr(), il)
 		if err == nil && ready != nil {
 			if err = ready(bc, t); err != nil {
 				closeFD(bc)
@@ -420,7 +420,7 @@ func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *
 			// fulcrum's own shortage (descriptors, buffers, ports), not the
 			// backend's fault: never counted against it, and no other
 			// backend would fare better now.
-			s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).Bool("local", true).
+			withFallback(s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name), svc, t).Stringer("client", r.Client).Bool("local", true).
 				Bool("retry", false).Msg("connect failed")
 			return -1, nil, err
 		}
@@ -430,7 +430,7 @@ func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *
 		}
 		tm.retries++
 		last = err
-		s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name).Stringer("client", r.Client).
+		withFallback(s.log.Warn().Err(err).Str("service", svc.Name).Str("backend", t.B.Name), svc, t).Stringer("client", r.Client).
 			Bool("retry", tm.retries <= pol.Retries).Msg("connect failed") // retry: another backend is tried, if one is eligible
 	}
 	return -1, nil, last
@@ -438,9 +438,10 @@ func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *
 
 // localError reports whether a dial failed for want of a local resource:
 // descriptors (EMFILE, ENFILE), kernel memory (ENOBUFS, ENOMEM), local
-// ports (EADDRNOTAVAIL), or the socket could not be made at all.
+// ports (EADDRNOTAVAIL), the socket could not be made at all, or not bound
+// to the client's address (source = "client": transparent.go).
 func localError(err error) bool {
-	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL, ErrNoTransparent, errSourceFamily} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -540,6 +541,17 @@ func (s *Server) access(ai *accessInfo, t *sched.Target, in, out int64, end stri
 		e = e.AnErr("error", err)
 	}
 	e.Msg("connection")
+}
+
+// withFallback adds to e, a line about backend t of a connection to svc,
+// the service t belongs to, as "fallback", when t was picked from svc's
+// fallback's backends (service names the one the client asked for), as
+// the access line does.
+func withFallback(e *zerolog.Event, svc *sched.Service, t *sched.Target) *zerolog.Event {
+	if t.B.Service != svc.Name {
+		e = e.Str("fallback", t.B.Service)
+	}
+	return e
 }
 
 // ms is d in milliseconds, to the microsecond.

@@ -32,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -119,28 +118,13 @@ func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.
 // else, sends nothing within timeout, or closes. Before it waits, it calls
 // wait.
 func peekCancel(fd int, timeout time.Duration, loops loopSource, wait func()) int {
-	var buf [maxCancel]byte
-	n, err := recvPeek(fd, buf[:])
-	switch {
-	case err == nil && n == 0:
-		return 0 // closed: the session sees it
-	case err == nil:
-		if l, ok := cancelStart(buf[:n]); !ok {
-			return 0
-		} else if l > 0 && n >= l {
-			return l
-		}
-	case err != unix.EAGAIN && err != unix.EINTR:
-		return 0
-	}
-	wait()
 	if timeout <= 0 {
 		timeout = DefaultPrereadTimeout
 	}
-	p := fdPeeker{fd: fd, loops: loops, timeout: timeout}
+	var buf [maxCancel]byte
+	p := fdPeeker{fd: fd, loops: loops, timeout: timeout, onWait: wait}
 	defer p.close()
-	seen := 0
-	for {
+	for seen := 0; ; {
 		n, err := p.peek(buf[:], seen)
 		if err != nil {
 			return 0 // nothing within timeout (a server-first protocol), or closed
@@ -163,11 +147,31 @@ type cancelTarget struct {
 	t   sched.Target
 }
 
+// maxCancels bounds the cancel requests a Server forwards at once. A
+// cancel is 16 unauthenticated bytes that become one connection per backend
+// when no backend holds a session of its client, each waiting up to
+// cancelTimeout for the backend's close: without a bound, a flood of them
+// is a flood of connections to the databases. A legitimate client sends
+// one per query it gives up on; one over the bound is refused (closed,
+// with its access line), as PostgreSQL answers a cancel with nothing
+// anyway.
+const maxCancels = 64
+
+// errCancels: maxCancels cancel requests are being forwarded already.
+var errCancels = fmt.Errorf("%d cancel requests are being forwarded already", maxCancels)
+
 // cancel consumes the CancelRequest of n bytes client socket c holds
 // (peeked already), sends it to the backends of listen address key that
 // should have it (cancelTargets), writes the access line and closes c.
+// It is screened first, as any connection is (access lists, accept_rate:
+// screen), against each service of the address, and goes only to those
+// that admit it; it takes no per-source slot, so that a client at its
+// max_conns_per_source can still cancel its own query. At most maxCancels
+// are forwarded at once.
 func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Time) {
 	defer closeFD(c)
+	// Consumed first, whatever comes of it, so that the close is a FIN:
+	// unread bytes would make it a reset.
 	var buf [maxCancel]byte
 	pkt := buf[:n]
 	err := readAll(c, pkt)
@@ -180,10 +184,35 @@ func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Tim
 	if len(services) == 0 { // the listener is being closed by a reload
 		return
 	}
+	admitted := make([]*sched.Service, 0, len(services))
+	why, werr := Reject(0), error(nil)
+	for _, svc := range services {
+		if r, err := screen(s.adm.get(svc.Name), snap.Policy(svc), client); err != nil {
+			if werr == nil {
+				why, werr = r, err
+			}
+			continue
+		}
+		admitted = append(admitted, svc)
+	}
+	if len(admitted) == 0 { // counted and logged as admission counts a refusal
+		if total, suppressed, log := s.adm.get(services[0].Name).rejects.add(why); log {
+			s.log.Warn().Str("service", services[0].Name).Stringer("client", client).Err(werr).
+				Stringer("reason", why).Uint64("rejected_so_far", total).Uint64("suppressed", suppressed).Msg("cancel request rejected")
+		}
+		return
+	}
+	svc0, pol0 := admitted[0], snap.Policy(admitted[0])
+	if s.cancels.Add(1) > maxCancels {
+		s.cancels.Add(-1)
+		s.cancelLine(svc0, pol0, client, nil, nil, false, start, errCancels)
+		return
+	}
+	defer s.cancels.Add(-1)
 	var ts []cancelTarget
 	holding := false
 	if err == nil {
-		ts, holding = cancelTargets(snap, services, client.Addr())
+		ts, holding = cancelTargets(snap, admitted, client.Addr())
 		if len(ts) == 0 {
 			err = errors.New("no backend for the client's cancel request")
 		}
@@ -196,12 +225,12 @@ func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Tim
 			wg.Add(1)
 			go func() { // exits when the backend has closed, or at cancelTimeout
 				defer wg.Done()
-				errs[i] = cancelOne(&ts[i], pkt, client, orig)
+				errs[i] = s.cancelOne(&ts[i], pkt, client, orig)
 			}()
 		}
 		wg.Wait()
 	}
-	s.cancelLine(services[0], snap.Policy(services[0]), client, ts, errs, holding, start, err)
+	s.cancelLine(svc0, pol0, client, ts, errs, holding, start, err)
 }
 
 // servicesAt returns the services that take connections on listen address
@@ -224,7 +253,7 @@ func servicesAt(snap *Snapshot, key netip.AddrPort) []*sched.Service {
 }
 
 // cancelTargets returns where a cancel from client address a goes among
-// services (those whose access lists let a in): the backends, their
+// services (those that admitted it: screen): the backends, their
 // fallbacks' included, that hold a session of a (holding true); if none
 // does, every backend of services.
 func cancelTargets(snap *Snapshot, services []*sched.Service, a netip.Addr) ([]cancelTarget, bool) {
@@ -236,9 +265,6 @@ func cancelTargets(snap *Snapshot, services []*sched.Service, a netip.Addr) ([]c
 	seenHeld, seenAll := map[*backend.Backend]bool{}, map[*backend.Backend]bool{}
 	for _, svc := range services {
 		pol := snap.Policy(svc)
-		if !pol.Allowed(a) {
-			continue
-		}
 		for _, from := range []*sched.Service{svc, svc.Fallback} {
 			if from == nil {
 				continue
@@ -262,20 +288,29 @@ func cancelTargets(snap *Snapshot, services []*sched.Service, a netip.Addr) ([]c
 }
 
 // cancelOne sends CancelRequest pkt to ct's backend on a connection of its
-// own, after the PROXY header if the backend takes one, and waits for the
-// backend to close it: PostgreSQL acts on the request, answers nothing
-// and closes (libpq's PQcancel waits for that close too).
-func cancelOne(ct *cancelTarget, pkt []byte, client, orig netip.AddrPort) error {
-	d := net.Dialer{Timeout: cancelTimeout}
-	if ct.pol.ConnectTimeout > 0 {
-		d.Timeout = min(d.Timeout, ct.pol.ConnectTimeout)
+// own, dialled as a session's is (Server.dial: its socket options, the
+// connect awaited in an event loop, from the client's address with source
+// = "client"), within cancelTimeout, after the PROXY header if the backend
+// takes one, and waits for the backend to close it: PostgreSQL acts on the
+// request, answers nothing and closes (libpq's PQcancel waits for that
+// close too).
+func (s *Server) cancelOne(ct *cancelTarget, pkt []byte, client, orig netip.AddrPort) error {
+	pol := *ct.pol
+	if pol.ConnectTimeout <= 0 || pol.ConnectTimeout > cancelTimeout {
+		pol.ConnectTimeout = cancelTimeout
 	}
-	c, err := d.Dial("tcp", ct.t.Addr.String())
+	deadline := time.Now().Add(cancelTimeout)
+	fd, err := s.dial(&pol, ct.t.Addr, client.Addr(), nil)
+	if err != nil {
+		return fmt.Errorf("dial backend %s: %w", ct.t.Addr, err)
+	}
+	c, err := goConn(fd) // for its deadlines; fd's own descriptor is not needed any more
+	closeFD(fd)
 	if err != nil {
 		return fmt.Errorf("dial backend %s: %w", ct.t.Addr, err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(cancelTimeout))
+	c.SetDeadline(deadline)
 	if ct.t.ProxyProtocol > 0 {
 		if err := writeHeader(c, ct.t.ProxyProtocol, client, orig); err != nil {
 			return fmt.Errorf("send PROXY header to %s: %w", ct.t.Addr, err)

@@ -26,27 +26,13 @@ func refusesSplitBrain(svc *sched.Service) bool {
 	return len(svc.SplitBrain) > 0 && svc.SplitWriter == ""
 }
 
-// maxFallbacks bounds a chain of fallbacks (conf refuses cycles).
-const maxFallbacks = 8
-
-// pool returns the targets a connection picks from: the service's own (see
-// sched.Service.Pool), or, while none of them is up, those of its fallback
-// service, following the chain. Fullness does not fall back: a full pool
-// queues instead.
+// pool returns the targets a connection picks from: the service's own,
+// or its fallback's while none of its own is up (sched.Service.Serving).
 func pool(svc *sched.Service) ([]sched.Target, sched.Picker) {
-	ts, p := svc.Pool()
-	if svc.Fallback == nil {
-		return ts, p
+	if svc.Fallback == nil { // its own either way: no walk over its targets per connection
+		return svc.Pool()
 	}
-	var none sched.Request
-	if up(ts, &none) {
-		return ts, p
-	}
-	for f, n := svc.Fallback, 0; f != nil && n < maxFallbacks; f, n = f.Fallback, n+1 {
-		if fts, fp := f.Pool(); up(fts, &none) {
-			return fts, fp
-		}
-	}
+	_, ts, p := svc.Serving()
 	return ts, p
 }
 

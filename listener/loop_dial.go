@@ -143,19 +143,20 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 
 // dial connects to a backend of a service of policy pol: a non-blocking
 // connect on a raw socket with TCP_NODELAY, pol's keepalive and user
-// timeout, then a wait of at most pol.ConnectTimeout (0: none) for its
-// outcome. A connect that is not done
+// timeout, from client's address when pol says so (pol.SourceClient,
+// transparent.go), then a wait of at most pol.ConnectTimeout (0: none) for
+// its outcome. A connect that is not done
 // at once (always so but on loopback) waits in an event loop's epoll, never
 // in a thread of its own; before it waits, i (if not nil) is handed off.
-func (s *Server) dial(pol *Policy, a netip.AddrPort, i *inline) (int, error) {
-	fd, err := s.connectRaw(pol, a, i)
+func (s *Server) dial(pol *Policy, a netip.AddrPort, client netip.Addr, i *inline) (int, error) {
+	fd, err := s.connectRaw(pol, a, client, i)
 	if err != nil {
 		return -1, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(a), Err: err}
 	}
 	return fd, nil
 }
 
-func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, i *inline) (int, error) {
+func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, client netip.Addr, i *inline) (int, error) {
 	family := unix.AF_INET
 	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
@@ -167,6 +168,12 @@ func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, i *inline) (int, erro
 	if err := setDialOpts(fd, pol); err != nil {
 		closeFD(fd)
 		return -1, err
+	}
+	if pol.SourceClient {
+		if err := bindClient(fd, client, a); err != nil {
+			closeFD(fd)
+			return -1, err
+		}
 	}
 	switch err := connectFD(fd, a); err {
 	case nil:

@@ -268,7 +268,7 @@ func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
 	const timeout = 2 * time.Second
 	start := time.Now()
 	go func() { // exits when the dial returns: by connect_timeout at the latest
-		fd, err := p.srv.dial(&Policy{ConnectTimeout: timeout}, netip.MustParseAddrPort(addr), nil)
+		fd, err := p.srv.dial(&Policy{ConnectTimeout: timeout}, netip.MustParseAddrPort(addr), netip.Addr{}, nil)
 		done <- result{fd, err}
 	}()
 	stale := 0

@@ -50,6 +50,11 @@ type Policy struct {
 	// CancelRequest (cancel.go). false: nothing is awaited.
 	Postgres       bool
 	PrereadTimeout time.Duration
+
+	// SourceClient (source = "client"): each dial to a backend is bound to
+	// the client's own address (the PROXY address when trusted) with
+	// IP_TRANSPARENT (transparent.go). false: fulcrum's own address.
+	SourceClient bool
 }
 
 // Allowed applies the access lists to a client address: deny wins, then an

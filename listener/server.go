@@ -64,6 +64,8 @@ type Server struct {
 	admitting admitCount // connections accepted and not yet sessions or ended (Admitted)
 	adm       admissions // each service's admission state, by name (admission.go)
 
+	cancels atomic.Int32 // PostgreSQL cancel requests being forwarded, at most maxCancels (cancel.go)
+
 	pipes pipePool // splice pipes lent to sessions while they move data
 	mode  copyMode // how sessions copy; copyAuto but in tests
 

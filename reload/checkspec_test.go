@@ -3,8 +3,8 @@ package reload
 import (
 	"testing"
 
-	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/health"
 )
 
 // TestCheckSpecTLSProxy: a backend's tls keys and send_proxy reach its
@@ -28,7 +28,7 @@ health = { send_proxy = false }
 	}
 	bs := cfg.Services[0].Backends
 	p0, p1 := checkSpec(bs[0], nil).Probe, checkSpec(bs[1], nil).Probe
-	want := backend.TLS{On: true, SkipVerify: true, ServerName: "db"}
+	want := health.TLS{On: true, SkipVerify: true, ServerName: "db"}
 	if p0.TLS != want || p0.SendProxy != 1 || p0.Addr != "127.0.0.1:16379" {
 		t.Errorf("backend 0 probe TLS %+v, send_proxy %d, addr %s; want %+v, 1, 127.0.0.1:16379", p0.TLS, p0.SendProxy, p0.Addr, want)
 	}

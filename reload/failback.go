@@ -183,7 +183,7 @@ func (m *Manager) Promote(service, name, by string) (bool, error) {
 		m.mu.Unlock()
 		return false, fmt.Errorf("no backend %q among the primary backends of service %s", name, service)
 	}
-	if c := tg.B.Condition(tg.Base); !tg.Up() {
+	if c := s.Condition(tg); !tg.Up() {
 		m.mu.Unlock()
 		return false, fmt.Errorf("%s/%s is not up (%s: %s): a writer must take connections", service, name, c.State, c.Reason)
 	}

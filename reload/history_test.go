@@ -109,7 +109,7 @@ func TestUnresolvedAddressShown(t *testing.T) {
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "b", addr: "b.test:" + port, weight: 1}}})
 	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
 	addr := func() string {
-		return status.Of(status.Source{Table: r.m.Table}).Services[0].Backends[0].Address
+		return status.Of(status.Source{Snapshot: r.m.ptr.Load}).Services[0].Backends[0].Address
 	}
 	if got, want := addr(), "b.test:"+port+" (unresolved)"; got != want {
 		t.Errorf("address before the name resolves: %q; want %q", got, want)
@@ -180,7 +180,7 @@ func TestWeightZeroSince(t *testing.T) {
 		backends: []be{{"a", a.Addr, 1, ""}, {"b", a.Addr, 1, ""}}}
 	r := startRun(t, t.TempDir(), render(s))
 	since := func() time.Time {
-		return status.Of(status.Source{Table: r.m.Table}).Services[0].Backends[0].Since
+		return status.Of(status.Source{Snapshot: r.m.ptr.Load}).Services[0].Backends[0].Since
 	}
 	started := time.Now()
 	s.backends[0].weight = 0

@@ -1,8 +1,8 @@
 package reload
 
 import (
-	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/health"
 )
 
 // speaksPostgres reports whether service cs speaks PostgreSQL: protocol =
@@ -17,7 +17,7 @@ func speaksPostgres(cs conf.Service) bool {
 		return false
 	}
 	for _, b := range cs.Backends {
-		if b.Health.Check == backend.CheckPgSQL {
+		if b.Health.Check == health.CheckPgSQL {
 			return true
 		}
 	}

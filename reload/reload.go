@@ -205,7 +205,7 @@ func (m *Manager) refresh() {
 // services, backends up of total, open connections, and the last reload
 // error if the last attempt failed.
 func (m *Manager) StatusLine() string {
-	return status.Of(status.Source{Table: m.Table, Reloads: m.Status, Draining: m.Draining}).Line()
+	return status.Of(status.Source{Snapshot: m.ptr.Load, Reloads: m.Status, Draining: m.Draining}).Line()
 }
 
 // Draining returns the backends being drained now (removed from the
@@ -289,6 +289,9 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 	}
 	p, err := m.build(cfg, dns, old, gen, start)
 	if err != nil {
+		return err
+	}
+	if err := m.checkSources(context.Background(), cfg, p); err != nil { // source = "client": source.go
 		return err
 	}
 	var want []netip.AddrPort
@@ -391,6 +394,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 	listen := map[netip.AddrPort]*sched.Service{}
 	for _, cs := range cfg.Services {
 		var prim, back []sched.Target
+		wal := m.health.WAL(cs.Name)
 		for _, b := range cs.Backends {
 			bk := p.draft.Get(cs.Name, b.Name)
 			addr, aerr := dns.addr(b.Host, b.Addr)
@@ -409,9 +413,9 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			} else {
 				prim = append(prim, t)
 			}
-			if b.Health.Check != backend.CheckNone {
+			if b.Health.Check != health.CheckNone {
 				spec := checkSpec(b, dns)
-				spec.Probe.WAL = p.draft.WAL(cs.Name) // the service's checks share where its primary is
+				spec.Probe.WAL = wal // the service's checks share where its primary is
 				name := cs.Name
 				spec.Passed = func() { m.srv.Kick(name) }
 				p.jobs = append(p.jobs, health.Job{B: bk, Spec: spec})
@@ -492,6 +496,7 @@ func policy(cfg *conf.Config, cs conf.Service) *listener.Policy {
 		AccessLog:         cfg.Log.Access,
 		Postgres:          speaksPostgres(cs),
 		PrereadTimeout:    cs.PrereadTimeout,
+		SourceClient:      cs.Source.Client,
 	}
 }
 
@@ -511,7 +516,7 @@ func picker(name sched.Kind, opt sched.Options, targets []sched.Target, prev *sc
 
 // checkSpec is b's active check. A check host name without an address is
 // dialled by name, so the probe fails (or succeeds) in its own goroutine.
-func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
+func checkSpec(b conf.Backend, dns names) health.CheckSpec {
 	h := b.Health
 	addr := b.CheckAddr.String()
 	if b.CheckHost != "" {
@@ -521,7 +526,7 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 			addr = net.JoinHostPort(b.CheckHost, strconv.Itoa(int(b.CheckAddr.Port())))
 		}
 	}
-	p := backend.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
+	p := health.Probe{Kind: h.Check, Addr: addr, Timeout: h.Timeout, Path: h.Path, Status: h.Status, User: h.User,
 		Role: h.Role, PasswordFile: h.PasswordFile, Database: h.Database, MaxLag: h.MaxLag, TLS: h.TLS,
 		Sentinels: h.Sentinels, MasterName: h.MasterName}
 	if h.SendProxy {
@@ -544,11 +549,11 @@ func checkSpec(b conf.Backend, dns names) backend.CheckSpec {
 	if p.TLS.On && p.TLS.ServerName == "" && b.CheckHost != "" {
 		p.TLS.ServerName = b.CheckHost // the name the certificate carries, not the address it resolved to
 	}
-	if h.Check == backend.CheckSendExpect {
+	if h.Check == health.CheckSendExpect {
 		p.Send = []byte(h.Send)
 		p.Expect = h.Expect
 	}
-	return backend.CheckSpec{Probe: p, Interval: h.Interval, Rise: h.Rise, Fall: h.Fall}
+	return health.CheckSpec{Probe: p, Interval: h.Interval, Rise: h.Rise, Fall: h.Fall}
 }
 
 // settle runs after a swap: backends of the old table that the new one no

@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"time"
 
 	"fulcrum/backend"
@@ -333,15 +334,70 @@ func (s *Service) All() []Target {
 // ones, or the backups while no primary is up (HAProxy's backup servers).
 // Full primaries do not switch to backups: the connection queues instead.
 func (s *Service) Pool() ([]Target, Picker) {
-	if s.BackupPicker == nil {
+	if s.BackupPicker == nil || anyUp(s.Targets) {
 		return s.Targets, s.Picker
 	}
-	for i := range s.Targets {
-		if s.Targets[i].Up() {
-			return s.Targets, s.Picker
+	return s.Backups, s.BackupPicker
+}
+
+// maxFallbacks bounds a chain of fallbacks that Serving follows (conf
+// refuses cycles).
+const maxFallbacks = 8
+
+// Serving returns where a new connection to s picks its backend from now:
+// from, the service whose pool (see Pool) has a target up, s itself first
+// and then along its chain of fallbacks, with that pool's targets and
+// picker; while no pool along it has one up, from is nil and the targets
+// and picker are s's own (nothing is eligible: the connection is refused
+// or held). Fullness does not fall back: a full pool queues instead. The
+// listener routes by it and status views name it, so the two agree.
+func (s *Service) Serving() (from *Service, ts []Target, p Picker) {
+	ts, p = s.Pool()
+	if anyUp(ts) {
+		return s, ts, p
+	}
+	for f, n := s.Fallback, 0; f != nil && n < maxFallbacks; f, n = f.Fallback, n+1 {
+		if fts, fp := f.Pool(); anyUp(fts) {
+			return f, fts, fp
 		}
 	}
-	return s.Backups, s.BackupPicker
+	return nil, ts, p
+}
+
+// anyUp reports whether one of ts is up. O(n): a connection's first pick
+// and status views.
+func anyUp(ts []Target) bool {
+	for i := range ts {
+		if ts[i].Up() {
+			return true
+		}
+	}
+	return false
+}
+
+// Condition names t's state (t is one of s's targets) by the one rule of
+// whether it takes new connections, Target.Up, which the schedulers,
+// /healthz and the status views all ask: backend.Condition of its
+// configured weight, or, while that says up and Up does not (this table
+// gives it no weight though the file does), draining: by s's split brain,
+// which zeroes the weight of every claimant not kept as the writer (of
+// every target while it refuses), or because it came up after this table
+// was built and the next one gives it its weight.
+func (s *Service) Condition(t *Target) backend.Condition {
+	c := t.B.Condition(t.Base)
+	if c.State != backend.StateUp || t.Up() {
+		return c
+	}
+	if len(s.SplitBrain) > 0 {
+		why := "split brain: " + strings.Join(s.SplitBrain, ", ") + " claim primary; "
+		if s.SplitWriter != "" {
+			why += "only " + s.SplitWriter + " takes new connections"
+		} else {
+			why += "new connections are refused"
+		}
+		return backend.Condition{State: backend.StateDraining, Cause: "split brain", Reason: why}
+	}
+	return backend.Condition{State: backend.StateDraining, Cause: "weight 0", Reason: "up, and given its weight by the next table", Since: c.Since}
 }
 
 // Table is one immutable snapshot of the whole configuration. The reload

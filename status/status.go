@@ -2,12 +2,13 @@
 // serves as /status JSON, what `fulcrum status` prints, what /metrics is
 // gathered from and what the systemd STATUS= line sums up. It owns no
 // state; Of reads the snapshot and the live counters at the time of asking.
-// Whether a backend is up is not decided here: backend.Condition decides,
-// and this package only names the outcome.
+// Whether a backend is up is not decided here: sched.Target.Up decides, as
+// for the schedulers and /healthz, and this package names the outcome
+// (sched.Service.Condition).
 //
 // Typical use:
 //
-//	st := status.Of(status.Source{Table: ptr.Load, Reloads: m.Status, Draining: m.Draining})
+//	st := status.Of(status.Source{Snapshot: ptr.Load, Reloads: m.Status, Draining: m.Draining})
 //	line := st.Line() // "generation 3; 2 services; backends 3/4 up; 12 connections"
 package status
 
@@ -26,7 +27,9 @@ import (
 
 // Source is what a status is read from. Nil funcs are skipped.
 type Source struct {
-	Table    func() *sched.Table           // the current snapshot
+	// Snapshot is the running snapshot: the table, and each service's
+	// admission policy (its max_conns). Read once per status.
+	Snapshot func() *listener.Snapshot
 	Reloads  func() Reload                 // the reload history
 	Sockets  func() []listener.SocketStats // per-listener counters
 	Limit    func() listener.LimitStats    // the process's connection limit
@@ -106,6 +109,9 @@ type Service struct {
 	SplitWriter string   `json:"split_writer,omitempty"` // the claimant kept as the writer (split_brain first or newest); absent while it refuses
 	SplitBrains uint64   `json:"split_brains"`
 	Writer      string   `json:"writer,omitempty"` // scheduler first with failback: the backend kept as the writer
+	// MaxConns is the service's max_conns, its connections at once (the
+	// limit of Active); absent: none.
+	MaxConns int `json:"max_conns,omitempty"`
 	// Holding is how many connections wait for an eligible backend now
 	// (hold_timeout); Held how many had to, HoldExpired how many of those
 	// were closed when it ran out.
@@ -131,7 +137,7 @@ type Service struct {
 }
 
 // Backend is one backend: its settings in this generation, its state by
-// backend.Condition, its last check and its live counters.
+// sched.Service.Condition, its last check and its live counters.
 type Backend struct {
 	Name       string `json:"name"`
 	Address    string `json:"address"`
@@ -232,9 +238,13 @@ func Of(src Source) Status {
 	for _, d := range all {
 		drains[d.B] = d
 	}
+	var snap *listener.Snapshot
+	if src.Snapshot != nil {
+		snap = src.Snapshot()
+	}
 	var t *sched.Table
-	if src.Table != nil {
-		t = src.Table()
+	if snap != nil {
+		t = snap.Table
 	}
 	inTable := map[*backend.Backend]bool{}
 	if t != nil {
@@ -253,7 +263,8 @@ func Of(src Source) Status {
 	}
 	if t != nil {
 		for _, s := range t.Services {
-			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer}
+			ss := Service{Name: s.Name, Scheduler: string(s.Scheduler), SplitBrain: s.SplitBrain, SplitWriter: s.SplitWriter, Writer: s.Writer,
+				MaxConns: snap.Policy(s).MaxConns}
 			if src.Admission != nil {
 				if g, ok := src.Admission(s.Name); ok {
 					ss.Active, ss.Waiting, ss.Retries, ss.Queued, ss.Refused = g.Active, g.Waiting, g.Retries, g.Queued, g.Refused
@@ -269,8 +280,10 @@ func Of(src Source) Status {
 			for _, a := range s.Listen {
 				ss.Listen = append(ss.Listen, a.String())
 			}
-			for i, tg := range s.All() {
-				b := backendOf(tg.B, tg.Addr, tg.Base, i >= len(s.Targets), now)
+			all := s.All()
+			for i := range all {
+				tg := &all[i]
+				b := backendOf(tg.B, s.Condition(tg), tg.Addr, tg.Base, i >= len(s.Targets), now)
 				b.Limit = tg.MaxConns
 				if tg.Host != "" { // a name: say which, and whether it has an address yet
 					if tg.Addr.Addr().IsValid() {
@@ -324,10 +337,6 @@ func Of(src Source) Status {
 		st.Connections = &Connections{Open: l.Open, Max: l.Max, Waits: l.Waits}
 	}
 	if src.Sockets != nil {
-		var t *sched.Table
-		if src.Table != nil {
-			t = src.Table()
-		}
 		for _, so := range src.Sockets() {
 			l := Listener{Listen: so.Listen.String(), Addr: so.Addr,
 				Accepts: so.Accepts, AcceptErrors: so.AcceptErrors, Inherited: so.Inherited, Refused: so.Refused}
@@ -346,14 +355,14 @@ func Of(src Source) Status {
 
 // removedOf is a removed backend still draining.
 func removedOf(d Drain) Backend {
-	b := backendOf(d.B, d.Addr, 0, d.Backup, time.Now())
+	b := backendOf(d.B, d.B.Condition(0), d.Addr, 0, d.Backup, time.Now())
 	b.Removed, b.DrainDeadline = true, d.Deadline
 	return b
 }
 
-// backendOf reads one backend whose configured weight is base.
-func backendOf(bk *backend.Backend, addr netip.AddrPort, base int, backup bool, now time.Time) Backend {
-	c := bk.Condition(base)
+// backendOf reads one backend, in condition c, whose configured weight is
+// base.
+func backendOf(bk *backend.Backend, c backend.Condition, addr netip.AddrPort, base int, backup bool, now time.Time) Backend {
 	h := bk.History(now)
 	s := bk.Stats()
 	_, role := bk.State()

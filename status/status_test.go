@@ -1,14 +1,22 @@
 package status
 
 import (
+	"encoding/json"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/listener"
 	"fulcrum/sched"
 )
+
+// snapOf is a Source's Snapshot func for table t, with no policies.
+func snapOf(t *sched.Table) func() *listener.Snapshot {
+	s := listener.NewSnapshot(t, nil)
+	return func() *listener.Snapshot { return s }
+}
 
 // table builds a one-service table over backends with weights.
 func table(t *testing.T, bs []*backend.Backend, weights []int) *sched.Table {
@@ -25,7 +33,7 @@ func table(t *testing.T, bs []*backend.Backend, weights []int) *sched.Table {
 	return sched.NewTable(3, []*sched.Service{svc}, nil)
 }
 
-// TestOf: every view's state comes from backend.Condition; a removed
+// TestOf: every view's state comes from sched.Service.Condition; a removed
 // backend still draining is listed under its service with its deadline,
 // and the STATUS= line counts it apart.
 func TestOf(t *testing.T) {
@@ -35,7 +43,7 @@ func TestOf(t *testing.T) {
 	gone.StopNew()
 	deadline := time.Now().Add(time.Minute)
 	tbl := table(t, []*backend.Backend{up, zero, held}, []int{1, 0, 1})
-	st := Of(Source{Table: func() *sched.Table { return tbl },
+	st := Of(Source{Snapshot: snapOf(tbl),
 		Draining: func() []Drain {
 			return []Drain{{B: gone, Addr: netip.MustParseAddrPort("127.0.0.1:2"), Deadline: deadline}}
 		}})
@@ -67,7 +75,7 @@ func TestOf(t *testing.T) {
 		t.Errorf("Line() = %q", line)
 	}
 	// A removed service's draining backend is still listed, by service.
-	st = Of(Source{Table: func() *sched.Table { return sched.NewTable(4, nil, nil) },
+	st = Of(Source{Snapshot: snapOf(sched.NewTable(4, nil, nil)),
 		Draining: func() []Drain { return []Drain{{B: gone}} }})
 	if len(st.Services) != 1 || st.Services[0].Name != "s" || !strings.Contains(st.Line(), "1 removed backends draining") {
 		t.Errorf("removed service: %+v, %q", st.Services, st.Line())
@@ -80,8 +88,29 @@ func TestOfStopping(t *testing.T) {
 	b := backend.New("s", "a")
 	b.StopNew()
 	tbl := table(t, []*backend.Backend{b}, []int{1})
-	st := Of(Source{Table: func() *sched.Table { return tbl }, Draining: func() []Drain { return []Drain{{B: b}} }})
+	st := Of(Source{Snapshot: snapOf(tbl), Draining: func() []Drain { return []Drain{{B: b}} }})
 	if got := st.Services[0].Backends; len(got) != 1 || got[0].State != "draining" || got[0].Cause != "stopping" || got[0].Removed {
 		t.Errorf("backends at shutdown %+v; want one, draining (stopping)", got)
+	}
+}
+
+// TestOfMaxConns: a service's max_conns, which the listener's policy
+// holds, is in its status beside its connections (and absent without one).
+func TestOfMaxConns(t *testing.T) {
+	tbl := table(t, []*backend.Backend{backend.New("s", "a")}, []int{1})
+	snap := listener.NewSnapshot(tbl, map[string]*listener.Policy{"s": {MaxConns: 100}})
+	st := Of(Source{Snapshot: func() *listener.Snapshot { return snap }})
+	if got := st.Services[0].MaxConns; got != 100 {
+		t.Errorf("service s max_conns %d; want 100", got)
+	}
+	js, err := json.Marshal(st.Services[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"max_conns":100`) {
+		t.Errorf("service s as JSON %s; want \"max_conns\":100", js)
+	}
+	if st := Of(Source{Snapshot: snapOf(tbl)}); st.Services[0].MaxConns != 0 {
+		t.Errorf("without a limit: max_conns %d; want 0", st.Services[0].MaxConns)
 	}
 }

@@ -11,9 +11,6 @@ import (
 	"fulcrum/sched"
 )
 
-// maxFallbacks bounds a chain of fallbacks, as listener's does.
-const maxFallbacks = 8
-
 // Watcher follows each service's own state from one snapshot to the next:
 // whether it has an eligible backend of its own, and if not, whether it
 // runs on its fallback, holds new connections (hold_timeout) or refuses
@@ -139,27 +136,17 @@ func (w *Watcher) State(name string) ServiceState {
 	return ServiceState{}
 }
 
-// servingOf says where a new connection to s would be picked from now (the
-// rule of listener's pool): its own backends, its fallback's (and which),
-// or nowhere ("refusing"; the caller tells holding apart).
+// servingOf says where a new connection to s would be picked from now, by
+// the rule the listener routes by (sched.Service.Serving): its own
+// backends, its fallback's (and which), or nowhere ("refusing"; the caller
+// tells holding apart).
 func servingOf(s *sched.Service) (serving, fallback string) {
-	ts, _ := s.Pool()
-	if anyUp(ts) {
+	switch from, _, _ := s.Serving(); from {
+	case nil:
+		return ServingRefusing, ""
+	case s:
 		return ServingOwn, ""
+	default:
+		return ServingFallback, from.Name
 	}
-	for f, n := s.Fallback, 0; f != nil && n < maxFallbacks; f, n = f.Fallback, n+1 {
-		if fts, _ := f.Pool(); anyUp(fts) {
-			return ServingFallback, f.Name
-		}
-	}
-	return ServingRefusing, ""
-}
-
-func anyUp(ts []sched.Target) bool {
-	for i := range ts {
-		if ts[i].Up() {
-			return true
-		}
-	}
-	return false
 }

@@ -126,7 +126,7 @@ function serviceCard(s, now) {
   const split = (s.split_brain || []).length ? `<div class="banner split">SPLIT BRAIN: ${esc(s.split_brain.join(", "))} claim primary</div>` : "";
   return `<article class="${cls}" data-service="${esc(s.name)}" data-serving="${esc(s.serving || "")}">
 <div class="head"><h2>${esc(s.name)}</h2>
-<span class="facts">${esc(s.scheduler || "removed")} · ${esc((s.listen || []).join(" "))} · active ${s.active} · waiting ${s.waiting} · holding ${s.holding} · held ${s.held} (expired ${s.hold_expired}) · retries ${s.retries} · refused ${s.refused}${unserved ? " · ended without a backend: " + unserved : ""}${s.fallbacks ? " · fallbacks " + s.fallbacks : ""}</span></div>
+<span class="facts">${esc(s.scheduler || "removed")} · ${esc((s.listen || []).join(" "))} · active <span data-active>${s.active}${s.max_conns ? " / " + s.max_conns : ""}</span> · waiting ${s.waiting} · holding ${s.holding} · held ${s.held} (expired ${s.hold_expired}) · retries ${s.retries} · refused ${s.refused}${unserved ? " · ended without a backend: " + unserved : ""}${s.fallbacks ? " · fallbacks " + s.fallbacks : ""}</span></div>
 ${split}${servingBanner(s, now)}${s.hint ? `<div class="banner holding" data-hint>${esc(s.hint)}</div>` : ""}
 <div class="tablewrap"><table><thead><tr><th>backend</th><th>state</th><th>in state</th><th>weight</th><th>role</th><th>conns</th><th>new/s</th><th>bytes</th><th>changes</th><th>last check</th><th>last minutes</th><th></th></tr></thead>
 <tbody>${(s.backends || []).map((b) => backendRow(s, b, now)).join("")}</tbody></table></div>

@@ -2,11 +2,19 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/testkit"
 )
 
 // TestCompletion holds the shell completions to the flags each command
@@ -64,10 +72,157 @@ func TestCompletion(t *testing.T) {
 		"fulcrum set pg/a m": "maint",
 	} {
 		script := `source ../../completion/fulcrum.bash
-COMP_WORDS=(` + line + ` ); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _fulcrum; echo "${COMPREPLY[*]}"`
+COMP_LINE="` + line + `"; COMP_POINT=${#COMP_LINE}; COMP_WORDS=(` + line + ` ); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); _fulcrum; echo "${COMPREPLY[*]}"`
 		out, err := exec.Command(sh, "-c", script).CombinedOutput()
 		if err != nil || strings.TrimSpace(string(out)) != want {
 			t.Errorf("bash completion of %q = %q, %v; want %q", line, out, err, want)
+		}
+	}
+}
+
+// TestCompletionNames: in an interactive bash on a terminal, with the
+// completion file sourced and this build as `fulcrum` on PATH, `fulcrum
+// set` completes the running daemon's SERVICE/BACKEND names, asked through
+// -admin (an address bash itself splits at ':') or -config, then the
+// states. It is the shell's own word splitting and readline that run here,
+// against a real daemon.
+func TestCompletionNames(t *testing.T) {
+	sh := needProgram(t, "bash")
+	a := testkit.NewServer(t, testkit.Greeter("a"))
+	config := writeFile(t, "fulcrum.toml", fmt.Sprintf(`
+[log]
+format = "json"
+[admin]
+listen = %q
+[services.ro]
+listen   = ["127.0.0.1:0"]
+backends = [{ name = "pg2", address = %q }, { name = "pg3", address = %q }]
+[services.rw]
+listen   = ["127.0.0.2:0"]
+backends = [{ name = "pg1", address = %q }]
+`, testkit.FreeAddr(t), a.Addr, a.Addr, a.Addr))
+	d := startDaemonArgs(t, []string{"-config", config}, nil, nil)
+	adm := d.adminAddr(t)
+
+	term := startBash(t, sh)
+	for _, c := range []struct {
+		typed  string // then a tab
+		listed string // the candidates it lists; "": none
+		line   string // the command line after it
+	}{
+		{"fulcrum set -admin " + adm + " r", "ro/pg2  ro/pg3  rw/pg1", "fulcrum set -admin " + adm + " r"},
+		{"fulcrum set -admin " + adm + " rw", "", "fulcrum set -admin " + adm + " rw/pg1 "},
+		{"fulcrum set -config " + config + " ro/pg", "ro/pg2  ro/pg3", "fulcrum set -config " + config + " ro/pg"},
+		{"fulcrum set -admin " + adm + " ro/pg3 m", "", "fulcrum set -admin " + adm + " ro/pg3 maint "},
+		{"fulcrum set -admin 127.0.0.1:9 r", "", "fulcrum set -admin 127.0.0.1:9 r"}, // nothing answers: nothing offered
+	} {
+		term.send(t, c.typed+"\t")
+		if c.listed != "" {
+			term.await(t, "\n"+c.listed)
+		}
+		// The line as it stands, printed in capitals, which the terminal's
+		// echo of what is typed never shows: Ctrl-A, echo, Ctrl-E, Enter.
+		term.send(t, "\x01echo '<\x05>' | tr a-z A-Z\n")
+		term.await(t, "\n<"+strings.ToUpper(c.line)+">\n$ ")
+	}
+}
+
+// terminal is an interactive bash on a pseudo-terminal, and what it wrote.
+type terminal struct {
+	master *os.File
+	out    chan []byte // chunks read from the terminal; closed when bash is gone
+	seen   []byte      // read so far, since the last await's match
+}
+
+// startBash runs bash interactively on a new pseudo-terminal, with
+// fulcrum's completion sourced, this build's directory first on PATH and
+// "$ " as its prompt. The test's cleanup ends it.
+func startBash(t *testing.T, sh string) *terminal {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 250}); err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	completion, err := filepath.Abs("../../completion/fulcrum.bash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := writeFile(t, "bashrc", "source "+completion+"\n"+
+		"bind 'set enable-bracketed-paste off'\nbind 'set bell-style none'\nbind 'set show-all-if-ambiguous on'\n"+
+		"bind 'set completion-query-items 0'\nbind 'set page-completions off'\nPS1='$ '\n")
+	cmd := exec.Command(sh, "--noprofile", "--rcfile", rc, "-i")
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"), "TERM=dumb", "HISTFILE=/dev/null")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	term := &terminal{master: master, out: make(chan []byte, 64)}
+	go func() { // exits when bash is gone and the terminal reads EIO
+		defer close(term.out)
+		for {
+			b := make([]byte, 4096)
+			n, err := master.Read(b)
+			if n > 0 {
+				term.out <- b[:n]
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		master.Close()
+		for range term.out { // the reader ends once the terminal is closed
+		}
+	})
+	term.await(t, "$ ")
+	return term
+}
+
+// send types s on the terminal.
+func (term *terminal) send(t *testing.T, s string) {
+	t.Helper()
+	if _, err := term.master.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// await waits until the terminal has shown want since the last match,
+// and forgets what came before its end.
+func (term *terminal) await(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	for {
+		if i := bytes.Index(term.seen, []byte(want)); i >= 0 {
+			term.seen = term.seen[i+len(want):]
+			return
+		}
+		select {
+		case b, ok := <-term.out:
+			if !ok {
+				t.Fatalf("bash ended before showing %q; it showed %q", want, term.seen)
+			}
+			term.seen = append(term.seen, bytes.ReplaceAll(b, []byte("\r"), nil)...)
+		case <-deadline:
+			t.Fatalf("bash did not show %q within 15s; it showed %q", want, term.seen)
 		}
 	}
 }

@@ -155,6 +155,11 @@ backends  = [{ name = "replica", address = %q }]
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-backend="ro/replica"][data-state="down"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`article[data-service="ro"][data-serving="fallback"]`)),
 	)
+	active := value(t, ctx, 10*time.Second, "read web's connections",
+		chromedp.Evaluate[string](`document.querySelector('article[data-service="web"] [data-active]').textContent`))
+	if !strings.HasSuffix(active, " / 100") {
+		t.Errorf("web's connections read %q on the page; want them with its max_conns, \"N / 100\"", active)
+	}
 	colour := value(t, ctx, 10*time.Second, "read a down badge's colour",
 		chromedp.Evaluate[string](`getComputedStyle(document.querySelector('tr[data-backend="ro/replica"] .badge')).backgroundColor`))
 	if colour != "rgb(207, 34, 46)" {
@@ -237,6 +242,20 @@ backends  = [{ name = "replica", address = %q }]
 			return err
 		}),
 	)
+	var hist struct {
+		Series map[string]struct {
+			LatencyMS []*float64 `json:"latency_ms"`
+		} `json:"series"`
+	}
+	if resp, err := http.Get("http://" + adm + "/history"); err != nil {
+		t.Error(err)
+	} else {
+		err := json.NewDecoder(resp.Body).Decode(&hist)
+		resp.Body.Close()
+		if lat := hist.Series["web/c"].LatencyMS; err != nil || len(lat) == 0 || lat[len(lat)-1] == nil {
+			t.Errorf("/history: web/c's check latency %v (%v); want its last check's", lat, err)
+		}
+	}
 	shot := value(t, ctx, 20*time.Second, "a screenshot", chromedp.FullScreenshot(100))
 	out := filepath.Join(t.TempDir(), "console.png")
 	if os.Getenv("FULCRUM_CONSOLE_SCREENSHOT") == "1" {

@@ -23,6 +23,14 @@ trap 'dpkg --purge fulcrum >/dev/null 2>&1 || true' EXIT
 dpkg-query -W -f '${Conffiles}\n' fulcrum | grep -q '^ /etc/fulcrum/fulcrum.toml '
 (cd /lib/systemd/system && systemd-analyze verify fulcrum.socket fulcrum.service)
 grep -q '^ExecStart=/usr/bin/fulcrum -config /etc/fulcrum/fulcrum.toml$' /lib/systemd/system/fulcrum.service
+# source = "client"'s capability is an opt-in drop-in: shipped, not enabled,
+# and the main unit does not grant it.
+test -f /usr/share/fulcrum/transparent.conf
+test ! -e /lib/systemd/system/fulcrum.service.d/transparent.conf
+if grep -q CAP_NET_ADMIN /lib/systemd/system/fulcrum.service; then
+	echo "check.sh: the main unit grants CAP_NET_ADMIN; only the opt-in drop-in may" >&2
+	exit 1
+fi
 /usr/bin/fulcrum -check -config /etc/fulcrum/fulcrum.toml >/dev/null
 test -z "$(/usr/bin/fulcrum -check -q -config /etc/fulcrum/fulcrum.toml)"
 /usr/bin/fulcrum version
@@ -84,7 +92,7 @@ trap 'dpkg --purge fulcrum >/dev/null 2>&1 || true' EXIT
 
 dpkg --purge fulcrum
 trap - EXIT
-for f in /usr/bin/fulcrum /lib/systemd/system/fulcrum.service /etc/fulcrum/fulcrum.toml; do
+for f in /usr/bin/fulcrum /lib/systemd/system/fulcrum.service /etc/fulcrum/fulcrum.toml /usr/share/fulcrum/transparent.conf; do
 	if [ -e "$f" ]; then
 		echo "check.sh: $f is left after the purge" >&2
 		exit 1

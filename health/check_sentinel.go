@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bufio"
@@ -159,7 +159,9 @@ func (p *Probe) sentinelMaster(ctx context.Context, addr string) (master, failin
 }
 
 // redisArray reads one reply that must be an array of at most max bulk
-// strings; a null or empty array is nil. An error reply is an error.
+// strings or integers (a Sentinel's answer, a pub/sub message or
+// subscription, a subscriber's pong), as strings; a null or empty array is
+// nil. An error reply is an error.
 func redisArray(r *bufio.Reader, max int) ([]string, error) {
 	line, _, err := redisReply(r)
 	if err != nil {
@@ -178,13 +180,16 @@ func redisArray(r *bufio.Reader, max int) ([]string, error) {
 	var out []string
 	for range n {
 		l, bulk, err := redisReply(r)
-		if err != nil {
+		switch {
+		case err != nil:
 			return nil, fmt.Errorf("truncated answer: %w", err)
-		}
-		if bulk == nil {
+		case bulk != nil:
+			out = append(out, string(bulk))
+		case strings.HasPrefix(l, ":"):
+			out = append(out, l[1:])
+		default:
 			return nil, fmt.Errorf("unexpected element %q", clip([]byte(l)))
 		}
-		out = append(out, string(bulk))
 	}
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -78,8 +79,8 @@ func TestTLSRedis(t *testing.T) {
 	r := testkit.StartRedisTLS(t, ca, true)
 	tlsCases(t, ca, func(s TLS) *Probe { return &Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: 5 * time.Second, TLS: s} })
 	crt, key := ca.ClientFiles(t, "fulcrum")
-	p := &Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: 5 * time.Second, Role: RolePrimary, TLS: TLS{On: true, CA: ca.File, Cert: crt, Key: key}}
-	wantRole(t, "role over TLS", p, RolePrimary, "")
+	p := &Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: 5 * time.Second, Role: backend.RolePrimary, TLS: TLS{On: true, CA: ca.File, Cert: crt, Key: key}}
+	wantRole(t, "role over TLS", p, backend.RolePrimary, "")
 	if err := (&Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: 5 * time.Second}).Run(t.Context()); err == nil {
 		t.Error("plain PING to a TLS-only Redis: up; want down")
 	}
@@ -96,7 +97,7 @@ func TestTLSPostgres(t *testing.T) {
 	})
 	t.Run("login", func(t *testing.T) {
 		tlsCases(t, ca, func(s TLS) *Probe {
-			return &Probe{Kind: CheckPgSQL, Addr: pg.Addr, Timeout: 5 * time.Second, User: "postgres", Role: RolePrimary, TLS: s}
+			return &Probe{Kind: CheckPgSQL, Addr: pg.Addr, Timeout: 5 * time.Second, User: "postgres", Role: backend.RolePrimary, TLS: s}
 		})
 	})
 }
@@ -116,10 +117,10 @@ func TestTLSMariaDB(t *testing.T) {
 	})
 	t.Run("role", func(t *testing.T) {
 		tlsCases(t, ca, func(s TLS) *Probe {
-			return &Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: RolePrimary, TLS: s}
+			return &Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: backend.RolePrimary, TLS: s}
 		})
 	})
-	if err := (&Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: RolePrimary}).Run(t.Context()); err == nil {
+	if err := (&Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: backend.RolePrimary}).Run(t.Context()); err == nil {
 		t.Error("a plain login where require_secure_transport is on: up; want down")
 	} else {
 		t.Logf("plain: %v", err)

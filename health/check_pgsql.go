@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"fulcrum/backend"
 )
 
 // pgRoleQuery tells a primary from a replica and reads where each is in
@@ -67,7 +69,7 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return Answer{}, fmt.Errorf("pgsql login as %s: %w", user, pgCause(p.tlsCause(err)))
+		return Answer{}, fmt.Errorf("pgsql login as %s: %w", user, pgCause(certCause(p.Addr, err)))
 	}
 	defer conn.Close(ctx)
 	asked := time.Now() // the primary was at least where it answers from here on
@@ -81,16 +83,15 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 	row := res[0].Rows[0]
 	wal, _ := strconv.ParseUint(string(row[1]), 10, 64) // NULL (nothing replayed yet): 0
 	if string(row[0]) != "t" {
-		a := Answer{Role: RolePrimary, Timeline: walTimeline(string(row[2]))}
-		p.noteLag(-1)
+		a := Answer{Role: backend.RolePrimary, Timeline: walTimeline(string(row[2]))}.noLag()
 		a, err := p.patroniAgrees(ctx, a)
 		if err == nil { // a primary by Patroni's word too: the one to measure lag against
 			p.WAL.Primary(asked, a.Timeline, wal)
 		}
 		return a, err
 	}
-	a := Answer{Role: RoleReplica}
-	// The lag, kept for status and metrics (noteLag) whether or not
+	a := Answer{Role: backend.RoleReplica}
+	// The lag, kept for status and metrics (lagVerdict) whether or not
 	// max_lag asks for it: against the primary; with no primary seen
 	// (lately: a dead one measures nothing), or nothing replayed, the
 	// replica's own view.
@@ -107,18 +108,8 @@ func (p *Probe) pgsqlLogin(ctx context.Context) (Answer, error) {
 			lag, known = time.Duration(own*float64(time.Second)), true
 		}
 	}
-	if known {
-		p.noteLag(lag)
-	} else {
-		p.noteLag(-1)
-	}
-	if p.MaxLag > 0 && p.Role == RoleReplica {
-		if lagErr != nil {
-			return a, lagErr
-		}
-		if err := overLag(lag, p.MaxLag); err != nil {
-			return a, err
-		}
+	if a, err = p.lagVerdict(a, lag, lagErr); err != nil {
+		return a, err
 	}
 	return p.patroniAgrees(ctx, a)
 }

@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -34,25 +35,25 @@ func TestPatroniCheck(t *testing.T) {
 		}
 		return p
 	}
-	wantRole(t, "leader, role primary", probe(leader, RolePrimary, true), RolePrimary, "")
-	wantRole(t, "leader, role replica", probe(leader, RoleReplica, true), RolePrimary, "")
-	wantRole(t, "leader, any role", probe(leader, "", true), RolePrimary, "")
-	wantRole(t, "replica, role replica", probe(replica, RoleReplica, true), RoleReplica, "")
-	wantRole(t, "replica, role primary", probe(replica, RolePrimary, true), RoleReplica, "")
+	wantRole(t, "leader, role primary", probe(leader, backend.RolePrimary, true), backend.RolePrimary, "")
+	wantRole(t, "leader, role replica", probe(leader, backend.RoleReplica, true), backend.RolePrimary, "")
+	wantRole(t, "leader, any role", probe(leader, "", true), backend.RolePrimary, "")
+	wantRole(t, "replica, role replica", probe(replica, backend.RoleReplica, true), backend.RoleReplica, "")
+	wantRole(t, "replica, role primary", probe(replica, backend.RolePrimary, true), backend.RoleReplica, "")
 
 	// A Patroni that says otherwise: the replica's REST port pointed at
 	// the leader's Patroni, whose /replica answers 503.
-	p := probe(replica, RoleReplica, true)
+	p := probe(replica, backend.RoleReplica, true)
 	p.Patroni = leader.REST
 	wantRole(t, "replica whose Patroni says leader", p, "", "Patroni does not agree: REST API "+leader.REST+": GET /replica: status 503")
 
 	pc.KillPatroni(t, leader)
-	wantRole(t, "leader without its Patroni", probe(leader, RolePrimary, true), "", "Patroni does not agree: REST API "+leader.REST)
-	if role, err := probe(leader, RolePrimary, false).Check(t.Context()); err != nil || role != RolePrimary {
+	wantRole(t, "leader without its Patroni", probe(leader, backend.RolePrimary, true), "", "Patroni does not agree: REST API "+leader.REST)
+	if role, err := probe(leader, backend.RolePrimary, false).Check(t.Context()); err != nil || role != backend.RolePrimary {
 		t.Errorf("the native check of the leader without its Patroni = %q, %v; want primary (the database runs on)", role, err)
 	}
 	pc.KillPatroni(t, replica)
-	wantRole(t, "replica without its Patroni", probe(replica, RoleReplica, true), "", "Patroni does not agree")
+	wantRole(t, "replica without its Patroni", probe(replica, backend.RoleReplica, true), "", "Patroni does not agree")
 }
 
 // TestSentinelCheck: with sentinels, a node that answers role:master is the
@@ -67,24 +68,24 @@ func TestSentinelCheck(t *testing.T) {
 		return &Probe{Kind: CheckRedis, Addr: addr, Backend: addr, Timeout: 3 * time.Second, Role: role,
 			Sentinels: ss.Sentinels, MasterName: ss.Name}
 	}
-	wantRole(t, "named master", probe(m.Addr, RolePrimary), RolePrimary, "")
-	wantRole(t, "replica, role primary", probe(r.Addr, RolePrimary), RoleReplica, "")
-	wantRole(t, "replica, role replica", probe(r.Addr, RoleReplica), RoleReplica, "")
+	wantRole(t, "named master", probe(m.Addr, backend.RolePrimary), backend.RolePrimary, "")
+	wantRole(t, "replica, role primary", probe(r.Addr, backend.RolePrimary), backend.RoleReplica, "")
+	wantRole(t, "replica, role replica", probe(r.Addr, backend.RoleReplica), backend.RoleReplica, "")
 
 	if got := r.Do(t, "REPLICAOF NO ONE"); got != "+OK" {
 		t.Fatalf("REPLICAOF NO ONE = %q", got)
 	}
-	for _, role := range []string{RolePrimary, ""} {
+	for _, role := range []string{backend.RolePrimary, ""} {
 		got, err := probe(r.Addr, role).Check(t.Context())
 		var wr *WrongRoleError
-		if !errors.As(err, &wr) || got != RolePrimary || !strings.Contains(err.Error(), "3 of 3 name "+m.Addr) {
+		if !errors.As(err, &wr) || got != backend.RolePrimary || !strings.Contains(err.Error(), "3 of 3 name "+m.Addr) {
 			t.Errorf("unnamed master, role %q: Check = %q, %v; want primary in the wrong role, named %s", role, got, err, m.Addr)
 		}
 	}
-	wantRole(t, "named master beside an unnamed one", probe(m.Addr, RolePrimary), RolePrimary, "")
+	wantRole(t, "named master beside an unnamed one", probe(m.Addr, backend.RolePrimary), backend.RolePrimary, "")
 
 	// Two of three Sentinels unreachable: no majority.
-	p := probe(m.Addr, RolePrimary)
+	p := probe(m.Addr, backend.RolePrimary)
 	p.Sentinels = []string{ss.Sentinels[0], testkit.DeadAddr(t), testkit.DeadAddr(t)}
 	wantRole(t, "one Sentinel of three", p, "", "no majority of the 3 Sentinels names a master")
 	p.Sentinels, p.MasterName = ss.Sentinels, "nosuchmaster"
@@ -153,7 +154,7 @@ func TestSentinelFailoverPhases(t *testing.T) {
 				addrs = append(addrs, fakeSentinel(t, s.named, s.rec, s.failing))
 			}
 			for _, node := range []struct{ addr, want string }{{m, tc.m}, {r, tc.r}} {
-				p := &Probe{Kind: CheckRedis, Backend: node.addr, Role: RolePrimary, Sentinels: addrs, MasterName: "mymaster"}
+				p := &Probe{Kind: CheckRedis, Backend: node.addr, Role: backend.RolePrimary, Sentinels: addrs, MasterName: "mymaster"}
 				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 				err := p.sentinelAgrees(ctx)
 				cancel()

@@ -1,14 +1,17 @@
-package backend
+package health
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strconv"
 	"strings"
 	"time"
+
+	"fulcrum/backend"
 )
 
 // redis probes a Redis server. Without a role or password it sends PING:
@@ -78,8 +81,8 @@ func (p *Probe) redis(ctx context.Context, c net.Conn) (Answer, error) {
 	}
 	switch fields["role"] {
 	case "master":
-		a := Answer{Role: RolePrimary}
-		if len(p.Sentinels) > 0 && p.Role != RoleReplica {
+		a := Answer{Role: backend.RolePrimary}
+		if len(p.Sentinels) > 0 && p.Role != backend.RoleReplica {
 			if err := p.sentinelAgrees(ctx); err != nil {
 				return a, err
 			}
@@ -87,25 +90,15 @@ func (p *Probe) redis(ctx context.Context, c net.Conn) (Answer, error) {
 		if off, err := strconv.ParseUint(fields["master_repl_offset"], 10, 64); err == nil {
 			p.WAL.Primary(asked, 1, off) // PSYNC2 carries offsets across promotions: one history
 		}
-		p.noteLag(-1) // a primary lags nothing
-		return a, nil
+		return a.noLag(), nil // a primary lags nothing
 	case "slave":
-		a := Answer{Role: RoleReplica}
-		if st := fields["master_link_status"]; st != "up" && p.Role == RoleReplica {
-			p.noteLag(-1)
-			return a, fmt.Errorf("replica's link to its master %s:%s is %s", fields["master_host"], fields["master_port"], st)
+		a := Answer{Role: backend.RoleReplica}
+		if st := fields["master_link_status"]; st != "up" && p.Role == backend.RoleReplica {
+			return a.noLag(), fmt.Errorf("replica's link to its master %s:%s is %s", fields["master_host"], fields["master_port"], st)
 		}
-		if p.Role == RoleReplica {
-			lag, known := p.redisLag(fields)
-			if !known {
-				p.noteLag(-1)
-				if p.MaxLag > 0 {
-					return a, fmt.Errorf("replication lag unknown: INFO replication has no master_last_io_seconds_ago")
-				}
-				return a, nil
-			}
-			p.noteLag(lag)
-			return a, overLag(lag, p.MaxLag)
+		if p.Role == backend.RoleReplica {
+			lag, err := p.redisLag(fields)
+			return p.lagVerdict(a, lag, err)
 		}
 		return a, nil
 	}
@@ -120,10 +113,10 @@ func (p *Probe) redis(ctx context.Context, c net.Conn) (Answer, error) {
 // how long ago the service's primary (when its check answers) was at the
 // offset the replica has, so that a replica that stopped receiving while
 // its primary writes falls behind by the clock.
-func (p *Probe) redisLag(fields map[string]string) (time.Duration, bool) {
+func (p *Probe) redisLag(fields map[string]string) (time.Duration, error) {
 	io, err := strconv.ParseInt(fields["master_last_io_seconds_ago"], 10, 64)
 	if err != nil || io < 0 {
-		return 0, false
+		return 0, errors.New("replication lag unknown: INFO replication has no master_last_io_seconds_ago")
 	}
 	lag := time.Duration(io) * time.Second
 	if off, err := strconv.ParseUint(fields["slave_repl_offset"], 10, 64); err == nil {
@@ -131,7 +124,7 @@ func (p *Probe) redisLag(fields map[string]string) (time.Duration, bool) {
 			lag = max(lag, gap)
 		}
 	}
-	return lag, true
+	return lag, nil
 }
 
 // resp appends one command as a RESP array of bulk strings.

@@ -1,23 +1,41 @@
-package backend
+package health
 
 import (
 	"fmt"
 	"time"
+
+	"fulcrum/backend"
 )
 
 // Replication lag, as the checks of replicas measure it: pgsql from WAL
 // positions (wal.go), mysql from SHOW SLAVE STATUS and the primary's
 // binary log position, redis from INFO replication and the primary's
 // offset. Each kind measures it so that a stream that went silent cannot
-// read as caught up (see the check_*.go files), and keeps it with noteLag
-// for Backend.Lag.
+// read as caught up (see the check_*.go files), and hands it to
+// lagVerdict, which keeps it on the answer (for backend.Backend.Lag) and
+// judges it against max_lag.
 
-// overLag is the verdict on a measured lag: nil within max (or no max).
-func overLag(lag, limit time.Duration) error {
-	if limit > 0 && lag > limit {
-		return fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), limit)
+// lagVerdict keeps the lag a check of a replica measured on its answer
+// a, or unknown when err says why it could not, and judges it when the
+// probe wants a replica within max_lag: err when the lag is unknown, an
+// error when it is over, else nil. Without max_lag the lag is only kept,
+// for status and metrics, and an unknown one fails nothing.
+func (p *Probe) lagVerdict(a Answer, lag time.Duration, err error) (Answer, error) {
+	if err != nil {
+		a = a.noLag()
+	} else {
+		a.Lag, a.LagSet = lag, true
 	}
-	return nil
+	if p.MaxLag <= 0 || p.Role != backend.RoleReplica {
+		return a, nil
+	}
+	if err != nil {
+		return a, err
+	}
+	if lag > p.MaxLag {
+		return a, fmt.Errorf("replication lag %s is over max_lag %s", lag.Round(time.Millisecond), p.MaxLag)
+	}
+	return a, nil
 }
 
 // lagFresh is how recent the primary's last recorded position must be to
@@ -38,15 +56,5 @@ func (p *Probe) lagFresh() time.Duration {
 // offset was behind), which must not read as minutes of lag; a stream
 // silent that long has stopped its IO thread or its link anyway.
 func (p *Probe) clockLag(pos uint64) (time.Duration, bool) {
-	c := p.WAL
-	if c == nil {
-		return 0, false
-	}
-	c.mu.Lock()
-	behind := len(c.marks) > 0 && pos < c.marks[0].pos
-	c.mu.Unlock()
-	if behind {
-		return 0, false
-	}
-	return c.Lag(time.Now(), pos, p.lagFresh())
+	return p.WAL.lag(time.Now(), pos, p.lagFresh(), false)
 }

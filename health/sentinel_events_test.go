@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -53,11 +54,11 @@ func awaitEvent(t *testing.T, events <-chan sentinelEvent, want string) sentinel
 func TestWatchSentinelFailover(t *testing.T) {
 	ss := testkit.StartSentinel(t, 1)
 	old := ss.Master()
-	p := &Probe{Kind: CheckRedis, Addr: old, Backend: old, Timeout: 3 * time.Second, Role: RolePrimary,
+	p := &Probe{Kind: CheckRedis, Addr: old, Backend: old, Timeout: 3 * time.Second, Role: backend.RolePrimary,
 		Sentinels: ss.Sentinels, MasterName: ss.Name}
 	events, _ := watch(t, p, ss.Sentinels[0])
 	awaitEvent(t, events, "subscribed")
-	wantRole(t, "master before the failover", p, RolePrimary, "")
+	wantRole(t, "master before the failover", p, backend.RolePrimary, "")
 
 	ss.Failover(t)
 	e := awaitEvent(t, events, "+try-failover")
@@ -66,7 +67,7 @@ func TestWatchSentinelFailover(t *testing.T) {
 	}
 	got, err := p.Check(t.Context())
 	var wr *WrongRoleError
-	if !errors.As(err, &wr) || got != RolePrimary {
+	if !errors.As(err, &wr) || got != backend.RolePrimary {
 		t.Errorf("the old master checked at +try-failover: %q, %v; want primary in the wrong role", got, err)
 	}
 	awaitEvent(t, events, "+failover-state-send-slaveof-noone") // the promotion comes after

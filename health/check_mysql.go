@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"fulcrum/backend"
 )
 
 // mysqlLogin logs in with go-sql-driver/mysql and, with a role wanted, reads
@@ -53,7 +55,7 @@ func (p *Probe) mysqlLogin(ctx context.Context) (Answer, error) {
 		if errors.As(err, &me) && !p.roleWanted() && p.Role != RoleGalera && pw == "" && accessDenied(me.Number) {
 			return Answer{}, nil // a live server that does not know the user
 		}
-		return Answer{}, fmt.Errorf("mysql login as %s: %w", cfg.User, p.tlsCause(err))
+		return Answer{}, fmt.Errorf("mysql login as %s: %w", cfg.User, certCause(p.Addr, err))
 	}
 	defer c.Close() // COM_QUIT
 	if p.Role == RoleGalera {
@@ -95,23 +97,14 @@ func (p *Probe) mysqlLogin(ctx context.Context) (Answer, error) {
 				p.WAL.Primary(asked, 1, pos)
 			}
 		}
-		p.noteLag(-1) // a primary lags nothing
-		return Answer{Role: RolePrimary}, nil
+		return Answer{Role: backend.RolePrimary}.noLag(), nil // a primary lags nothing
 	}
-	a := Answer{Role: RoleReplica}
-	if p.Role != RoleReplica {
+	a := Answer{Role: backend.RoleReplica}
+	if p.Role != backend.RoleReplica {
 		return a, nil
 	}
 	lag, err := p.mysqlLag(ctx, q)
-	if err != nil {
-		p.noteLag(-1)
-		if p.MaxLag > 0 {
-			return a, err
-		}
-		return a, nil // no limit: the lag is only shown, and this one is not known
-	}
-	p.noteLag(lag)
-	return a, overLag(lag, p.MaxLag)
+	return p.lagVerdict(a, lag, err)
 }
 
 // mysqlLag measures a replica's lag from SHOW SLAVE STATUS (SHOW REPLICA

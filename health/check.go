@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bufio"
@@ -14,8 +14,9 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"fulcrum/backend"
 )
 
 // CheckKind names a kind of active check; the configuration's check key
@@ -65,10 +66,10 @@ type Probe struct {
 	PasswordFile string
 	Database     string        // pgsql: the database to log in to; default "postgres". mysql: none by default
 	MaxLag       time.Duration // role "replica" (pgsql, mysql, redis): a replica further behind than this is down; 0 = no limit
-	// WAL (pgsql) is where the checks of one service keep the positions
-	// their primaries were seen at, and replicas' lag is measured against
-	// (see WALClock); reload gives every probe of a service the pool's
-	// clock for it (Draft.WAL).
+	// WAL is where the checks of one service keep the positions their
+	// primaries were seen at (pgsql's WAL, mysql's binary log, redis's
+	// offset), which its replicas' lag is measured against (see WALClock);
+	// reload gives every probe of a service the same one (Controller.WAL).
 	// nil: a replica's lag is its own view (see pgRoleQuery).
 	WAL *WALClock
 
@@ -97,15 +98,7 @@ type Probe struct {
 	// first, as the service does to its backends; 0 = none.
 	SendProxy int
 
-	dialer *net.Dialer   // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
-	lag    *atomic.Int64 // where a check stores the replication lag it measured (ns, -1 unknown); nil: nowhere
-}
-
-// noteLag keeps the replication lag a check measured; negative: unknown.
-func (p *Probe) noteLag(d time.Duration) {
-	if p.lag != nil {
-		p.lag.Store(int64(max(d, -1)))
-	}
+	dialer *net.Dialer // nil: a zero Dialer. Tests set a source address (MariaDB keeps no host cache for 127.0.0.1)
 }
 
 func (p *Probe) netDialer() *net.Dialer {
@@ -114,12 +107,6 @@ func (p *Probe) netDialer() *net.Dialer {
 	}
 	return &net.Dialer{}
 }
-
-// Roles a check may observe and require.
-const (
-	RolePrimary = "primary"
-	RoleReplica = "replica"
-)
 
 // WrongRoleError is the result of a check that reached the backend and
 // logged in, and found it in the other role. It makes the backend
@@ -133,7 +120,9 @@ func (e *WrongRoleError) Error() string {
 }
 
 // roleWanted reports whether the probe must tell roles apart.
-func (p *Probe) roleWanted() bool { return p.Role == RolePrimary || p.Role == RoleReplica }
+func (p *Probe) roleWanted() bool {
+	return p.Role == backend.RolePrimary || p.Role == backend.RoleReplica
+}
 
 // verdict turns what Check returned into the probe's result: a
 // *WrongRoleError when the backend answered in the other role.
@@ -153,13 +142,25 @@ func (p *Probe) Run(ctx context.Context) error {
 
 // Answer is what one check learned about a server that answered.
 type Answer struct {
-	Role string // RolePrimary, RoleReplica, or "" when the check tells none
+	Role string // backend.RolePrimary, backend.RoleReplica, or "" when the check tells none
 	// Timeline (pgsql, a primary) is the timeline the server writes WAL
 	// on, read from the name of its current WAL file, which a promotion
 	// moves at once (pg_control_checkpoint() lags until the next
 	// checkpoint). split_brain = "newest" keeps the claimant on the
 	// highest. 0 = not known.
 	Timeline uint64
+	// Lag (a check of a replica) is the replication lag the check
+	// measured, negative when there is none to measure (a primary) or it
+	// could not; with LagSet false it measured nothing, and the backend
+	// keeps its last measure (backend.Check.Lag).
+	Lag    time.Duration
+	LagSet bool
+}
+
+// noLag is a with its lag set to unknown.
+func (a Answer) noLag() Answer {
+	a.Lag, a.LagSet = -1, true
+	return a
 }
 
 // password reads PasswordFile; "" when none is set.
@@ -239,11 +240,11 @@ func (p *Probe) checkConn(ctx context.Context) (Answer, error) {
 		raw.SetDeadline(dl)
 	}
 	if p.Kind == CheckPgSQL {
-		return Answer{}, pgsql(ctx, raw.(*net.TCPConn), p.User, p.Database, tcfg, p.tlsCause)
+		return Answer{}, pgsql(ctx, raw.(*net.TCPConn), p.Addr, p.User, p.Database, tcfg)
 	}
 	c := raw
 	if tcfg != nil { // pgsql asks for TLS in its own protocol first
-		tc, err := p.handshake(ctx, raw, tcfg)
+		tc, err := handshake(ctx, raw, tcfg, p.Addr)
 		if err != nil {
 			return Answer{}, err
 		}
@@ -303,8 +304,8 @@ func sendExpect(c net.Conn, send []byte, expect *regexp.Regexp) error {
 // turns the close into a reset ("could not receive data from client").
 //
 // With tcfg (tls = true) the server must take TLS and its certificate must
-// verify; cause names a certificate that does not.
-func pgsql(ctx context.Context, c *net.TCPConn, user, database string, tcfg *tls.Config, cause func(error) error) error {
+// verify for addr (the probe's address).
+func pgsql(ctx context.Context, c *net.TCPConn, addr, user, database string, tcfg *tls.Config) error {
 	if user == "" {
 		user = "fulcrum"
 	}
@@ -333,9 +334,9 @@ func pgsql(ctx context.Context, c *net.TCPConn, user, database string, tcfg *tls
 		if tcfg == nil {
 			tcfg = &tls.Config{InsecureSkipVerify: true}
 		}
-		tc := tls.Client(c, tcfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			return tlsFailed(c.RemoteAddr().String(), cause(err))
+		tc, err := handshake(ctx, c, tcfg, addr)
+		if err != nil {
+			return err
 		}
 		rw = tc
 		closeWrite = func() error { tc.CloseWrite(); return c.CloseWrite() }

@@ -1,10 +1,12 @@
-package backend
+package health
 
 import (
 	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
+
+	"fulcrum/backend"
 )
 
 // patroniAgrees asks the node's Patroni whether it sees the node in role,
@@ -27,19 +29,20 @@ func (p *Probe) patroniAgrees(ctx context.Context, a Answer) (Answer, error) {
 		return a, nil
 	}
 	path := "/primary"
-	if a.Role == RoleReplica {
+	if a.Role == backend.RoleReplica {
 		path = "/replica"
 	}
+	unknown := Answer{Lag: a.Lag, LagSet: a.LagSet} // no role, but the lag the check measured
 	tc := p.PatroniTLS
 	if tc == nil && p.TLS.On { // the checks' TLS settings serve the REST API too
 		host, _, _ := net.SplitHostPort(p.Patroni)
 		var err error
 		if tc, err = p.TLS.Config(host); err != nil {
-			return Answer{}, fmt.Errorf("patroni: %w", err)
+			return unknown, fmt.Errorf("patroni: %w", err)
 		}
 	}
 	if err := restStatus(ctx, p.netDialer(), p.Patroni, tc, path, 200); err != nil {
-		return Answer{}, fmt.Errorf("database answers as %s, but Patroni does not agree: %w", a.Role, p.tlsCause(err))
+		return unknown, fmt.Errorf("database answers as %s, but Patroni does not agree: %w", a.Role, err)
 	}
 	return a, nil
 }
@@ -57,9 +60,9 @@ func restStatus(ctx context.Context, d *net.Dialer, addr string, tc *tls.Config,
 		c.SetDeadline(dl)
 	}
 	if tc != nil {
-		tlc := tls.Client(c, tc)
-		if err := tlc.HandshakeContext(ctx); err != nil {
-			return fmt.Errorf("REST API %s: TLS: %w", addr, err)
+		tlc, err := handshake(ctx, c, tc, addr)
+		if err != nil {
+			return fmt.Errorf("REST API: %w", err) // it names addr
 		}
 		c = tlc
 	}

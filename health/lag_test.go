@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -17,18 +18,18 @@ func TestReplicationLagKept(t *testing.T) {
 	pg := testkit.StartPostgres(t)
 	rep := pg.Replica(t)
 	pg.Exec(t, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
-	check := func(addr string) (*Backend, func()) {
-		b := New("ro", addr)
+	check := func(addr string) (*backend.Backend, func()) {
+		b := backend.New("ro", addr)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { // exits when stop cancels ctx
 			defer close(done)
-			b.RunChecks(ctx, CheckSpec{Probe: Probe{Kind: CheckPgSQL, Addr: addr, Timeout: 2 * time.Second, User: "postgres", Role: RoleReplica},
+			RunChecks(ctx, b, CheckSpec{Probe: Probe{Kind: CheckPgSQL, Addr: addr, Timeout: 2 * time.Second, User: "postgres", Role: backend.RoleReplica},
 				Interval: 100 * time.Millisecond, Rise: 1, Fall: 1})
 		}()
 		return b, func() { cancel(); <-done }
 	}
-	await := func(what string, b *Backend, ok func(time.Duration, bool) bool) {
+	await := func(what string, b *backend.Backend, ok func(time.Duration, bool) bool) {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			if lag, known := b.Lag(); ok(lag, known) {
@@ -69,20 +70,20 @@ func TestReplicationLagKept(t *testing.T) {
 }
 
 // runChecks runs spec on a fresh backend until the test ends.
-func runChecks(t *testing.T, spec CheckSpec) (*Backend, <-chan *Backend) {
+func runChecks(t *testing.T, spec CheckSpec) (*backend.Backend, <-chan *backend.Backend) {
 	t.Helper()
-	changes := make(chan *Backend, 16)
-	pool := Pool{Changes: changes}
+	changes := make(chan *backend.Backend, 16)
+	pool := backend.Pool{Changes: changes}
 	b := pool.Get("s", spec.Probe.Addr)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { defer close(done); b.RunChecks(ctx, spec) }() // exits when ctx is cancelled
+	go func() { defer close(done); RunChecks(ctx, b, spec) }() // exits when ctx is cancelled
 	t.Cleanup(func() { cancel(); <-done })
 	return b, changes
 }
 
 // waitLag polls b until its checks have measured a lag.
-func waitLag(t *testing.T, b *Backend) time.Duration {
+func waitLag(t *testing.T, b *backend.Backend) time.Duration {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if lag, known := b.Lag(); known { // the checks run on their own; no event but the result
@@ -101,7 +102,7 @@ func TestLagMariaDB(t *testing.T) {
 	pw := secret(t, testkit.MD5Password)
 	clock := &WALClock{}
 	mk := func(m *testkit.MariaDB) Probe {
-		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 5 * time.Second, WAL: clock}
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: backend.RoleReplica, MaxLag: 5 * time.Second, WAL: clock}
 	}
 	// The primary's check records its binary log position (it is the wrong role here).
 	prim, _ := runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
@@ -140,7 +141,7 @@ func TestLagRedis(t *testing.T) {
 	replica := testkit.StartRedis(t, "--replicaof", "127.0.0.1", primary.Addr[strings.LastIndexByte(primary.Addr, ':')+1:])
 	clock := &WALClock{}
 	mk := func(r *testkit.Redis) Probe {
-		return Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: time.Second, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+		return Probe{Kind: CheckRedis, Addr: r.Addr, Timeout: time.Second, Role: backend.RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
 	}
 	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
 	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})
@@ -175,7 +176,7 @@ func TestLagMariaDBSilentStream(t *testing.T) {
 	pw := secret(t, testkit.MD5Password)
 	clock := &WALClock{}
 	mk := func(m *testkit.MariaDB) Probe {
-		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
+		return Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: time.Second, User: "checker", PasswordFile: pw, Role: backend.RoleReplica, MaxLag: 3 * time.Second, WAL: clock}
 	}
 	runChecks(t, CheckSpec{Probe: mk(primary), Interval: 200 * time.Millisecond, Rise: 1, Fall: 1})
 	b, changes := runChecks(t, CheckSpec{Probe: mk(replica), Interval: 200 * time.Millisecond, Rise: 1, Fall: 2})

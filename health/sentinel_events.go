@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bufio"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -96,7 +95,7 @@ func (p *Probe) sentinelSubscription(ctx context.Context, addr string, wake func
 	r := bufio.NewReaderSize(c, 4096)
 	c.SetReadDeadline(time.Now().Add(sentinelSilence))
 	for range len(sentinelWakes) + 1 {
-		m, err := redisPush(r)
+		m, err := redisArray(r, 16)
 		if err != nil {
 			return fmt.Errorf("subscribe: %w", err)
 		}
@@ -131,7 +130,7 @@ func (p *Probe) sentinelSubscription(ctx context.Context, addr string, wake func
 	})
 	for {
 		c.SetReadDeadline(time.Now().Add(sentinelSilence))
-		m, err := redisPush(r)
+		m, err := redisArray(r, 16)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) && ctx.Err() != nil {
 				return ctx.Err()
@@ -172,35 +171,4 @@ func sentinelAbout(name, event, payload string) bool {
 		}
 	}
 	return false
-}
-
-// redisPush reads one array reply of bulk strings and integers (a pub/sub
-// message, a subscribe confirmation, a PING's pong), as strings.
-func redisPush(r *bufio.Reader) ([]string, error) {
-	line, _, err := redisReply(r)
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasPrefix(line, "*") {
-		return nil, fmt.Errorf("unexpected answer %q", clip([]byte(line)))
-	}
-	n, err := strconv.Atoi(line[1:])
-	if err != nil || n < 0 || n > 16 {
-		return nil, fmt.Errorf("unexpected answer %q", clip([]byte(line)))
-	}
-	out := make([]string, 0, n)
-	for range n {
-		l, bulk, err := redisReply(r)
-		switch {
-		case err != nil:
-			return nil, fmt.Errorf("truncated answer: %w", err)
-		case bulk != nil:
-			out = append(out, string(bulk))
-		case strings.HasPrefix(l, ":"):
-			out = append(out, l[1:])
-		default:
-			return nil, fmt.Errorf("unexpected element %q", clip([]byte(l)))
-		}
-	}
-	return out, nil
 }

@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -89,9 +89,9 @@ func (e *CertError) Error() string {
 
 func (e *CertError) Unwrap() error { return e.Err }
 
-// tlsCause names a certificate that did not verify as a *CertError; any
-// other error is returned as it is.
-func (p *Probe) tlsCause(err error) error {
+// certCause names a certificate of addr that did not verify as a
+// *CertError; any other error is returned as it is.
+func certCause(addr string, err error) error {
 	var ce *CertError
 	if err == nil || errors.As(err, &ce) {
 		return err
@@ -104,13 +104,13 @@ func (p *Probe) tlsCause(err error) error {
 	)
 	switch {
 	case errors.As(err, &ve):
-		return &CertError{Addr: p.Addr, Err: ve.Err}
+		return &CertError{Addr: addr, Err: ve.Err}
 	case errors.As(err, &ua):
-		return &CertError{Addr: p.Addr, Err: ua}
+		return &CertError{Addr: addr, Err: ua}
 	case errors.As(err, &he):
-		return &CertError{Addr: p.Addr, Err: he}
+		return &CertError{Addr: addr, Err: he}
 	case errors.As(err, &ci):
-		return &CertError{Addr: p.Addr, Err: ci}
+		return &CertError{Addr: addr, Err: ci}
 	}
 	return err
 }
@@ -125,11 +125,13 @@ func tlsFailed(addr string, err error) error {
 	return fmt.Errorf("TLS with %s: %w", addr, err)
 }
 
-// handshake runs a TLS handshake over c, within ctx.
-func (p *Probe) handshake(ctx context.Context, c net.Conn, cfg *tls.Config) (*tls.Conn, error) {
+// handshake runs a TLS handshake with addr over c, within ctx: every
+// check's, and Patroni's REST call. A certificate that does not verify is
+// a *CertError.
+func handshake(ctx context.Context, c net.Conn, cfg *tls.Config, addr string) (*tls.Conn, error) {
 	tc := tls.Client(c, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return nil, tlsFailed(p.Addr, p.tlsCause(err))
+		return nil, tlsFailed(addr, certCause(addr, err))
 	}
 	return tc, nil
 }

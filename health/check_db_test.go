@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -73,12 +74,12 @@ func TestPostgresRoles(t *testing.T) {
 	login := func(addr, user, pwFile, role string) *Probe {
 		return &Probe{Kind: "pgsql", Addr: addr, Timeout: 5 * time.Second, User: user, PasswordFile: pwFile, Role: role}
 	}
-	wantRole(t, "trust on the primary", login(pg.Addr, "postgres", "", "primary"), RolePrimary, "")
-	wantRole(t, "scram on the primary", login(pg.Addr, "scramuser", scram, "primary"), RolePrimary, "")
-	wantRole(t, "md5 on the primary", login(pg.Addr, "md5user", md5, "replica"), RolePrimary, "")
-	wantRole(t, "scram on the replica", login(rep.Addr, "scramuser", scram, "replica"), RoleReplica, "")
-	wantRole(t, "md5 on the replica, role primary", login(rep.Addr, "md5user", md5, "primary"), RoleReplica, "")
-	wantRole(t, "any, with a password", login(rep.Addr, "scramuser", scram, "any"), RoleReplica, "")
+	wantRole(t, "trust on the primary", login(pg.Addr, "postgres", "", "primary"), backend.RolePrimary, "")
+	wantRole(t, "scram on the primary", login(pg.Addr, "scramuser", scram, "primary"), backend.RolePrimary, "")
+	wantRole(t, "md5 on the primary", login(pg.Addr, "md5user", md5, "replica"), backend.RolePrimary, "")
+	wantRole(t, "scram on the replica", login(rep.Addr, "scramuser", scram, "replica"), backend.RoleReplica, "")
+	wantRole(t, "md5 on the replica, role primary", login(rep.Addr, "md5user", md5, "primary"), backend.RoleReplica, "")
+	wantRole(t, "any, with a password", login(rep.Addr, "scramuser", scram, "any"), backend.RoleReplica, "")
 
 	wantRole(t, "wrong password", login(pg.Addr, "scramuser", md5, "primary"), "", `password authentication failed for user "scramuser"`)
 	wantRole(t, "missing password_file", login(pg.Addr, "scramuser", "/nonexistent/pw", "primary"), "", "password_file: open /nonexistent/pw")
@@ -97,7 +98,7 @@ func TestPostgresRoles(t *testing.T) {
 			t.Fatal("the replica replayed nothing in 30s")
 		}
 	}
-	waitRole(t, lag, RoleReplica)
+	waitRole(t, lag, backend.RoleReplica)
 	// A replica whose replay is paused falls behind as the primary writes.
 	rep.Exec(t, "SELECT pg_wal_replay_pause()")
 	pg.Exec(t, "INSERT INTO t VALUES (2)")
@@ -111,12 +112,12 @@ func TestPostgresRoles(t *testing.T) {
 		t.Errorf("paused replica with max_lag 1ms: %v; want over max_lag", err)
 	}
 	rep.Exec(t, "SELECT pg_wal_replay_resume()")
-	waitRole(t, lag, RoleReplica)
+	waitRole(t, lag, backend.RoleReplica)
 
 	// Promotion while the old primary runs on: both claim primary.
 	rep.Promote(t)
-	waitRole(t, login(rep.Addr, "scramuser", scram, "primary"), RolePrimary)
-	wantRole(t, "old primary after the promotion", login(pg.Addr, "scramuser", scram, "primary"), RolePrimary, "")
+	waitRole(t, login(rep.Addr, "scramuser", scram, "primary"), backend.RolePrimary)
+	wantRole(t, "old primary after the promotion", login(pg.Addr, "scramuser", scram, "primary"), backend.RolePrimary, "")
 	pg.Stop(t, "immediate")
 	wantRole(t, "stopped primary", login(pg.Addr, "scramuser", scram, "primary"), "", "connect")
 }
@@ -168,11 +169,11 @@ func TestMariaDBRoles(t *testing.T) {
 	m := testkit.StartMariaDB(t)
 	pw := secret(t, testkit.MD5Password)
 	role := &Probe{Kind: "mysql", Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: "primary"}
-	wantRole(t, "writable", role, RolePrimary, "")
+	wantRole(t, "writable", role, backend.RolePrimary, "")
 	m.Exec(t, "SET GLOBAL read_only = 1")
-	wantRole(t, "read_only", role, RoleReplica, "")
+	wantRole(t, "read_only", role, backend.RoleReplica, "")
 	m.Exec(t, "SET GLOBAL read_only = 0")
-	wantRole(t, "writable again", role, RolePrimary, "")
+	wantRole(t, "writable again", role, backend.RolePrimary, "")
 
 	wantRole(t, "wrong password", &Probe{Kind: "mysql", Addr: m.Addr, Timeout: 5 * time.Second, User: "checker",
 		PasswordFile: secret(t, "wrong"), Role: "primary"}, "", "Access denied for user 'checker'")
@@ -227,18 +228,18 @@ func TestRedisRoles(t *testing.T) {
 	probe := func(addr, role string) *Probe {
 		return &Probe{Kind: "redis", Addr: addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: role}
 	}
-	wantRole(t, "master", probe(pri.Addr, "primary"), RolePrimary, "")
-	waitRole(t, probe(rep.Addr, "replica"), RoleReplica) // once its link is up
-	wantRole(t, "replica, role primary", probe(rep.Addr, "primary"), RoleReplica, "")
+	wantRole(t, "master", probe(pri.Addr, "primary"), backend.RolePrimary, "")
+	waitRole(t, probe(rep.Addr, "replica"), backend.RoleReplica) // once its link is up
+	wantRole(t, "replica, role primary", probe(rep.Addr, "primary"), backend.RoleReplica, "")
 	wantRole(t, "no password", &Probe{Kind: "redis", Addr: pri.Addr, Timeout: 5 * time.Second, Role: "primary"}, "", "wants a password")
 	wantRole(t, "wrong password", &Probe{Kind: "redis", Addr: pri.Addr, Timeout: 5 * time.Second, Role: "primary",
 		PasswordFile: secret(t, "nope")}, "", "AUTH")
 
 	rep.Do(t, "AUTH redis-pw\r\nREPLICAOF NO ONE")
-	waitRole(t, probe(rep.Addr, "primary"), RolePrimary)
+	waitRole(t, probe(rep.Addr, "primary"), backend.RolePrimary)
 	pri.Do(t, "AUTH redis-pw\r\nREPLICAOF 127.0.0.1 "+rep.Addr[strings.LastIndex(rep.Addr, ":")+1:])
-	waitRole(t, probe(pri.Addr, "replica"), RoleReplica)
-	wantRole(t, "old master, role primary", probe(pri.Addr, "primary"), RoleReplica, "")
+	waitRole(t, probe(pri.Addr, "replica"), backend.RoleReplica)
+	wantRole(t, "old master, role primary", probe(pri.Addr, "primary"), backend.RoleReplica, "")
 }
 
 // TestRedisProbeHygiene: 100 probes of each kind leave nothing in Redis's
@@ -257,8 +258,8 @@ func TestRedisProbeHygiene(t *testing.T) {
 	}
 	pw := secret(t, "redis-pw")
 	for _, p := range []*Probe{
-		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                      // PING, -NOAUTH, QUIT
-		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: RolePrimary}, // AUTH, INFO, QUIT
+		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                              // PING, -NOAUTH, QUIT
+		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second, PasswordFile: pw, Role: backend.RolePrimary}, // AUTH, INFO, QUIT
 	} {
 		for i := range 100 {
 			if err := p.Run(t.Context()); err != nil {

@@ -1,9 +1,10 @@
-package backend
+package health
 
 import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -22,8 +23,8 @@ func TestSendProxyFront(t *testing.T) {
 		if err := (&Probe{Kind: CheckRedis, Addr: front, Timeout: 5 * time.Second, SendProxy: v}).Run(t.Context()); err != nil {
 			t.Errorf("PING with PROXY v%d: %v; want up", v, err)
 		}
-		p := &Probe{Kind: CheckRedis, Addr: front, Timeout: 5 * time.Second, SendProxy: v, Role: RolePrimary}
-		wantRole(t, "role with PROXY", p, RolePrimary, "")
+		p := &Probe{Kind: CheckRedis, Addr: front, Timeout: 5 * time.Second, SendProxy: v, Role: backend.RolePrimary}
+		wantRole(t, "role with PROXY", p, backend.RolePrimary, "")
 	}
 }
 
@@ -36,7 +37,7 @@ func TestSendProxyMariaDB(t *testing.T) {
 	m := testkit.StartMariaDB(t)
 	pw := secret(t, testkit.MD5Password)
 	mk := func(version int) *Probe {
-		return &Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: RolePrimary, SendProxy: version}
+		return &Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: backend.RolePrimary, SendProxy: version}
 	}
 	if err := mk(2).Run(t.Context()); err == nil {
 		t.Error("a PROXY header where MariaDB takes none: up; want down (is the header sent?)")

@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"sort"
@@ -77,6 +77,12 @@ func (c *WALClock) Primary(at time.Time, timeline, pos uint64) {
 // off) is no measure of what the replica misses, since nothing is written
 // meanwhile, and replicas must not all leave the pool because it died.
 func (c *WALClock) Lag(now time.Time, pos uint64, fresh time.Duration) (lag time.Duration, known bool) {
+	return c.lag(now, pos, fresh, true)
+}
+
+// lag is Lag; with behindAll false, a replica behind every mark the clock
+// holds is not measured (known is false: see Probe.clockLag).
+func (c *WALClock) lag(now time.Time, pos uint64, fresh time.Duration, behindAll bool) (lag time.Duration, known bool) {
 	if c == nil {
 		return 0, false
 	}
@@ -91,6 +97,9 @@ func (c *WALClock) Lag(now time.Time, pos uint64, fresh time.Duration) (lag time
 	}
 	i := sort.Search(n, func(i int) bool { return c.marks[i].pos > pos }) // the first mark ahead of the replica
 	if i == 0 {
+		if !behindAll {
+			return 0, false
+		}
 		return max(now.Sub(c.marks[0].first), 0), true // behind all the clock knows: at least this
 	}
 	a, b := c.marks[i-1], c.marks[i]

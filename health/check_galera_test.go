@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -27,21 +28,21 @@ func TestGalera(t *testing.T) {
 	}
 	// Also read_only = OFF everywhere: role = "primary" sees three primaries.
 	for i, m := range nodes {
-		if role, err := (&Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: RolePrimary}).Check(t.Context()); err != nil || role != RolePrimary {
+		if role, err := (&Probe{Kind: CheckMySQL, Addr: m.Addr, Timeout: 5 * time.Second, User: "checker", PasswordFile: pw, Role: backend.RolePrimary}).Check(t.Context()); err != nil || role != backend.RolePrimary {
 			t.Errorf("node %d role primary: %q, %v", i+1, role, err)
 		}
 	}
 
 	// Desync under live checks: down within fall × interval.
 	const interval, fall = 200 * time.Millisecond, 2
-	changes := make(chan *Backend, 16)
-	pool := Pool{Changes: changes}
+	changes := make(chan *backend.Backend, 16)
+	pool := backend.Pool{Changes: changes}
 	b := pool.Get("galera", "node2")
 	spec := CheckSpec{Probe: *mk(nodes[1]), Interval: interval, Rise: 1, Fall: fall}
 	spec.Probe.Timeout = interval
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { defer close(done); b.RunChecks(ctx, spec) }() // exits when ctx is cancelled
+	go func() { defer close(done); RunChecks(ctx, b, spec) }() // exits when ctx is cancelled
 	defer func() { cancel(); <-done }()
 
 	nodes[1].Exec(t, "SET GLOBAL wsrep_desync = ON")
@@ -83,7 +84,7 @@ func TestGalera(t *testing.T) {
 }
 
 // awaitState waits for b's change report until it is down (or up).
-func awaitState(t *testing.T, changes <-chan *Backend, b *Backend, down bool, within time.Duration) {
+func awaitState(t *testing.T, changes <-chan *backend.Backend, b *backend.Backend, down bool, within time.Duration) {
 	t.Helper()
 	deadline := time.After(within)
 	for b.Down() != down {

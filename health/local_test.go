@@ -1,4 +1,4 @@
-package backend
+package health
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/backend"
 	"fulcrum/internal/testkit"
 )
 
@@ -28,13 +29,13 @@ func TestChecksIgnoreLocalErrors(t *testing.T) {
 		{"EADDRNOTAVAIL", &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("192.0.2.1")}}, "cannot assign requested address"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var p Pool
+			var p backend.Pool
 			b := p.Get("s", c.name)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { // exits when cancel is called
 				defer close(done)
-				b.RunChecks(ctx, CheckSpec{Probe: Probe{Kind: CheckTCP, Addr: live, Timeout: time.Second, dialer: c.dialer},
+				RunChecks(ctx, b, CheckSpec{Probe: Probe{Kind: CheckTCP, Addr: live, Timeout: time.Second, dialer: c.dialer},
 					Interval: 10 * time.Millisecond, Rise: 1, Fall: 1})
 			}()
 			defer func() { cancel(); <-done }()
@@ -64,14 +65,15 @@ func TestChecksIgnoreLocalErrors(t *testing.T) {
 		})
 	}
 	t.Run("a real failure still counts", func(t *testing.T) {
-		var p Pool
+		var p backend.Pool
 		b := p.Get("s", "dead")
 		pr := Probe{Kind: CheckTCP, Addr: testkit.DeadAddr(t), Timeout: time.Second}
-		_, err := pr.Check(context.Background())
+		start := time.Now()
+		a, err := pr.Ask(context.Background())
 		if err == nil || LocalError(err) {
 			t.Fatalf("Check on a closed port = %v; want a backend's failure", err)
 		}
-		b.checked(err, 1, 1, time.Now())
+		b.Checked(pr.result(start, a, err), 1, 1)
 		if !b.Down() {
 			t.Errorf("not down after a refused connect with fall 1: %v", err)
 		}
