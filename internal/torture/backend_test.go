@@ -118,6 +118,18 @@ type beResult struct {
 	problems  []string
 	start     time.Time
 	end       time.Time
+	idAt      time.Time // the id had come: the backend began to write
+	wrote     time.Time // its writes had all returned
+	upEnd     time.Time // the up stream had ended
+	downMarks []wmark   // timed service: when its writes ended (writeStream)
+	timed     bool
+}
+
+func (r *beResult) marks() *[]wmark {
+	if !r.timed {
+		return nil
+	}
+	return &r.downMarks
 }
 
 func (b *tbackend) serve(c *net.TCPConn) {
@@ -163,6 +175,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		h.anon.Add(1) // a health check, or a session cut before its first byte
 		return
 	}
+	r.idAt = time.Now()
 	id := binary.LittleEndian.Uint64(first[:])
 	p := h.plan(id)
 	if p == nil {
@@ -173,6 +186,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 		return // claim reported it
 	}
 	dr.p = p.prog
+	r.timed = p.svc.timed
 	if p.svc.name != b.svc {
 		r.problems = append(r.problems, fmt.Sprintf("misrouted: a client of service %s reached backend %s of service %s", p.svc.name, b.name, b.svc))
 	}
@@ -186,9 +200,11 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	go func() { // exits at the stream's end or error: the reader
 		defer close(upDone)
 		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3))
+		r.upEnd = time.Now()
 	}()
 	// The writer.
-	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit, p.prog)
+	r.downN, r.downCRC, r.downErr = writeStream(c, id, dirDown, p.down, p.beOOB, p.rstBackendDown, p.tiny, rst, p.rng(4), p.limit, p.prog, r.marks())
+	r.wrote = time.Now()
 	if r.downErr == nil {
 		if p.order == clientFirst {
 			<-upDone

@@ -90,7 +90,10 @@ func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst 
 // when oob bytes have gone (-1 never), and resetting the connection when
 // rstAt have (-1 never). A write that makes no progress for limit has
 // stalled.
-func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny bool, rst *resetOnce, rng *rand.Rand, limit time.Duration, prog *progress) (sent int64, crc uint32, err error) {
+// marks, if not nil, gets the stream offset and time after every write
+// that moved bytes, and after the write that failed (its whole chunk):
+// when each byte was in the socket at the latest, or would have been.
+func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny bool, rst *resetOnce, rng *rand.Rand, limit time.Duration, prog *progress, marks *[]wmark) (sent int64, crc uint32, err error) {
 	buf := make([]byte, 64<<10)
 	for {
 		if oob >= 0 && sent >= oob {
@@ -127,10 +130,16 @@ func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny 
 			sent, off = sent+int64(w), off+int64(w)
 			if w > 0 {
 				prog.moved()
+				if marks != nil {
+					*marks = append(*marks, wmark{to: sent, at: time.Now()})
+				}
 			}
 			if err != nil {
 				if isTimeout(err) && !prog.stalled(limit) {
 					continue // the other direction moves: a peer may read only after it is done
+				}
+				if marks != nil { // the rest of the chunk never went in: it would have by now
+					*marks = append(*marks, wmark{to: sent + k - off, at: time.Now()})
 				}
 				if off < k { // part of the chunk was made and not sent: count what was
 					done := busy(int(sent))
@@ -141,6 +150,23 @@ func writeStream(c *net.TCPConn, id uint64, dir byte, n, oob, rstAt int64, tiny 
 			}
 		}
 	}
+}
+
+// wmark is a write's end: the stream had reached offset to at time at.
+type wmark struct {
+	to int64
+	at time.Time
+}
+
+// writtenBy is when the byte at offset off was in the socket at the
+// latest, or its write failed (zero if no write came to it).
+func writtenBy(marks []wmark, off int64) time.Time {
+	for _, m := range marks {
+		if m.to > off {
+			return m.at
+		}
+	}
+	return time.Time{}
 }
 
 // sendOOB sends one byte of TCP urgent data.

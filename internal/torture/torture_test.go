@@ -221,6 +221,9 @@ type cfgState struct {
 
 type cliResult struct {
 	start, end time.Time
+	wrote      time.Time // its writes had all returned (then its FIN, in its order)
+	downEnd    time.Time // the down stream had ended
+	upMarks    []wmark   // timed service: when its writes ended (writeStream)
 	dialErr    error
 	upN        int64
 	upCRC      uint32
@@ -795,12 +798,18 @@ func (h *harness) client(p *plan) {
 		}
 		v := newVerifier(p.id, dirDown, p.beOOB)
 		cr.downEOF, cr.downErr = readStream(r, v, p.cliSlow, p.cliStall, p.rstClientDown, rst, p.rng(2))
+		cr.downEnd = time.Now()
 		cr.downN, cr.downCRC, cr.oobInline = v.n, v.crc, v.oobInline
 		if v.bad != nil {
 			cr.bad = v.bad
 		}
 	}()
-	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), p.limit, prog)
+	var marks *[]wmark
+	if p.svc.timed {
+		marks = &cr.upMarks
+	}
+	cr.upN, cr.upCRC, cr.upErr = writeStream(c, p.id, dirUp, p.up, p.cliOOB, -1, p.tiny, rst, p.rng(5), p.limit, prog, marks)
+	cr.wrote = time.Now()
 	if cr.upErr == nil {
 		if p.order == backendFirst {
 			<-downDone
@@ -1141,6 +1150,11 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 		}
 	}
 	reset := isReset(cr.downErr) || isReset(cr.upErr) || br != nil && (isReset(br.upErr) || isReset(br.downErr))
+	if why := h.lateSender(p, cr, br); why != "" {
+		h.count("ended by the timed service's timer, the missing bytes written only as it fired (harness writers late)", 1)
+		h.note(fmt.Sprintf("conn %d: no byte waited for the timer: %s; %s", p.id, why, h.describe(p, cr, br)))
+		return
+	}
 	if urgent {
 		h.fail(classUrgent, id, h.describe(p, cr, br))
 		return
@@ -1150,6 +1164,59 @@ func (h *harness) judgeOne(p *plan, cr *cliResult, br *beResult) {
 		return
 	}
 	h.fail(classTruncated, id, h.describe(p, cr, br))
+}
+
+// lateLimit is how long before fulcrum's timer ended a session a byte may
+// have gone into its socket and still be counted as the timer's race, not
+// a direction that failed to move it: a byte that waited longer, while
+// fulcrum's other sessions ran, is a lost wake-up and fails the test.
+const lateLimit = time.Second
+
+// lateSender reports why the timed service's idle or half-close timer ended
+// p's session legitimately: for each end that lacks bytes its peer sent,
+// the first byte it lacks went into the peer's socket only after, or
+// within lateLimit before, the session ended (its access line). The
+// harness's writers wait for a token (busy) before each chunk; under load
+// a writer waits seconds for one (seen: a backend that had the id at
+// 310ms wrote its first byte at 4.4s, after the half-close timer fired),
+// quiet for the whole timeout while its peer's FIN or the connect has
+// started the timer. "" if not so: a byte that waited longer is a defect,
+// and the failure stands. Before the urgent class: an urgent byte planned
+// after bytes never written did not end the session.
+func (h *harness) lateSender(p *plan, cr *cliResult, br *beResult) string {
+	if !p.svc.timed {
+		return ""
+	}
+	lines, ends := h.log.lines(keyOf(p.clientIP)), h.log.endedAt(keyOf(p.clientIP))
+	if len(lines) != 1 || len(ends) != 1 || !strings.Contains(lines[0], " end=half-close timeout ") && !strings.Contains(lines[0], " end=idle timeout ") {
+		return ""
+	}
+	end := ends[0]
+	type dir struct {
+		name  string
+		got   int64
+		marks []wmark
+	}
+	dirs := []dir{{"up", 0, cr.upMarks}} // no backend got its id, nor any byte
+	if br != nil {
+		dirs = []dir{{"down", cr.downN, br.downMarks}, {"up", br.upN, cr.upMarks}}
+	}
+	var why []string
+	for _, d := range dirs {
+		var sent int64
+		if n := len(d.marks); n > 0 {
+			sent = d.marks[n-1].to
+		}
+		if d.got >= sent {
+			continue // all it was sent came
+		}
+		at := writtenBy(d.marks, d.got)
+		if at.Before(end.Add(-lateLimit)) {
+			return "" // waited in the socket: not the timer's race
+		}
+		why = append(why, fmt.Sprintf("%s: byte %d written %v after the end", d.name, d.got, at.Sub(end).Round(time.Millisecond)))
+	}
+	return strings.Join(why, ", ")
 }
 
 // How an instance that was stopping refused a connection (stoppingRefused).
@@ -1216,6 +1283,19 @@ func (h *harness) describe(p *plan, cr *cliResult, br *beResult) string {
 		b.WriteString("; no backend got its id")
 	} else {
 		fmt.Fprintf(&b, "; backend %s got %d/%d (eof %v, %v), sent %d (%v)", br.backend, br.upN, p.up, br.upEOF, br.upErr, br.downN, br.downErr)
+	}
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.Sub(cr.start).Round(time.Millisecond).String()
+	}
+	fmt.Fprintf(&b, "; times from the dial: client wrote all %s, down ended %s", at(cr.wrote), at(cr.downEnd))
+	if br != nil {
+		fmt.Fprintf(&b, "; backend had the id %s, wrote all %s, up ended %s", at(br.idAt), at(br.wrote), at(br.upEnd))
+	}
+	for _, t := range h.log.endedAt(keyOf(p.clientIP)) {
+		fmt.Fprintf(&b, "; access line at %s", at(t))
 	}
 	fmt.Fprintf(&b, "; %v, access: %s", cr.end.Sub(cr.start).Round(time.Millisecond), strings.Join(h.log.lines(keyOf(p.clientIP)), " | "))
 	return b.String()
@@ -1473,6 +1553,7 @@ type sink struct {
 	h      *harness
 	mu     sync.Mutex // protects access, msgs, warns and down
 	access map[string][]string
+	ended  map[string][]time.Time // when each access line came, by key
 	msgs   map[string]int
 	warns  []string             // the first warnings and errors, as written
 	down   map[string]time.Time // backends down (by their checks) since
@@ -1518,6 +1599,10 @@ func (s *sink) Write(p []byte) (int, error) {
 			line += " error=" + strconv.Quote(m.Error)
 		}
 		s.access[k] = append(s.access[k], line)
+		if s.ended == nil {
+			s.ended = map[string][]time.Time{}
+		}
+		s.ended[k] = append(s.ended[k], now)
 	}
 	s.mu.Unlock()
 	switch {
@@ -1546,6 +1631,12 @@ func (s *sink) lines(k string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.access[k])
+}
+
+func (s *sink) endedAt(k string) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.ended[k])
 }
 
 func (s *sink) snapshot() map[string][]string {
