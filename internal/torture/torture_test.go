@@ -1290,9 +1290,15 @@ func (h *harness) describe(p *plan, cr *cliResult, br *beResult) string {
 		}
 		return t.Sub(cr.start).Round(time.Millisecond).String()
 	}
-	fmt.Fprintf(&b, "; times from the dial: client wrote all %s, down ended %s", at(cr.wrote), at(cr.downEnd))
+	first := func(m []wmark) string {
+		if len(m) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%d bytes by %s", m[0].to, at(m[0].at))
+	}
+	fmt.Fprintf(&b, "; times from the dial: client's first write %s, wrote all %s, down ended %s", first(cr.upMarks), at(cr.wrote), at(cr.downEnd))
 	if br != nil {
-		fmt.Fprintf(&b, "; backend had the id %s, wrote all %s, up ended %s", at(br.idAt), at(br.wrote), at(br.upEnd))
+		fmt.Fprintf(&b, "; backend had the id %s, first write %s, wrote all %s, up ended %s", at(br.idAt), first(br.downMarks), at(br.wrote), at(br.upEnd))
 	}
 	for _, t := range h.log.endedAt(keyOf(p.clientIP)) {
 		fmt.Fprintf(&b, "; access line at %s", at(t))
