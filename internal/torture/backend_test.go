@@ -199,7 +199,7 @@ func (b *tbackend) serve(c *net.TCPConn) {
 	rst := &resetOnce{c: c}
 	go func() { // exits at the stream's end or error: the reader
 		defer close(upDone)
-		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3))
+		r.upEOF, r.upErr = readStream(br, v, p.beSlow, p.beStall, p.rstBackendUp, rst, p.rng(3), p.svc.timed)
 		r.upEnd = time.Now()
 	}()
 	// The writer.

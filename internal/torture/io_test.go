@@ -43,8 +43,10 @@ var (
 // readStream reads the stream into v until EOF, an error, the planned
 // reset (after rstAt bytes; -1 never) or the first wrong byte. slow reads
 // a few bytes at a time with pauses; st stalls once. It reports whether
-// the stream ended with a FIN.
-func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst *resetOnce, rng *rand.Rand) (eof bool, err error) {
+// the stream ended with a FIN. A timed reader (the timed service's) takes
+// no busy token: a reader late for one lets its socket fill, and the
+// half-close timer fires for the harness's slowness.
+func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst *resetOnce, rng *rand.Rand, timed bool) (eof bool, err error) {
 	buf := make([]byte, 32<<10)
 	for reads := 0; ; reads++ {
 		if st.d > 0 && v.n >= st.at {
@@ -66,7 +68,10 @@ func readStream(r io.Reader, v *verifier, slow bool, st stall, rstAt int64, rst 
 			k = int(min(int64(k), rstAt-v.n))
 		}
 		n, err := r.Read(buf[:k])
-		done := busy(n)
+		done := func() {}
+		if !timed {
+			done = busy(n)
+		}
 		v.write(buf[:n])
 		done()
 		if v.bad != nil {

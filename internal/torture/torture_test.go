@@ -797,7 +797,7 @@ func (h *harness) client(p *plan) {
 			cr.greetAcc = acc
 		}
 		v := newVerifier(p.id, dirDown, p.beOOB)
-		cr.downEOF, cr.downErr = readStream(r, v, p.cliSlow, p.cliStall, p.rstClientDown, rst, p.rng(2))
+		cr.downEOF, cr.downErr = readStream(r, v, p.cliSlow, p.cliStall, p.rstClientDown, rst, p.rng(2), p.svc.timed)
 		cr.downEnd = time.Now()
 		cr.downN, cr.downCRC, cr.oobInline = v.n, v.crc, v.oobInline
 		if v.bad != nil {
