@@ -23,6 +23,10 @@ type stall struct {
 // process the Go scheduler would make fulcrum's event loops and timers
 // wait seconds behind them for a P: idle timeouts and PROXY or ClientHello
 // deadlines would fire for the harness's greed, not for fulcrum's faults.
+// The timed service's readers and writers take none: waiting seconds for
+// one, they made its idle and half-close timers fire for the harness's
+// lateness (a writer that had the id at 310ms wrote at 4.4s), and they
+// are few.
 var cpu = make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))
 
 // busy takes a token for work on n bytes; a few bytes (slow readers, tiny
