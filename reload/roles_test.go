@@ -275,6 +275,54 @@ func TestSplitBrainRefuses(t *testing.T) {
 	}
 }
 
+// TestSplitBrainOutlastsFailedCheck: a claimant whose check times out,
+// fewer than fall times, is still up and picked, and still claims the
+// primary role as it last answered: a rebuild of the table meanwhile (any
+// health change elsewhere makes one) keeps the split brain, and a new
+// connection is still refused, not sent to the claimant that answered.
+func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
+	testkit.CheckLeaks(t)
+	a, b := testkit.StartRedis(t), testkit.StartRedis(t)
+	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"200ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 100\n"
+	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
+		extra: "hold_timeout = \"5s\"\n" + health, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
+	r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
+		return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
+	})
+	s := r.ptr.Load().Service("rw")
+	ta, tb := s.Targets[0].B, s.Targets[1].B
+	if got := b.Do(t, "CLIENT PAUSE 20000 ALL"); got != "+OK" { // b's checks time out; fall = 100 keeps it up for 20 s
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	defer b.Kill()                                                                         // a paused server answers nothing more; its cleanup kills it anyway
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) { // checks give no event but the state
+		st, role := tb.State()
+		if st == backend.StateUp && role == "" {
+			break // a check of b failed, and b is still up
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b is %v (%q) 15 s after its pause; want up with a failed check", st, role)
+		}
+	}
+	r.m.refresh() // the rebuild a health change elsewhere makes
+	if s = r.ptr.Load().Service("rw"); len(s.SplitBrain) != 2 {
+		t.Errorf("after a failed check of b (still up), the split brain is %v; want a, b", s.SplitBrain)
+	}
+	before := ta.Stats().Total + tb.Stats().Total
+	c, err := net.Dial("tcp", r.addr("127.0.0.1:0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("a connection while b's check fails read %d bytes; want it closed", n)
+	}
+	if after := ta.Stats().Total + tb.Stats().Total; after != before {
+		t.Errorf("%d connections reached a claimant while b's check failed (b still up)", after-before)
+	}
+}
+
 // TestOnDownPassive: on_down = "close" cuts a backend's sessions when
 // passive failures (a refused dial) mark it down, not only a failed check.
 func TestOnDownPassive(t *testing.T) {
