@@ -423,7 +423,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			d := startDrill(t, mode)
 			stop := d.clients(4, 0)
 			defer stop()
-			d.waitAck(time.Now(), d.a.Port, 10*time.Second)
+			d.waitAck(time.Now(), d.a.Port, 30*time.Second) // the waits are margins for checks that time out under load (see below)
 			d.b.Promote(t)
 			// The split is seen at b's first passing check after the
 			// promotion; on a busy 2-core machine under -race its checks
@@ -494,10 +494,10 @@ func TestDrillSplitBrain(t *testing.T) {
 			}
 			stopped := time.Now()
 			d.a.Stop(t, "immediate")
-			d.r.logs.Wait(t, 10*time.Second, "the end of the split", func(m map[string]any) bool {
+			d.r.logs.Wait(t, 30*time.Second, "the end of the split", func(m map[string]any) bool {
 				return m["message"] == "split brain over: at most one backend claims the primary role"
 			})
-			first := d.waitAck(stopped, d.b.Port, 10*time.Second)
+			first := d.waitAck(stopped, d.b.Port, 30*time.Second)
 			t.Logf("after a stopped: first write on b %v later", first.at.Sub(stopped).Round(time.Millisecond))
 		})
 	}
