@@ -86,9 +86,11 @@ func startDrill(t *testing.T, splitBrain string) *drill {
 		svc{name: "ro", listen: []string{"127.0.0.2:0"}, scheduler: "rr", extra: "fallback = \"rw\"\n" + health("ro", "replica"),
 			backends: []be{{"a", d.a.Addr, 1, ""}, {"b", d.b.Addr, 1, ""}}}))
 	d.rw, d.ro = d.r.addr("127.0.0.1:0"), d.r.addr("127.0.0.2:0")
-	d.waitState("rw", "a", backend.StateUp, 10*time.Second)
-	d.waitState("rw", "b", backend.StateWrongRole, 10*time.Second)
-	d.waitState("ro", "b", backend.StateUp, 10*time.Second)
+	// Margins for checks (timeout 400ms) that time out fall times in a row
+	// on a busy 2-core machine under -race, not a promise of fulcrum's.
+	d.waitState("rw", "a", backend.StateUp, 30*time.Second)
+	d.waitState("rw", "b", backend.StateWrongRole, 30*time.Second)
+	d.waitState("ro", "b", backend.StateUp, 30*time.Second)
 	return d
 }
 
