@@ -383,6 +383,16 @@ func (b *Backend) Timeline() uint64 {
 	return b.health.timeline
 }
 
+// ClaimedRole is the role the last check that observed one saw, kept
+// across failed checks (State's role is "" after a failed one): a backend
+// whose check timed out fewer than fall times is still up and in
+// rotation, and still claims what it last answered.
+func (b *Backend) ClaimedRole() string {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	return b.health.lastRole
+}
+
 // ReasonAwaitingRole is the reason of a backend that AwaitRole holds out
 // of rotation until its first role check.
 const ReasonAwaitingRole = "waiting for the first role check"

@@ -243,19 +243,27 @@ func TestFallback(t *testing.T) {
 	}
 }
 
-// TestSplitBrainRefuses: while two Redis masters claim primary, a new
-// connection is closed before any backend is dialled, and counted.
-func TestSplitBrainRefuses(t *testing.T) {
-	testkit.CheckLeaks(t)
+// redisSplit runs rw (split_brain's default, refuse) over two Redis
+// masters a and b, checked every interval (timeout 100ms) with fall, and
+// waits for the split; it returns the run and b.
+func redisSplit(t *testing.T, interval string, fall int) (*run, *testkit.Redis) {
+	t.Helper()
 	a, b := testkit.StartRedis(t), testkit.StartRedis(t)
-	health := "[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = \"100ms\"\ntimeout = \"100ms\"\nrise = 1\nfall = 1\n"
+	health := fmt.Sprintf("[services.rw.health]\ncheck = \"redis\"\nrole = \"primary\"\ninterval = %q\ntimeout = \"100ms\"\nrise = 1\nfall = %d\n", interval, fall)
 	r := startRun(t, t.TempDir(), render(svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra: "hold_timeout = \"5s\"\n" + health, backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
 	r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
 		return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
 	})
-	s := r.ptr.Load().Service("rw")
-	before := s.Targets[0].B.Stats().Total + s.Targets[1].B.Stats().Total
+	return r, b
+}
+
+// refusedInSplit opens a connection through rw and fails the test unless
+// it is closed without reaching either of s's backends.
+func refusedInSplit(t *testing.T, r *run, s *sched.Service, when string) {
+	t.Helper()
+	ta, tb := s.Targets[0].B, s.Targets[1].B
+	before := ta.Stats().Total + tb.Stats().Total
 	c, err := net.Dial("tcp", r.addr("127.0.0.1:0"))
 	if err != nil {
 		t.Fatal(err)
@@ -263,17 +271,56 @@ func TestSplitBrainRefuses(t *testing.T) {
 	defer c.Close()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := c.Read(make([]byte, 1)); err == nil {
-		t.Errorf("a connection during the split read %d bytes; want it closed", n)
+		t.Errorf("a connection %s read %d bytes; want it closed", when, n)
 	}
-	if after := s.Targets[0].B.Stats().Total + s.Targets[1].B.Stats().Total; after != before {
-		t.Errorf("%d connections reached a claimant during the split", after-before)
+	if after := ta.Stats().Total + tb.Stats().Total; after != before {
+		t.Errorf("%d connections reached a claimant %s", after-before, when)
 	}
+}
+
+// TestSplitBrainRefuses: while two Redis masters claim primary, a new
+// connection is closed before any backend is dialled, and counted.
+func TestSplitBrainRefuses(t *testing.T) {
+	testkit.CheckLeaks(t)
+	r, _ := redisSplit(t, "100ms", 1)
+	s := r.ptr.Load().Service("rw")
+	refusedInSplit(t, r, s, "during the split")
 	if n := r.admission("rw").Rejected[listener.RejectSplitBrain.String()]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
 	}
 	if n := len(r.logs.All(func(m map[string]any) bool { return m["message"] == "connection rejected" })); n != 0 {
 		t.Errorf("%d per-connection rejection lines; the split is logged once, as it begins", n)
 	}
+}
+
+// TestSplitBrainOutlastsFailedCheck: a claimant whose check times out,
+// fewer than fall times, is still up and picked, and still claims the
+// primary role as it last answered: a rebuild of the table meanwhile (any
+// health change elsewhere makes one) keeps the split brain, and a new
+// connection is still refused, not sent to the claimant that answered.
+func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
+	testkit.CheckLeaks(t)
+	r, b := redisSplit(t, "200ms", 100)
+	s := r.ptr.Load().Service("rw")
+	tb := s.Targets[1].B
+	if got := b.Do(t, "CLIENT PAUSE 20000 ALL"); got != "+OK" { // b's checks time out; fall = 100 keeps it up for 20 s
+		t.Fatalf("CLIENT PAUSE: %q", got)
+	}
+	defer b.Kill()                                                                         // a paused server answers nothing more; its cleanup kills it anyway
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) { // checks give no event but the state
+		st, role := tb.State()
+		if st == backend.StateUp && role == "" {
+			break // a check of b failed, and b is still up
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b is %v (%q) 15 s after its pause; want up with a failed check", st, role)
+		}
+	}
+	r.m.refresh() // the rebuild a health change elsewhere makes
+	if s = r.ptr.Load().Service("rw"); len(s.SplitBrain) != 2 {
+		t.Errorf("after a failed check of b (still up), the split brain is %v; want a, b", s.SplitBrain)
+	}
+	refusedInSplit(t, r, s, "while b's check fails (b still up)")
 }
 
 // TestOnDownPassive: on_down = "close" cuts a backend's sessions when

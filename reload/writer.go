@@ -12,7 +12,7 @@ import (
 )
 
 // singleWriter applies split_brain to a service whose checks want a
-// primary: when more than one of its backends is up and answered as
+// primary: when more than one of its backends is up and last answered as
 // primary, it must never spread writes across them. With "first" only the
 // first claimant in file order keeps its weight; with "newest" only the
 // claimant on the highest PostgreSQL timeline (a promotion raises it, so
@@ -42,7 +42,10 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 	for _, ts := range [][]sched.Target{prim, back} {
 		for i := range ts {
 			t := &ts[i]
-			if st, role := t.B.State(); wantsPrimary[t.B.Name] && st == backend.StateUp && role == backend.RolePrimary && !t.B.Draining() {
+			// ClaimedRole, not State's role: a check that timed out leaves
+			// the node up and picked (below fall), and a split must not end
+			// on a rebuild until it is down or answers otherwise.
+			if st, _ := t.B.State(); wantsPrimary[t.B.Name] && st == backend.StateUp && t.B.ClaimedRole() == backend.RolePrimary && !t.B.Draining() {
 				claim = append(claim, t)
 			}
 		}

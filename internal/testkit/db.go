@@ -337,7 +337,10 @@ func startMariaDB(t testing.TB, extra ...string) *MariaDB {
 		t.Fatal(err)
 	}
 	m.db.SetMaxIdleConns(1)
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	// A margin, not a promise: a Galera joiner opens its socket only after
+	// its state transfer, which took over 60 s on a 2-core machine running
+	// other suites beside it.
+	for deadline := time.Now().Add(180 * time.Second); ; {
 		if err = m.db.Ping(); err == nil {
 			break
 		}
