@@ -44,6 +44,11 @@ const maxSourceProbeTimeout = 3 * time.Second
 // maxSourceProbes bounds the allow prefixes probed per backend.
 const maxSourceProbes = 8
 
+// maxSourceDials bounds the self-test's dials in flight, so that a service
+// of many backends (each probed from up to maxSourceProbes addresses)
+// cannot take the descriptors the connections being served need.
+const maxSourceDials = 256
+
 // sourceProbe is one transparent connection the self-test makes.
 type sourceProbe struct {
 	svc    *conf.Service
@@ -108,6 +113,7 @@ func (m *Manager) checkSources(ctx context.Context, cfg *conf.Config, p *plan) e
 	}
 	timeout := func(cs *conf.Service) time.Duration { return min(cs.ConnectTimeout, maxSourceProbeTimeout) }
 	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxSourceDials) // a dial holds one while it is in flight
 	for addr, pl := range plains {
 		var d time.Duration
 		for _, pr := range probes {
@@ -118,6 +124,8 @@ func (m *Manager) checkSources(ctx context.Context, cfg *conf.Config, p *plan) e
 		wg.Add(1)
 		go func() { // exits when the dial has an outcome, within d
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			dl := net.Dialer{Timeout: d}
 			c, err := dl.DialContext(ctx, "tcp", addr.String())
 			if err == nil {
@@ -131,6 +139,8 @@ func (m *Manager) checkSources(ctx context.Context, cfg *conf.Config, p *plan) e
 		wg.Add(1)
 		go func() { // exits when the dial has an outcome, within the service's probe timeout
 			defer wg.Done()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			pr.err = listener.ProbeSource(ctx, pr.from, pr.t.Addr, timeout(pr.svc))
 		}()
 	}
