@@ -117,14 +117,36 @@ func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.
 // starts with (peeked, not consumed), or 0 when it starts with anything
 // else, sends nothing within timeout, or closes. Before it waits, it calls
 // wait.
+//
+// What fd holds already is looked at first, and wait is called here, not
+// stored in the fdPeeker: a hook held there would move the caller's inline
+// (and every connection's) to the heap, since the peeker's descriptor
+// escapes to Go's poller.
 func peekCancel(fd int, timeout time.Duration, loops loopSource, wait func()) int {
+	var buf [maxCancel]byte
+	seen := 0
+	switch n, err := recvPeek(fd, buf[:]); {
+	case err == nil && n == 0:
+		return 0 // closed: the session sees it
+	case err == nil:
+		l, ok := cancelStart(buf[:n])
+		if !ok {
+			return 0
+		}
+		if l > 0 && n >= l {
+			return l
+		}
+		seen = n
+	case err != unix.EAGAIN && err != unix.EINTR:
+		return 0
+	}
+	wait()
 	if timeout <= 0 {
 		timeout = DefaultPrereadTimeout
 	}
-	var buf [maxCancel]byte
-	p := fdPeeker{fd: fd, loops: loops, timeout: timeout, onWait: wait}
+	p := fdPeeker{fd: fd, loops: loops, timeout: timeout}
 	defer p.close()
-	for seen := 0; ; {
+	for {
 		n, err := p.peek(buf[:], seen)
 		if err != nil {
 			return 0 // nothing within timeout (a server-first protocol), or closed

@@ -235,7 +235,6 @@ type fdPeeker struct {
 	lp       *loop     // the loop of loops that fd is registered in, once it is
 	inLoop   bool      // fd is registered in lp
 	f        *os.File  // the duplicate in Go's poller; nil until needed
-	onWait   func()    // if set, called once before the first wait (cancel.go hands its accept loop on)
 }
 
 // loopSource lends event loops; a *Server is one.
@@ -291,13 +290,9 @@ func (p *fdPeeker) peekPoller(buf []byte, seen int) (int, error) {
 	return peekRaw(rc, buf, func(b []byte) bool { return len(b) > seen })
 }
 
-// until returns the deadline of every wait, set by the first, which calls
-// onWait first.
+// until returns the deadline of every wait, set by the first.
 func (p *fdPeeker) until() time.Time {
 	if p.deadline.IsZero() {
-		if p.onWait != nil {
-			p.onWait()
-		}
 		p.deadline = time.Now().Add(p.timeout)
 	}
 	return p.deadline
