@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/conf"
+	"fulcrum/internal/testkit"
 )
 
 // The tests here reach main's unexported functions and variables (run's
@@ -87,15 +88,14 @@ func TestLogFormat(t *testing.T) {
 	buf.Reset()
 	log = newLogger(conf.Log{Level: "info", Format: "console"}, &buf)
 	fractions := map[string]bool{}
-	for deadline := time.Now().Add(5 * time.Second); len(fractions) < 2 && time.Now().Before(deadline); {
+	testkit.WaitFor(t, 5*time.Second, func() error { // the clock moving on is no event
 		buf.Reset()
 		log.Info().Msg("x")
-		fractions[buf.String()[20:23]] = true
-		time.Sleep(time.Millisecond) // not for correctness: to let the clock move on
-	}
-	if len(fractions) < 2 {
-		t.Errorf("console timestamps never changed their milliseconds: %v", fractions)
-	}
+		if fractions[buf.String()[20:23]] = true; len(fractions) < 2 {
+			return fmt.Errorf("console timestamps never changed their milliseconds: %v", fractions)
+		}
+		return nil
+	})
 }
 
 // TestLogColour: on a terminal console lines are coloured, unless NO_COLOR is set.

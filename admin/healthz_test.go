@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/internal/testkit"
 	"fulcrum/listener"
 )
 
@@ -42,17 +44,15 @@ func TestHealthzStuckAtLimit(t *testing.T) {
 	// awaitHealthz polls until /healthz answers code, for at most 10 s.
 	awaitHealthz := func(code int) string {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			c, body := get("/healthz")
-			if c == code {
-				return body
+		var body string
+		testkit.WaitFor(t, 10*time.Second, func() error {
+			var c int
+			if c, body = get("/healthz"); c != code {
+				return fmt.Errorf("/healthz = %d %q; want %d", c, body, code)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("/healthz = %d %q; want %d within 10s", c, body, code)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
+		return body
 	}
 
 	open.Store(10) // at the limit, and nothing accepted from now on

@@ -252,12 +252,12 @@ func TestErrorLogJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(buf.String(), "superfluous"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line about the superfluous WriteHeader: %q", buf.String())
+	testkit.WaitFor(t, 5*time.Second, func() error {
+		if s := buf.String(); !strings.Contains(s, "superfluous") {
+			return fmt.Errorf("no log line about the superfluous WriteHeader: %q", s)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
 		if !strings.HasPrefix(l, "{") || !strings.Contains(l, `"component":"admin"`) {
 			t.Errorf("log line %q; want JSON from the admin component", l)

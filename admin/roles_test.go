@@ -91,12 +91,10 @@ func wrongRole(t *testing.T, b *backend.Backend) {
 			Interval: time.Second, Rise: 1, Fall: 1})
 	}()
 	defer func() { cancel(); <-done }()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if st, _ := b.State(); st == backend.StateWrongRole {
-			return
+	testkit.WaitFor(t, 5*time.Second, func() error { // the check gives no event but the state
+		if st, _ := b.State(); st != backend.StateWrongRole {
+			return fmt.Errorf("backend b: state %v; want wrong role", st)
 		}
-		if time.Now().After(deadline) { // the check gives no event but the state
-			t.Fatal("b is not in the wrong role after 5s")
-		}
-	}
+		return nil
+	})
 }

@@ -2,10 +2,13 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"fulcrum/internal/testkit"
 )
 
 func TestAcquireMax(t *testing.T) {
@@ -106,7 +109,12 @@ func TestUndrain(t *testing.T) {
 	b.Acquire(0)
 	done := make(chan int, 1)
 	go func() { done <- b.Drain(context.Background()) }() // exits when undrained
-	waitFor(t, b.Draining)
+	testkit.WaitFor(t, 5*time.Second, func() error {
+		if !b.Draining() { // Drain sets the bit with no event
+			return errors.New("backend s/a: not draining; want draining after Drain")
+		}
+		return nil
+	})
 	if got := p.Get("s", "a"); got != b {
 		t.Fatal("Pool.Get returned a new backend for a draining name")
 	}
@@ -124,16 +132,6 @@ func TestUndrain(t *testing.T) {
 	p.Forget(b)
 	if p.Len() != 0 {
 		t.Error("drained backend not forgotten")
-	}
-}
-
-// waitFor polls cond (there is no event to wait on) for up to 5s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
 	}
 }
 

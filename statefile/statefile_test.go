@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"fulcrum/internal/testkit"
 )
 
 // TestReadDamaged: a state file that exists but is not a whole state
@@ -125,13 +128,12 @@ func TestRun(t *testing.T) {
 	go func() { f.Run(ctx, collect); close(done) }() // exits when cancel is called
 	f.Changed()                                      // nothing to collect yet
 	set("a")
-	deadline := time.Now().Add(10 * time.Second)
-	for read() != "a" {
-		if time.Now().After(deadline) {
-			t.Fatal("the state file was not written within 10s of Changed")
+	testkit.WaitFor(t, 10*time.Second, func() error { // the writer gives no event but the file
+		if got := read(); got != "a" {
+			return fmt.Errorf("the state file says %q after Changed; want a", got)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	f.StopWriting()
 	set("b")
 	cancel()

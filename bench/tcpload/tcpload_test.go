@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"fulcrum/internal/testkit"
 )
 
 func TestBucketPrecision(t *testing.T) {
@@ -181,19 +183,14 @@ func TestIdle(t *testing.T) {
 		r, err := idle(context.Background(), cfg, release)
 		res <- out{r, err}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(cfg.ready)
-		if err == nil {
-			if got := strings.TrimSpace(string(b)); got != "200" {
-				t.Errorf("ready file = %q; want 200", got)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no ready file within 10s")
-		}
-		time.Sleep(5 * time.Millisecond) // polling a file: no event to wait on
+	var ready []byte
+	testkit.WaitFor(t, 10*time.Second, func() error { // polling a file: no event to wait on
+		var err error
+		ready, err = os.ReadFile(cfg.ready)
+		return err
+	})
+	if got := strings.TrimSpace(string(ready)); got != "200" {
+		t.Errorf("ready file = %q; want 200", got)
 	}
 	release <- os.Interrupt
 	o := <-res
