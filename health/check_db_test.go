@@ -53,14 +53,12 @@ func wantRole(t *testing.T, what string, p *Probe, observed, errText string) {
 // test could wait on but the server's own answer.
 func waitRole(t *testing.T, p *Probe, role string) {
 	t.Helper()
-	var got string
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if got, err = p.Check(t.Context()); err == nil && got == role {
-			return
+	testkit.WaitFor(t, 30*time.Second, func() error {
+		if got, err := p.Check(t.Context()); err != nil || got != role {
+			return fmt.Errorf("role = %q, %v; want %q", got, err, role)
 		}
-	}
-	t.Fatalf("role = %q, %v after 30s; want %q", got, err, role)
+		return nil
+	})
 }
 
 // TestPostgresRoles: real logins (trust, md5, SCRAM-SHA-256) tell a primary
@@ -93,21 +91,18 @@ func TestPostgresRoles(t *testing.T) {
 	lag := login(rep.Addr, "scramuser", scram, "replica")
 	lag.MaxLag = time.Millisecond
 	pg.Exec(t, "CREATE TABLE t (x int); INSERT INTO t VALUES (1)")
-	for deadline := time.Now().Add(30 * time.Second); rep.Exec(t, "SELECT pg_last_xact_replay_timestamp() IS NOT NULL")[0][0] != "t"; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // replay gives no event but its timestamp
-			t.Fatal("the replica replayed nothing in 30s")
-		}
-	}
+	awaitReplay(t, rep)
 	waitRole(t, lag, backend.RoleReplica)
 	// A replica whose replay is paused falls behind as the primary writes.
 	rep.Exec(t, "SELECT pg_wal_replay_pause()")
 	pg.Exec(t, "INSERT INTO t VALUES (2)")
 	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if _, err = lag.Check(t.Context()); err != nil {
-			break
+	testkit.Until(30*time.Second, func() error { // the pause gives no event but the check's answer
+		if _, err = lag.Check(t.Context()); err == nil {
+			return errors.New("paused replica still within max_lag 1ms")
 		}
-	}
+		return nil
+	})
 	if err == nil || !strings.Contains(err.Error(), "over max_lag") {
 		t.Errorf("paused replica with max_lag 1ms: %v; want over max_lag", err)
 	}
@@ -193,11 +188,12 @@ func TestMariaDBRoles(t *testing.T) {
 	c.Close()
 	// Both counters move when the server's thread sees the EOF; wait for
 	// both, so that neither lands inside the probes' window.
-	for deadline := time.Now().Add(10 * time.Second); m.HostErrors(t) == 0 || m.Status(t, "Aborted_connects") == a0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) { // the server counts it when its thread sees the EOF; no event tells the test
-			t.Fatal("a client leaving after the greeting did not count as a host error")
+	testkit.WaitFor(t, 10*time.Second, func() error { // the server counts it when its thread sees the EOF; no event tells the test
+		if h, a := m.HostErrors(t), m.Status(t, "Aborted_connects"); h == 0 || a == a0 {
+			return fmt.Errorf("a client leaving after the greeting: host errors %d, Aborted_connects %d (was %d); want both moved", h, a, a0)
 		}
-	}
+		return nil
+	})
 	m.Exec(t, "FLUSH HOSTS")
 	role.dialer = from
 	aborted, hostErrs := m.Status(t, "Aborted_connects"), m.HostErrors(t)
@@ -250,12 +246,12 @@ func TestRedisProbeHygiene(t *testing.T) {
 	// Redis may still be writing its start-up lines after it accepts: the
 	// baseline is taken once it has said it is ready.
 	var before []byte
-	for deadline := time.Now().Add(30 * time.Second); !bytes.Contains(before, []byte("Ready to accept connections")); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis never logged that it is ready:\n%s", before)
+	testkit.WaitFor(t, 30*time.Second, func() error { // redis's log file: no event but its content
+		if before, _ = os.ReadFile(log); !bytes.Contains(before, []byte("Ready to accept connections")) {
+			return fmt.Errorf("redis has not logged that it is ready:\n%s", before)
 		}
-		before, _ = os.ReadFile(log)
-	}
+		return nil
+	})
 	pw := secret(t, "redis-pw")
 	for _, p := range []*Probe{
 		{Kind: "redis", Addr: r.Addr, Timeout: 5 * time.Second},                                              // PING, -NOAUTH, QUIT

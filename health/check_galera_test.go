@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -70,17 +71,14 @@ func TestGalera(t *testing.T) {
 	nodes[1].Kill()
 	nodes[2].Kill()
 	var err error
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		// The survivor notices at evs.suspect_timeout; no event tells the test.
-		if err = mk(nodes[0]).Run(t.Context()); err != nil && strings.Contains(err.Error(), "non-primary") {
-			break
+	// The survivor notices at evs.suspect_timeout; no event tells the test.
+	testkit.WaitFor(t, 60*time.Second, func() error {
+		if err = mk(nodes[0]).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "non-primary") {
+			return fmt.Errorf("the survivor of three: %v; want non-primary", err)
 		}
-	}
-	if err == nil || !strings.Contains(err.Error(), "non-primary") {
-		t.Errorf("the survivor of three: %v; want non-primary", err)
-	} else {
-		t.Logf("survivor: %v", err)
-	}
+		return nil
+	})
+	t.Logf("survivor: %v", err)
 }
 
 // awaitState waits for b's change report until it is down (or up).

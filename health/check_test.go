@@ -2,6 +2,8 @@ package health
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -139,15 +141,12 @@ func TestProbePostgres(t *testing.T) {
 	f.WriteString("hot_standby = off\n")
 	f.Close()
 	pg.Ctl(t, "start", "-W", "-l", filepath.Join(filepath.Dir(pg.Dir), "log"))
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if err = probe("pgsql", pg.Addr).Run(t.Context()); err != nil && strings.Contains(err.Error(), "57P03") {
-			break
+	testkit.WaitFor(t, 30*time.Second, func() error { // the standby's start gives no event but its answer
+		if err := probe("pgsql", pg.Addr).Run(t.Context()); err == nil || !strings.Contains(err.Error(), "57P03") {
+			return fmt.Errorf("pgsql on a standby that refuses connections = %v; want down with 57P03", err)
 		}
-	}
-	if err == nil || !strings.Contains(err.Error(), "57P03") {
-		t.Errorf("pgsql on a standby that refuses connections = %v; want down with 57P03", err)
-	}
+		return nil
+	})
 	pg.Stop(t, "immediate")
 	if err := probe("pgsql", pg.Addr).Run(t.Context()); err == nil {
 		t.Error("pgsql on a stopped cluster succeeded")
@@ -189,11 +188,12 @@ func TestRunChecksStops(t *testing.T) {
 			Interval: time.Millisecond, Rise: 1, Fall: 1})
 		close(done)
 	}()
-	for deadline := time.Now().Add(5 * time.Second); mute.Open() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // the server has no event for "a probe is in progress"
-			t.Fatal("no probe reached the server")
+	testkit.WaitFor(t, 5*time.Second, func() error { // the server has no event for "a probe is in progress"
+		if mute.Open() == 0 {
+			return errors.New("no probe reached the server")
 		}
-	}
+		return nil
+	})
 	cancel()
 	select {
 	case <-done:

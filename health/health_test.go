@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -77,11 +78,12 @@ func TestControllerChecks(t *testing.T) {
 
 	spec := CheckSpec{Probe: Probe{Kind: "tcp", Addr: dead, Timeout: time.Second}, Interval: 20 * time.Millisecond, Rise: 1, Fall: 2}
 	hc.SetChecks([]Job{{B: b, Spec: spec}})
-	for deadline := time.Now().Add(10 * time.Second); !b.Down() || rebuilds.Load() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("backend down %v, rebuilds %d after 10 s of failing checks", b.Down(), rebuilds.Load())
+	testkit.WaitFor(t, 10*time.Second, func() error { // the checks run on their own; no event but the result
+		if down, n := b.Down(), rebuilds.Load(); !down || n == 0 {
+			return fmt.Errorf("backend down %v, rebuilds %d after failing checks; want down and a rebuild", down, n)
 		}
-	}
+		return nil
+	})
 	hc.SetChecks(nil) // checks off: no longer held down by them
 	if b.Down() {
 		t.Error("backend still down after its checks were turned off")

@@ -2,6 +2,8 @@ package health
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,21 +33,14 @@ func TestReplicationLagKept(t *testing.T) {
 	}
 	await := func(what string, b *backend.Backend, ok func(time.Duration, bool) bool) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if lag, known := b.Lag(); ok(lag, known) {
-				return
+		testkit.WaitFor(t, 30*time.Second, func() error {
+			if lag, known := b.Lag(); !ok(lag, known) {
+				return fmt.Errorf("%s: lag %v, known %v", what, lag, known)
 			}
-			if time.Now().After(deadline) {
-				lag, known := b.Lag()
-				t.Fatalf("%s: lag %v, known %v after 30s", what, lag, known)
-			}
-		}
+			return nil
+		})
 	}
-	for deadline := time.Now().Add(30 * time.Second); rep.Exec(t, "SELECT pg_last_xact_replay_timestamp() IS NOT NULL")[0][0] != "t"; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // replay gives no event but its timestamp; before it, a paused replica's lag is unknown
-			t.Fatal("the replica replayed nothing in 30s")
-		}
-	}
+	awaitReplay(t, rep) // before it, a paused replica's lag is unknown
 	r, stop := check(rep.Addr)
 	await("a caught-up replica", r, func(l time.Duration, ok bool) bool { return ok && l == 0 })
 	rep.Exec(t, "SELECT pg_wal_replay_pause()")
@@ -59,11 +54,12 @@ func TestReplicationLagKept(t *testing.T) {
 	}
 	p, stopP := check(pg.Addr)
 	defer stopP()
-	for deadline := time.Now().Add(30 * time.Second); p.Checks().Count == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no check of the primary in 30s")
+	testkit.WaitFor(t, 30*time.Second, func() error { // the checks run on their own; no event but the result
+		if p.Checks().Count == 0 {
+			return errors.New("no check of the primary")
 		}
-	}
+		return nil
+	})
 	if lag, ok := p.Lag(); ok {
 		t.Errorf("a primary has lag %v; want none", lag)
 	}
@@ -85,13 +81,27 @@ func runChecks(t *testing.T, spec CheckSpec) (*backend.Backend, <-chan *backend.
 // waitLag polls b until its checks have measured a lag.
 func waitLag(t *testing.T, b *backend.Backend) time.Duration {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if lag, known := b.Lag(); known { // the checks run on their own; no event but the result
-			return lag
+	var lag time.Duration
+	testkit.WaitFor(t, 30*time.Second, func() error { // the checks run on their own; no event but the result
+		var known bool
+		if lag, known = b.Lag(); !known {
+			return fmt.Errorf("backend %s: no lag measured", b.Name)
 		}
-	}
-	t.Fatal("no lag measured in 30s")
-	return 0
+		return nil
+	})
+	return lag
+}
+
+// awaitReplay waits until the PostgreSQL replica rep has replayed a
+// transaction: replay gives no event but its timestamp.
+func awaitReplay(t *testing.T, rep *testkit.Postgres) {
+	t.Helper()
+	testkit.WaitFor(t, 30*time.Second, func() error {
+		if rep.Exec(t, "SELECT pg_last_xact_replay_timestamp() IS NOT NULL")[0][0] != "t" {
+			return errors.New("the replica has replayed nothing")
+		}
+		return nil
+	})
 }
 
 // TestLagMariaDB: a MariaDB replica within max_lag is up with its lag on
@@ -183,17 +193,19 @@ func TestLagMariaDBSilentStream(t *testing.T) {
 	// The clock must know a position at or before the one the replica
 	// stops at (it leaves a replica behind all it knows to its own view):
 	// a mark first, then a write the replica applies.
-	for deadline := time.Now().Add(30 * time.Second); marks(clock) == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // the checks run on their own; no event but the result
-			t.Fatal("the primary's checks recorded no position in 30s")
+	testkit.WaitFor(t, 30*time.Second, func() error { // the checks run on their own; no event but the result
+		if marks(clock) == 0 {
+			return errors.New("the primary's checks recorded no position")
 		}
-	}
+		return nil
+	})
 	primary.Exec(t, "INSERT INTO app.t (v) VALUES ('before')")
-	for deadline := time.Now().Add(30 * time.Second); replica.Query(t, "SELECT COUNT(*) FROM app.t") != "1"; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // replication gives the test no event
-			t.Fatal("the replica did not apply the write in 30s")
+	testkit.WaitFor(t, 30*time.Second, func() error { // replication gives the test no event
+		if n := replica.Query(t, "SELECT COUNT(*) FROM app.t"); n != "1" {
+			return fmt.Errorf("the replica has %s rows; want the 1 written", n)
 		}
-	}
+		return nil
+	})
 	if lag := waitLag(t, b); lag > 3*time.Second || b.Down() {
 		t.Fatalf("lag %s of a streaming replica, down %v", lag, b.Down())
 	}

@@ -90,16 +90,13 @@ func TestSentinelEventChecksAtOnce(t *testing.T) {
 	hc.SetChecks([]Job{{B: b, Spec: CheckSpec{Probe: probe, Interval: time.Hour, Rise: 1, Fall: 1}}})
 	await := func(what string, ok func(st backend.State, reason string) bool) {
 		t.Helper()
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		testkit.WaitFor(t, 15*time.Second, func() error {
 			st, _ := b.State()
-			_, reason, _ := b.Health()
-			if ok(st, reason) {
-				return
+			if _, reason, _ := b.Health(); !ok(st, reason) {
+				return fmt.Errorf("%s: state %v, %q", what, st, reason)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 15s (state %v, %q)", what, st, reason)
-			}
-		}
+			return nil
+		})
 	}
 	// The first check comes at the subscription, not an hour later.
 	await("checked at the subscription", func(st backend.State, reason string) bool { return b.Checks().OK == 1 && st == backend.StateUp })
