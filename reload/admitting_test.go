@@ -50,6 +50,15 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 	return in
 }
 
+// wantAccepts says how many connections in has accepted, unless it is n:
+// a listener's accept gives the test no event.
+func wantAccepts(what string, in *instance, n uint64) error {
+	if got := in.accepts(); got != n {
+		return fmt.Errorf("%s accepted %d connections; want %d", what, got, n)
+	}
+	return nil
+}
+
 func (in *instance) accepts() uint64 {
 	var n uint64
 	for _, s := range in.h.srv.Sockets() {
@@ -100,7 +109,7 @@ func testServedWhileStopping(t *testing.T, extra string, first, rest, echoed []b
 	if _, err := c.Write(first); err != nil {
 		t.Fatal(err)
 	}
-	await(t, 10*time.Second, "the old instance accepts the connection", func() bool { return old.accepts() == 1 })
+	testkit.WaitFor(t, 10*time.Second, func() error { return wantAccepts("the old instance", old, 1) })
 	var next *instance
 	if handOver {
 		exp, err := old.h.srv.Export()
@@ -115,8 +124,11 @@ func testServedWhileStopping(t *testing.T, extra string, first, rest, echoed []b
 	// is listed, waiting for the admission, or (the old code) the backend
 	// takes no new connection, from the start of its drain.
 	b := old.h.ptr.Load().Services[0].Targets[0].B
-	await(t, 10*time.Second, "Shutdown closes the listeners and drains", func() bool {
-		return len(old.h.srv.Sockets()) == 0 && (len(old.h.m.Draining()) == 1 || b.Draining())
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if s, d := len(old.h.srv.Sockets()), len(old.h.m.Draining()); s != 0 || (d != 1 && !b.Draining()) {
+			return fmt.Errorf("after Shutdown: %d sockets, %d drains listed, backend draining %v; want no socket and the backend draining", s, d, b.Draining())
+		}
+		return nil
 	})
 	if handOver { // a connection made now is the new instance's
 		d, err := net.Dial("tcp", addr)
@@ -124,7 +136,7 @@ func testServedWhileStopping(t *testing.T, extra string, first, rest, echoed []b
 			t.Fatalf("after the hand-over: %v", err)
 		}
 		d.Close()
-		await(t, 10*time.Second, "the new instance accepts a new connection", func() bool { return next.accepts() == 1 })
+		testkit.WaitFor(t, 10*time.Second, func() error { return wantAccepts("the new instance", next, 1) })
 	}
 	payload := bytes.Repeat([]byte("fulcrum drains what it accepted. "), 4096)
 	go func() { // exits when the writes are done or fail

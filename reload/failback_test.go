@@ -14,6 +14,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/conf"
+	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 	"fulcrum/statefile"
 	"fulcrum/status"
@@ -45,13 +46,10 @@ func newNamer(t *testing.T, name string) *namer {
 func (n *namer) start() {
 	n.t.Helper()
 	var ln net.Listener
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ln, err = net.Listen("tcp", n.addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
+	if err := testkit.Until(10*time.Second, func() (err error) { // the old socket's port frees with no event
+		ln, err = net.Listen("tcp", n.addr)
+		return err
+	}); err != nil {
 		n.t.Fatalf("%s: listen again on %s: %v", n.name, n.addr, err)
 	}
 	n.addr = ln.Addr().String()
@@ -257,7 +255,7 @@ func TestFailbackAfter(t *testing.T) {
 	awaitState(t, r, "db", "a", backend.StateUp, 10*time.Second)
 	_, _, upSince := backendOf(t, r, "db", "a").Health()
 	var early int
-	for deadline := time.Now().Add(after + 10*time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testkit.WaitFor(t, after+10*time.Second, func() error {
 		got, conn := ask(t, r)
 		at := time.Now()
 		if conn != nil {
@@ -268,19 +266,18 @@ func TestFailbackAfter(t *testing.T) {
 				t.Fatalf("a got a connection %v after it came up; want none before %v", at.Sub(upSince), after)
 			}
 			t.Logf("back to a %v after it came up (%d connections to b meanwhile)", at.Sub(upSince), early)
-			break
+			return nil
 		}
-		if at.After(deadline) {
-			t.Fatalf("still not on a %v after it came up (last answer %q); want a after %v", at.Sub(upSince), got, after)
-		}
+		notYet := fmt.Errorf("still not on a %v after it came up (last answer %q); want a after %v", at.Sub(upSince), got, after)
 		if got == "" && !at.Before(upSince.Add(after)) {
-			continue // on b as the writer moved, and cut with b's sessions (on_down = "close"): as it should be
+			return notYet // on b as the writer moved, and cut with b's sessions (on_down = "close"): as it should be
 		}
 		if got != "b" {
 			t.Fatalf("during failback wait, %v after a came up: %q; want b", at.Sub(upSince), got)
 		}
 		early++
-	}
+		return notYet
+	})
 	held.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := held.Read(make([]byte, 1)); err == nil || isTimeout(err) {
 		t.Fatalf("session on b after the writer moved: read %v; want it cut", err)

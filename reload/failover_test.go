@@ -44,16 +44,15 @@ func backendOf(t *testing.T, r *run, svc, name string) *backend.Backend {
 func awaitState(t *testing.T, r *run, svc, name string, want backend.State, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	for deadline := start.Add(within); ; time.Sleep(5 * time.Millisecond) {
-		st, role := backendOf(t, r, svc, name).State()
-		if st == want {
-			return time.Since(start)
+	testkit.WaitFor(t, within, func() error {
+		b := backendOf(t, r, svc, name)
+		if st, role := b.State(); st != want {
+			_, reason, _ := b.Health()
+			return fmt.Errorf("backend %s/%s: state %v (%s, %s); want %v", svc, name, st, role, reason, want)
 		}
-		if time.Now().After(deadline) {
-			_, reason, _ := backendOf(t, r, svc, name).Health()
-			t.Fatalf("%s/%s is %v (%s, %s) after %v; want %v", svc, name, st, role, reason, within, want)
-		}
-	}
+		return nil
+	})
+	return time.Since(start)
 }
 
 // pgSession is a session through fulcrum to PostgreSQL that runs one long
@@ -384,11 +383,12 @@ func TestHeldRedialsNotPassive(t *testing.T) {
 	}
 	defer c.Close()
 	b := backendOf(t, r, "s", "b")
-	for deadline := time.Now().Add(10 * time.Second); b.Stats().ConnectFails < 6; time.Sleep(10 * time.Millisecond) { // redials give no event but the count
-		if time.Now().After(deadline) {
-			t.Fatalf("%d failed dials in 10s; want the held connection to redial at every passing check", b.Stats().ConnectFails)
+	testkit.WaitFor(t, 10*time.Second, func() error { // redials give no event but the count
+		if n := b.Stats().ConnectFails; n < 6 {
+			return fmt.Errorf("%d failed dials; want 6, the held connection redialling at every passing check", n)
 		}
-	}
+		return nil
+	})
 	if st, _ := b.State(); st != backend.StateUp {
 		_, reason, _ := b.Health()
 		t.Fatalf("after %d refused dials, all but one by a held connection, b is %v (%s); want up", b.Stats().ConnectFails, st, reason)

@@ -88,22 +88,20 @@ func TestHealthPostgres(t *testing.T) {
 	defer func() { close(stop); <-done }()
 	waitRuns := func(n int, after time.Time) {
 		t.Helper()
-		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // runs take a second each
+		testkit.WaitFor(t, 60*time.Second, func() error { // runs take a second each
 			mu.Lock()
+			defer mu.Unlock()
 			k := 0
 			for _, run := range runs {
 				if run.start.After(after) {
 					k++
 				}
 			}
-			mu.Unlock()
-			if k >= n {
-				return
+			if k < n {
+				return fmt.Errorf("%d pgbench runs after %v; want %d", k, after, n)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("only %d pgbench runs after %v", k, after)
-			}
-		}
+			return nil
+		})
 	}
 	waitRuns(2, time.Time{})
 

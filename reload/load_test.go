@@ -175,24 +175,22 @@ type short struct {
 // shortsSince waits for n short connections started after t and returns them.
 func (l *load) shortsSince(tb testing.TB, t time.Time, n int) []short {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var out []short
+	testkit.WaitFor(tb, 10*time.Second, func() error { // the stream has no completion event to wait on
 		l.mu.Lock()
-		var out []short
+		defer l.mu.Unlock()
+		out = out[:0]
 		for _, s := range l.seen {
 			if s.start.After(t) {
 				out = append(out, s)
 			}
 		}
-		l.mu.Unlock()
-		if len(out) >= n {
-			return out[:n]
+		if len(out) < n {
+			return fmt.Errorf("%d short connections since %v; want %d", len(out), t, n)
 		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("only %d short connections in 10s", len(out))
-		}
-		time.Sleep(5 * time.Millisecond) // the stream has no completion event to wait on
-	}
+		return nil
+	})
+	return out[:n]
 }
 
 func startLoad(t *testing.T, addr string, persistent int, pace time.Duration) *load {

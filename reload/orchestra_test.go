@@ -388,14 +388,7 @@ func patroniScenario(t *testing.T, scenario string, patroni bool) (figures, []in
 		// The lock expires after its ttl and another node is promoted;
 		// then a supervisor restarts the dead Patroni, which demotes its
 		// PostgreSQL and rewinds it.
-		for deadline := time.Now().Add(PatroniWait); ; time.Sleep(100 * time.Millisecond) {
-			if l := pc.LeaderName(); l != "" && l != leader.Name {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no new leader %v after the kill", PatroniWait)
-			}
-		}
+		awaitNewLeader(t, pc, leader.Name, "the kill")
 		time.Sleep(3 * time.Second) // the old primary runs on, unfenced, for a while
 		pc.StartPatroni(t, leader)
 	case "partition":
@@ -403,14 +396,7 @@ func patroniScenario(t *testing.T, scenario string, patroni bool) (figures, []in
 		// retry_timeout, another node takes the lock after its ttl; then
 		// the partition heals and the old leader follows the new one.
 		heal := pc.Partition(t, leader)
-		for deadline := time.Now().Add(PatroniWait); ; time.Sleep(100 * time.Millisecond) {
-			if l := pc.LeaderName(); l != "" && l != leader.Name {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no new leader %v after the partition", PatroniWait)
-			}
-		}
+		awaitNewLeader(t, pc, leader.Name, "the partition")
 		time.Sleep(5 * time.Second)
 		heal()
 	}
@@ -450,22 +436,31 @@ const PatroniWait = testkit.PatroniTTL + 20*time.Second
 // waitAcked waits for a write acknowledged by node after from.
 func waitAcked(t *testing.T, w *wrec, node string, from time.Time, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+	testkit.WaitFor(t, within, func() error { // the writer's acknowledgements are a list, not events
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, a := range slices.Backward(w.writes) {
 			if a.at.Before(from) {
 				break
 			}
 			if a.err == nil && a.node == node {
-				w.mu.Unlock()
-				return
+				return nil
 			}
 		}
-		w.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("no write acknowledged by %s within %v", node, within)
+		return fmt.Errorf("no write acknowledged by %s since %v", node, from)
+	})
+}
+
+// awaitNewLeader waits for Patroni to elect a leader other than old after
+// what; the election gives the test no event.
+func awaitNewLeader(t *testing.T, pc *testkit.PatroniCluster, old, what string) {
+	t.Helper()
+	testkit.WaitFor(t, PatroniWait, func() error {
+		if l := pc.LeaderName(); l == "" || l == old {
+			return fmt.Errorf("Patroni's leader after %s: %q; want a new one (old %s)", what, l, old)
 		}
-	}
+		return nil
+	})
 }
 
 // redisWriter keeps one connection through addr and, 20 times a second,
@@ -584,14 +579,12 @@ func sentinelScenario(t *testing.T, scenario string) (figures, []int64) {
 		ss.ByAddr(old).Kill()
 	}
 	var next string
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if next = ss.Master(); next != "" && next != old {
-			break
+	testkit.WaitFor(t, 60*time.Second, func() error { // the election gives the test no event
+		if next = ss.Master(); next == "" || next == old {
+			return fmt.Errorf("the Sentinels name %q as master; want a new one (old %s)", next, old)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the Sentinels name no new master within 60s")
-		}
-	}
+		return nil
+	})
 	if scenario == "kill-master" {
 		time.Sleep(3 * time.Second)
 		ss.ByAddr(old).Start(t) // with its own configuration: a master again, until Sentinel converts it

@@ -75,17 +75,16 @@ func TestUnresolvableBackend(t *testing.T) {
 	dns.set("b.test", netip.MustParseAddr("127.0.0.1"))
 	r.hup <- struct{}{}
 	r.expectGen(2, 10*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for seen := map[string]bool{}; !seen["b"]; {
+	testkit.WaitFor(t, 10*time.Second, func() error { // its health is seen by checks, not events
 		got, err := testkit.Greeting(addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		seen[got] = true
-		if time.Now().After(deadline) {
-			t.Fatalf("backend b never served after its name resolved (health %v)", bk.Down())
+		if got != "b" {
+			return fmt.Errorf("%s served, not b, after b's name resolved (b down %v)", got, bk.Down())
 		}
-	}
+		return nil
+	})
 }
 
 // TestLoopNeverBlocks: while a reload waits on a DNS server that never
@@ -105,17 +104,14 @@ func TestLoopNeverBlocks(t *testing.T) {
 	dns.mu.Unlock()
 	renameOver(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{
 		{name: "a", addr: a.Addr, weight: 1}, {name: "slow", addr: "slow.test:1", weight: 1}}}))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testkit.WaitFor(t, 10*time.Second, func() error {
 		dns.mu.Lock()
-		calls := dns.calls
-		dns.mu.Unlock()
-		if calls > 0 {
-			break
+		defer dns.mu.Unlock()
+		if dns.calls == 0 {
+			return errors.New("the edit has not reached the resolver: 0 lookups")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the edit never reached the resolver")
-		}
-	}
+		return nil
+	})
 	// Three watchdog pings while the lookup hangs.
 	timeout := time.After(10 * time.Second)
 	for pings := 0; pings < 3; {
@@ -134,11 +130,12 @@ func TestLoopNeverBlocks(t *testing.T) {
 	for range 3 {
 		bk.PassiveFail(3, time.Hour, time.Now())
 	}
-	for deadline := time.Now().Add(10 * time.Second); r.ptr.Load().Seq == before.Seq; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the table was not rebuilt after a health change while a reload waited on DNS")
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if seq := r.ptr.Load().Seq; seq == before.Seq {
+			return fmt.Errorf("table seq %d: not rebuilt after a health change while a reload waited on DNS", seq)
 		}
-	}
+		return nil
+	})
 	if g := r.ptr.Load().Gen; g != before.Gen {
 		t.Errorf("generation %d; want %d: the hanging reload must not have applied", g, before.Gen)
 	}

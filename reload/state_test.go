@@ -2,6 +2,7 @@ package reload
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,17 +16,6 @@ import (
 	"fulcrum/statefile"
 	"fulcrum/status"
 )
-
-// await polls cond until it holds or within passes: status has no event of
-// its own to wait on.
-func await(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(within); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-	}
-}
 
 // findBackend returns a backend's row in st, or nil.
 func findBackend(st status.Status, service, name string) *status.Backend {
@@ -84,8 +74,11 @@ func TestRemovedDrainingInView(t *testing.T) {
 		t.Errorf("STATUS= %q; want b up of b and z, and a draining", line)
 	}
 	c.Close()
-	await(t, 10*time.Second, "the drained backend leaves the status", func() bool {
-		return findBackend(status.Of(src), "s", "a") == nil
+	testkit.WaitFor(t, 10*time.Second, func() error { // status has no event of its own to wait on
+		if b := findBackend(status.Of(src), "s", "a"); b != nil {
+			return fmt.Errorf("the drained backend a is still in the status: %+v; want it gone", *b)
+		}
+		return nil
 	})
 }
 
@@ -122,10 +115,12 @@ func TestStateFile(t *testing.T) {
 		}
 		return nil
 	}
-	await(t, 10*time.Second, "the state file names m in maint and dead down", func() bool {
+	testkit.WaitFor(t, 10*time.Second, func() error { // the writer gives no event but the file
 		st := read()
-		m, d := find(st, "m"), find(st, "dead")
-		return m != nil && m.Override == "maint" && d != nil && d.Down
+		if m, d := find(st, "m"), find(st, "dead"); m == nil || m.Override != "maint" || d == nil || !d.Down {
+			return fmt.Errorf("the state file says m %+v, dead %+v; want m in maint and dead down", m, d)
+		}
+		return nil
 	})
 	// A reload keeps the override.
 	renameOver(t, r.path, text+"\n# touched\n")
@@ -160,9 +155,11 @@ func TestStateFile(t *testing.T) {
 	if b := findBackend(status.Of(src), "s", "m"); b == nil || b.State != "maint" {
 		t.Fatalf("restored override: %+v; want maint", b)
 	}
-	await(t, 10*time.Second, "dead comes up after rise checks", func() bool {
-		b := findBackend(status.Of(src), "s", "dead")
-		return b != nil && b.State == "up"
+	testkit.WaitFor(t, 10*time.Second, func() error { // the checks run on their own; no event but the state
+		if b := findBackend(status.Of(src), "s", "dead"); b == nil || b.State != "up" {
+			return fmt.Errorf("backend dead: %+v; want up after rise checks", b)
+		}
+		return nil
 	})
 	if b := findBackend(status.Of(src), "s", "dead"); b.LastCheck == nil || !b.LastCheck.OK {
 		t.Errorf("last check %+v; want a passed one", b.LastCheck)

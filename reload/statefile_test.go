@@ -1,6 +1,7 @@
 package reload
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -35,7 +36,12 @@ func TestStopWritingStateFile(t *testing.T) {
 	if _, err := r.m.SetOverride("s", "a", backend.Maint, "test"); err != nil {
 		t.Fatal(err)
 	}
-	await(t, 10*time.Second, "the state file says maint", func() bool { return override() == "maint" })
+	testkit.WaitFor(t, 10*time.Second, func() error { // the writer gives no event but the file
+		if got := override(); got != "maint" {
+			return fmt.Errorf("the state file says %q for a; want maint", got)
+		}
+		return nil
+	})
 	sf.StopWriting()
 	if _, err := r.m.SetOverride("s", "a", backend.Drain, "test"); err != nil {
 		t.Fatal(err)
