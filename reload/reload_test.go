@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"fulcrum/conf"
+	"fulcrum/internal/testkit"
 	"fulcrum/listener"
 )
 
@@ -282,11 +283,12 @@ func TestShutdownDeadline(t *testing.T) {
 	}
 	defer c.Close()
 	b := h.ptr.Load().Services[0].Targets[0].B
-	for deadline := time.Now().Add(10 * time.Second); b.Active() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the session never started")
+	testkit.WaitFor(t, 10*time.Second, func() error { // the session's start gives no event
+		if b.Active() == 0 {
+			return errors.New("backend: 0 active sessions; want the session started")
 		}
-	}
+		return nil
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := h.m.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -298,5 +300,54 @@ func TestShutdownDeadline(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err == nil {
 		t.Error("the client's connection is still open")
+	}
+}
+
+// TestE2EOptionsRebuild: changing a scheduler option rebuilds the picker;
+// an unchanged service keeps it.
+func TestE2EOptionsRebuild(t *testing.T) {
+	a := testkit.NewServer(t, testkit.Greeter("a")).Addr
+	b := testkit.NewServer(t, testkit.Greeter("b")).Addr
+	render := func(extra string) *conf.Config {
+		text := fmt.Sprintf(`[services.s]
+listen = ["127.0.0.1:0"]
+scheduler = "p2c"
+drain_timeout = "2s"
+%s
+[[services.s.backends]]
+name = "a"
+address = %q
+[[services.s.backends]]
+name = "b"
+address = %q
+`, extra, a, b)
+		cfg, err := conf.Parse("e2e.toml", []byte(text))
+		if err != nil {
+			t.Fatalf("%v\n%s", err, text)
+		}
+		return cfg
+	}
+	h := newHarness(t)
+	if err := h.m.Apply(render("")); err != nil {
+		t.Fatal(err)
+	}
+	p1 := h.ptr.Load().Services[0].Picker
+	if err := h.m.Apply(render("")); err != nil {
+		t.Fatal(err)
+	}
+	if h.ptr.Load().Services[0].Picker != p1 {
+		t.Error("an unchanged service got a new picker")
+	}
+	if err := h.m.Apply(render("choices = 3")); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.ptr.Load().Services[0]; s.Picker == p1 || s.Options.Choices != 3 {
+		t.Errorf("after choices = 3: same picker %v, options %+v", s.Picker == p1, s.Options)
+	}
+	addr := h.srv.Addr(netip.MustParseAddrPort("127.0.0.1:0")).String()
+	for k := range 4 {
+		if got, err := testkit.Greeting(addr); got != "a" && got != "b" {
+			t.Errorf("connection %d after the rebuild: %q, %v; want a or b", k, got, err)
+		}
 	}
 }

@@ -18,7 +18,8 @@
 //	c, _ := net.Dial("tcp", p.Addr(t, "127.0.0.1:0"))
 //
 // The test's cleanup stops the Manager, which closes the listeners and
-// drains the sessions, and waits for it.
+// drains the sessions, and waits for it. Reload rewrites the file and waits
+// for the Manager to apply it, as an operator's edit would.
 package proxy
 
 import (
@@ -43,8 +44,11 @@ import (
 type Proxy struct {
 	Logs *testkit.LogSink // every line it logs, as JSON
 
+	path   string
 	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
+	m      *reload.Manager
+	ready  chan struct{} // one send per finished reload attempt (READY=1)
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -64,19 +68,19 @@ func Start(t testing.TB, text string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{Logs: testkit.NewLogSink(), done: make(chan error, 1)}
+	p := &Proxy{Logs: testkit.NewLogSink(), path: path, ready: make(chan struct{}, 1), done: make(chan error, 1)}
 	log := zerolog.New(p.Logs)
 	p.srv = listener.New(&p.ptr, log)
-	ready := make(chan struct{}, 1)
 	m := reload.New(path, &p.ptr, p.srv, log, reload.Options{Notify: func(s string) error {
 		if strings.HasPrefix(s, "READY=1") {
 			select {
-			case ready <- struct{}{}:
+			case p.ready <- struct{}{}:
 			default:
 			}
 		}
 		return nil
 	}})
+	p.m = m
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- m.Run(ctx, cfg) }() // exits when the test's cleanup cancels ctx
@@ -87,7 +91,7 @@ func Start(t testing.TB, text string) *Proxy {
 		}
 	})
 	select {
-	case <-ready:
+	case <-p.ready:
 	case err := <-p.done:
 		p.done <- err // for the cleanup
 		t.Fatalf("reload.Manager.Run ended before the first configuration was applied: %v", err)
@@ -120,3 +124,41 @@ func (p *Proxy) Admission(service string) listener.AdmissionStats {
 
 // Snapshot returns the table and policies the proxy serves now.
 func (p *Proxy) Snapshot() *listener.Snapshot { return p.ptr.Load() }
+
+// Manager is the reload.Manager following the file (its Events, Status).
+func (p *Proxy) Manager() *reload.Manager { return p.m }
+
+// Server is the listener.Server serving the snapshot.
+func (p *Proxy) Server() *listener.Server { return p.srv }
+
+// Reload renames text over the proxy's file, as an editor saves it, and
+// returns once the Manager has applied it as the next generation; it fails
+// the test if the Manager refuses it or applies nothing within 10 s.
+func (p *Proxy) Reload(t testing.TB, text string) {
+	t.Helper()
+	select { // an attempt that finished before this edit is not its answer
+	case <-p.ready:
+	default:
+	}
+	gen := p.ptr.Load().Gen
+	tmp := p.path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, p.path); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(10 * time.Second)
+	for p.ptr.Load().Gen == gen {
+		select {
+		case <-p.ready:
+			if g := p.ptr.Load().Gen; g == gen {
+				if last := p.m.Status().LastError; last != "" {
+					t.Fatalf("the reload was refused: %s", last)
+				}
+			}
+		case <-timeout:
+			t.Fatalf("the edit was not applied within 10s (generation %d; last error %q)", gen, p.m.Status().LastError)
+		}
+	}
+}

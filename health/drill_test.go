@@ -1,10 +1,8 @@
-package reload
+package health_test
 
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +15,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
+	"fulcrum/internal/testkit/proxy"
 	"fulcrum/listener"
 )
 
@@ -32,11 +31,11 @@ const (
 	drillFall     = 3
 )
 
-// drill is one cluster pair behind a running Manager.
+// drill is one cluster pair behind a running proxy.
 type drill struct {
 	t      *testing.T
 	a, b   *testkit.Postgres
-	r      *run
+	p      *proxy.Proxy
 	rw, ro string
 
 	next atomic.Int64 // the last row id handed out
@@ -72,21 +71,28 @@ func startDrill(t *testing.T, splitBrain string) *drill {
 	d := &drill{t: t, a: testkit.StartPostgres(t)}
 	d.a.Exec(t, "CREATE TABLE w (id bigint PRIMARY KEY, port int NOT NULL, recovery bool NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
 	d.b = d.a.Replica(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "pg.pw"), []byte(testkit.ScramPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
+	service := func(svc, listen, scheduler, extra, role string) string {
+		return fmt.Sprintf(`[services.%[1]s]
+listen = [%[2]q]
+scheduler = %[3]q
+drain_timeout = "3s"
+%[4]s
+backends = [{ name = "a", address = %[5]q }, { name = "b", address = %[6]q }]
+[services.%[1]s.health]
+check = "pgsql"
+role = %[7]q
+user = "scramuser"
+password_file = %[8]q
+interval = %[9]q
+timeout = %[9]q
+rise = 1
+fall = %[10]d
+`, svc, listen, scheduler, extra, d.a.Addr, d.b.Addr, role, secretFile(t, testkit.ScramPassword), drillInterval, drillFall)
 	}
-	health := func(svc, role string) string {
-		return fmt.Sprintf("[services.%s.health]\ncheck = \"pgsql\"\nrole = %q\nuser = \"scramuser\"\npassword_file = \"pg.pw\"\n"+
-			"interval = %q\ntimeout = %q\nrise = 1\nfall = %d\n", svc, role, drillInterval, drillInterval, drillFall)
-	}
-	d.r = startRun(t, dir, render(
-		svc{name: "rw", listen: []string{"127.0.0.1:0"}, scheduler: "first",
-			extra:    fmt.Sprintf("on_down = \"close\"\nhold_timeout = \"10s\"\nsplit_brain = %q\nmax_conns = 64\n", splitBrain) + health("rw", "primary"),
-			backends: []be{{"a", d.a.Addr, 1, ""}, {"b", d.b.Addr, 1, ""}}},
-		svc{name: "ro", listen: []string{"127.0.0.2:0"}, scheduler: "rr", extra: "fallback = \"rw\"\n" + health("ro", "replica"),
-			backends: []be{{"a", d.a.Addr, 1, ""}, {"b", d.b.Addr, 1, ""}}}))
-	d.rw, d.ro = d.r.addr("127.0.0.1:0"), d.r.addr("127.0.0.2:0")
+	d.p = proxy.Start(t, service("rw", "127.0.0.1:0", "first",
+		fmt.Sprintf("on_down = \"close\"\nhold_timeout = \"10s\"\nsplit_brain = %q\nmax_conns = 64", splitBrain), "primary")+
+		service("ro", "127.0.0.2:0", "rr", `fallback = "rw"`, "replica"))
+	d.rw, d.ro = d.p.Addr(t, "127.0.0.1:0"), d.p.Addr(t, "127.0.0.2:0")
 	// Margins for checks (timeout 400ms) that time out fall times in a row
 	// on a busy 2-core machine under -race, not a promise of fulcrum's.
 	d.waitState("rw", "a", backend.StateUp, 30*time.Second)
@@ -96,29 +102,12 @@ func startDrill(t *testing.T, splitBrain string) *drill {
 }
 
 // target finds a backend of a service in the running table.
-func (d *drill) target(svc, name string) *backend.Backend {
-	for _, tg := range d.r.ptr.Load().Service(svc).All() {
-		if tg.B.Name == name {
-			return tg.B
-		}
-	}
-	d.t.Fatalf("no backend %s in %s", name, svc)
-	return nil
-}
+func (d *drill) target(svc, name string) *backend.Backend { return target(d.t, d.p, svc, name) }
 
 // waitState waits for a backend's state; checks give no event but it.
 func (d *drill) waitState(svc, name string, want backend.State, within time.Duration) time.Duration {
 	d.t.Helper()
-	start := time.Now()
-	for deadline := start.Add(within); ; time.Sleep(5 * time.Millisecond) {
-		if st, _ := d.target(svc, name).State(); st == want {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			st, role := d.target(svc, name).State()
-			d.t.Fatalf("%s/%s is %v (%s) after %v; want %v", svc, name, st, role, within, want)
-		}
-	}
+	return awaitState(d.t, d.p, svc, name, want, "-", within)
 }
 
 // connect opens a session through addr as postgres (trust from 127.0.0.1).
@@ -215,16 +204,17 @@ func (d *drill) acksBetween(from, to time.Time) []ack {
 // waitAck waits for an acknowledged write after from on the server at port.
 func (d *drill) waitAck(from time.Time, port int, within time.Duration) ack {
 	d.t.Helper()
-	for deadline := time.Now().Add(within); ; time.Sleep(5 * time.Millisecond) {
+	var got ack
+	testkit.WaitFor(d.t, within, func() error { // the writers' acknowledgements are a list, not events
 		for _, a := range d.acksBetween(from, time.Now().Add(time.Hour)) {
 			if a.port == port {
-				return a
+				got = a
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			d.t.Fatalf("no write acknowledged by port %d within %v", port, within)
-		}
-	}
+		return fmt.Errorf("no write acknowledged by port %d since %v", port, from.Format(time.StampMilli))
+	})
+	return got
 }
 
 // rowsOn reads every row the server at p holds: id → (port, recovery).
@@ -292,22 +282,11 @@ func TestDrillFailover(t *testing.T) {
 	// back to rw; then a rejoins as b's replica and ro returns to it.
 	d.waitState("ro", "b", backend.StateWrongRole, 10*time.Second)
 	fallbackFrom := time.Now()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if d.readsFrom(fallbackFrom, d.b.Port) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("ro did not fall back to rw's primary")
-		}
-	}
+	testkit.WaitFor(t, 10*time.Second, func() error { return d.wantReads(fallbackFrom, d.b.Port, "rw's primary (fallback)") })
 	d.a.Rejoin(t, d.b)
 	d.waitState("ro", "a", backend.StateUp, 20*time.Second)
 	rejoined := time.Now()
-	for deadline := time.Now().Add(10 * time.Second); d.readsFrom(rejoined, d.a.Port) == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("ro did not return to the rejoined replica")
-		}
-	}
+	testkit.WaitFor(t, 10*time.Second, func() error { return d.wantReads(rejoined, d.a.Port, "the rejoined replica") })
 	stop()
 
 	d.mu.Lock()
@@ -372,7 +351,7 @@ type downSpans []downSpan
 func (d *drill) checkDowns(svc, name string, from time.Time) downSpans {
 	var out downSpans
 	open := false
-	for _, e := range d.r.m.Events() {
+	for _, e := range d.p.Manager().Events() {
 		if e.Service != svc || e.Backend != name || e.At.Before(from) {
 			continue
 		}
@@ -394,6 +373,21 @@ func (s downSpans) overlaps(f failure) bool {
 		}
 	}
 	return false
+}
+
+// wantReads says so unless a read through ro after from reached port
+// (what names the server there); the readers' results are a list, not events.
+func (d *drill) wantReads(from time.Time, port int, what string) error {
+	if d.readsFrom(from, port) == 0 {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		last := "none"
+		if n := len(d.reads); n > 0 {
+			last = fmt.Sprintf("port %d, %v", d.reads[n-1].port, d.reads[n-1].err)
+		}
+		return fmt.Errorf("no read through ro reached %s (port %d) since %v; last read: %s", what, port, from.Format(time.StampMilli), last)
+	}
+	return nil
 }
 
 // readsFrom counts reads through ro after from that reached port.
@@ -432,7 +426,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			// promotion; on a busy 2-core machine under -race its checks
 			// (timeout 400ms) were seen to time out 29 times in a row, so
 			// the wait is a margin for the checks, not a promise of fulcrum's.
-			split := d.r.logs.Wait(t, 30*time.Second, "the split", func(m map[string]any) bool {
+			split := d.p.Logs.Wait(t, 30*time.Second, "the split", func(m map[string]any) bool {
 				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one")
 			})
 			// The line is written once the split's table is published, but
@@ -441,7 +435,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			// once those admissions are over: every connection counted from
 			// here was admitted on the split's table or a later one.
 			select {
-			case <-d.r.srv.Admitted():
+			case <-d.p.Server().Admitted():
 			case <-time.After(10 * time.Second):
 				t.Fatal("connections admitted before the split are still being admitted 10 s later")
 			}
@@ -449,7 +443,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			ta, tb := d.target("rw", "a"), d.target("rw", "b")
 			totalA, totalB := ta.Stats().Total, tb.Stats().Total
 			over := func() int {
-				return len(d.r.logs.All(func(m map[string]any) bool {
+				return len(d.p.Logs.All(func(m map[string]any) bool {
 					return m["message"] == "split brain over: at most one backend claims the primary role"
 				}))
 			}
@@ -458,7 +452,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			// without it was published since began (swapped logs its end
 			// right after publishing it, before any later table).
 			inForce := func() bool {
-				return len(d.r.ptr.Load().Service("rw").SplitBrain) == 2 && over() == overBefore
+				return len(d.p.Snapshot().Service("rw").SplitBrain) == 2 && over() == overBefore
 			}
 			// The split lasts while both claim, and the drill watches it
 			// for a second. On a busy machine a claimant's checks can time
@@ -482,7 +476,7 @@ func TestDrillSplitBrain(t *testing.T) {
 				if na+nb > 0 {
 					t.Errorf("during the split %d connections reached a and %d reached b; want none", na, nb)
 				}
-				refused := d.r.admission("rw").Rejected[listener.RejectSplitBrain.String()]
+				refused := d.p.Admission("rw").Rejected[listener.RejectSplitBrain.String()]
 				t.Logf("split brain (%v): %d connections refused in all, none reached either node in %v watched", split["backends"], refused, watched)
 			case "first":
 				if nb > 0 {
@@ -497,7 +491,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			}
 			stopped := time.Now()
 			d.a.Stop(t, "immediate")
-			d.r.logs.Wait(t, 30*time.Second, "the end of the split", func(m map[string]any) bool {
+			d.p.Logs.Wait(t, 30*time.Second, "the end of the split", func(m map[string]any) bool {
 				return m["message"] == "split brain over: at most one backend claims the primary role"
 			})
 			first := d.waitAck(stopped, d.b.Port, 30*time.Second)
