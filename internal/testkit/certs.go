@@ -161,16 +161,12 @@ func (p *Postgres) EnableTLS(t testing.TB, name string, cert tls.Certificate) {
 	appendFile(t, filepath.Join(p.Dir, "postgresql.conf"), conf)
 	p.Stop(t, "fast") // cluster_name needs a restart
 	p.Start(t)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if AcceptsSSL(p.Addr) {
-			return
+	WaitFor(t, 20*time.Second, func() error { // a restart gives no event but its effect
+		if !AcceptsSSL(p.Addr) {
+			return fmt.Errorf("PostgreSQL on %s does not accept SSLRequest after ssl = on", p.Addr)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("PostgreSQL on %s does not accept SSLRequest after ssl = on", p.Addr)
-		}
-		time.Sleep(50 * time.Millisecond) // a reload gives no event but its effect
-	}
+		return nil
+	})
 }
 
 // AcceptsSSL reports whether the PostgreSQL server at addr answers an

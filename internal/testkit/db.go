@@ -188,11 +188,12 @@ func (p *Postgres) RequireTLS(t testing.TB) {
 	writeFile(t, hba, "hostnossl all all 127.0.0.1/32 reject\n"+string(b))
 	run(t, "chown", "postgres:postgres", hba)
 	p.Ctl(t, "reload")
-	for deadline := time.Now().Add(10 * time.Second); p.Exec(t, "SHOW ssl")[0][0] != "on"; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) { // a reload gives no event but the setting
-			t.Fatal("ssl is not on 10s after the reload")
+	WaitFor(t, 10*time.Second, func() error { // a reload gives no event but the setting
+		if ssl := p.Exec(t, "SHOW ssl")[0][0]; ssl != "on" {
+			return fmt.Errorf("ssl is %q after the reload; want on", ssl)
 		}
-	}
+		return nil
+	})
 }
 
 // Promote makes a replica a primary and waits until it is one.
@@ -340,21 +341,19 @@ func startMariaDB(t testing.TB, extra ...string) *MariaDB {
 	// A margin, not a promise: a Galera joiner opens its socket only after
 	// its state transfer, which took over 60 s on a 2-core machine running
 	// other suites beside it.
-	for deadline := time.Now().Add(180 * time.Second); ; {
-		if err = m.db.Ping(); err == nil {
-			break
+	WaitFor(t, 180*time.Second, func() error { // a starting server gives no event but its socket
+		err := m.db.Ping()
+		if err != nil {
+			select {
+			case <-m.done:
+				b, _ := os.ReadFile(filepath.Join(dir, "err.log"))
+				t.Fatalf("mariadbd exited: %s", b)
+			default:
+			}
+			return fmt.Errorf("mariadbd on %s has not started: %w", m.Addr, err)
 		}
-		select {
-		case <-m.done:
-			b, _ := os.ReadFile(filepath.Join(dir, "err.log"))
-			t.Fatalf("mariadbd exited: %s", b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("mariadbd on %s did not start: %v", m.Addr, err)
-		}
-		time.Sleep(50 * time.Millisecond) // a starting server gives no event but its socket
-	}
+		return nil
+	})
 	return m
 }
 
@@ -423,17 +422,15 @@ func (r *Redis) Start(t testing.TB) {
 	}
 	r.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done) // exits with the process
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	WaitFor(t, 20*time.Second, func() error {
+		// A starting server gives no event but its port.
 		c, err := net.DialTimeout("tcp", r.Addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
+		if err != nil {
+			return fmt.Errorf("redis-server on %s has not started: %w", r.Addr, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not start: %v", r.Addr, err)
-		}
-		time.Sleep(20 * time.Millisecond) // a starting server gives no event but its port
-	}
+		c.Close()
+		return nil
+	})
 }
 
 // Kill stops the server with SIGKILL and waits for it.

@@ -54,22 +54,23 @@ func StartGalera(t testing.TB, n int) []*MariaDB {
 // Synced) and it is in the primary component.
 func (m *MariaDB) WaitGalera(t testing.TB, state string, within time.Duration) {
 	t.Helper()
-	var got, status string
-	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		var k string
-		// A node gives no event for its state but the status itself.
+	err := Until(within, func() error { // a node gives no event for its state but the status itself
+		var k, got, status string
 		if err := m.db.QueryRow("SHOW GLOBAL STATUS LIKE 'wsrep_local_state'").Scan(&k, &got); err != nil {
-			continue
+			return err
 		}
 		if err := m.db.QueryRow("SHOW GLOBAL STATUS LIKE 'wsrep_cluster_status'").Scan(&k, &status); err != nil {
-			continue
+			return err
 		}
-		if got == state && status == "Primary" {
-			return
+		if got != state || status != "Primary" {
+			return fmt.Errorf("wsrep_local_state %q, cluster %q; want %s in Primary", got, status, state)
 		}
+		return nil
+	})
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(filepath.Dir(m.Dir), "err.log"))
+		t.Fatalf("galera node %s: %v\n%s", m.Addr, err, tail(b, 3000))
 	}
-	b, _ := os.ReadFile(filepath.Join(filepath.Dir(m.Dir), "err.log"))
-	t.Fatalf("galera node %s: wsrep_local_state %q, cluster %q after %s; want %s in Primary\n%s", m.Addr, got, status, within, state, tail(b, 3000))
 }
 
 // Kill stops the server with SIGKILL and waits for it.

@@ -45,19 +45,18 @@ backend back
 		cmd.Process.Kill()
 		<-done
 	})
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	WaitFor(t, 20*time.Second, func() error { // a starting server gives no event but its port
 		c, err := net.DialTimeout("tcp", front, time.Second)
-		if err == nil { // a starting server gives no event but its port
-			c.Close()
-			return front
+		if err != nil {
+			select {
+			case <-done:
+				t.Fatalf("haproxy exited: %v", cmd.ProcessState)
+			default:
+			}
+			return fmt.Errorf("haproxy on %s has not started: %w", front, err)
 		}
-		select {
-		case <-done:
-			t.Fatalf("haproxy exited: %v", cmd.ProcessState)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("haproxy on %s did not start: %v", front, err)
-		}
-	}
+		c.Close()
+		return nil
+	})
+	return front
 }

@@ -363,16 +363,16 @@ func (c *PatroniCluster) Node(name string) *PatroniNode {
 // returns it.
 func (c *PatroniCluster) Leader(t testing.TB) *PatroniNode {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		if nd := c.Node(c.LeaderName()); nd != nil {
-			if rows, err := Query(nd.Addr, "SELECT pg_is_in_recovery()"); err == nil && rows[0][0] == "f" {
-				return nd
+	var leader *PatroniNode
+	WaitFor(t, time.Minute, func() error { // an election gives no event but its result
+		if leader = c.Node(c.LeaderName()); leader != nil {
+			if rows, err := Query(leader.Addr, "SELECT pg_is_in_recovery()"); err == nil && rows[0][0] == "f" {
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Patroni leader running as a primary within a minute: %+v", c.Members())
-		}
-	}
+		return fmt.Errorf("no Patroni leader running as a primary: %+v", c.Members())
+	})
+	return leader
 }
 
 // WaitHealthy waits until there is a leader running as a primary and every
@@ -380,42 +380,35 @@ func (c *PatroniCluster) Leader(t testing.TB) *PatroniNode {
 // Patroni answers.
 func (c *PatroniCluster) WaitHealthy(t testing.TB, within time.Duration) *PatroniNode {
 	t.Helper()
-	var last string
-	for deadline := time.Now().Add(within); ; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the Patroni cluster is not healthy after %v: %s; members %+v\n%s", within, last, c.Members(), c.logTail())
-		}
+	var leader *PatroniNode
+	err := Until(within, func() error { // a cluster gives no event for its health but each part's answer
 		for _, nd := range c.Nodes {
 			if nd.patroni == nil || nd.patroni.exited() {
 				t.Fatalf("patroni %s exited\n%s", nd.Name, c.logTail())
 			}
 		}
-		leader := c.Node(c.LeaderName())
-		if leader == nil {
-			last = "no leader"
-			continue
+		if leader = c.Node(c.LeaderName()); leader == nil {
+			return errors.New("no leader")
 		}
 		rows, err := Query(leader.Addr, "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
 		if err != nil {
-			last = err.Error()
-			continue
+			return err
 		}
 		if rows[0][0] != strconv.Itoa(len(c.Nodes)-1) {
-			last = rows[0][0] + " replicas streaming"
-			continue
+			return fmt.Errorf("%s replicas streaming; want %d", rows[0][0], len(c.Nodes)-1)
 		}
-		ok := true
 		for _, nd := range c.Nodes {
 			var st map[string]any
 			if err := getJSON(nd.REST, "/patroni", &st); err != nil || st["state"] != "running" {
-				ok, last = false, fmt.Sprintf("%s: %v %v", nd.Name, st["state"], err)
-				break
+				return fmt.Errorf("%s: %v %v", nd.Name, st["state"], err)
 			}
 		}
-		if ok {
-			return leader
-		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the Patroni cluster is not healthy: %v; members %+v\n%s", err, c.Members(), c.logTail())
 	}
+	return leader
 }
 
 // Switchover asks the leader's Patroni to hand the lock to candidate, as
@@ -473,20 +466,20 @@ func (c *PatroniCluster) stop() {
 func waitHTTP(t testing.TB, p *proc, url string, within time.Duration) {
 	t.Helper()
 	cl := &http.Client{Timeout: time.Second}
-	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
-		if resp, err := cl.Get(url); err == nil {
+	WaitFor(t, within, func() error { // a starting server gives no event but its answer
+		resp, err := cl.Get(url)
+		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				return nil
 			}
+			err = errors.New(resp.Status)
 		}
 		if p.exited() {
 			t.Fatalf("%s exited before %s answered", p.cmd.Path, url)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not answer after %v", url, within)
-		}
-	}
+		return fmt.Errorf("GET %s: %w; want 200", url, err)
+	})
 }
 
 // getJSON decodes GET http://addr+path (any status) into v.
@@ -584,36 +577,24 @@ func StartSentinel(t testing.TB, replicas int) *SentinelSet {
 // replicas replicas of it (with their link up) and the two other Sentinels.
 func (s *SentinelSet) WaitSettled(t testing.TB, replicas int, within time.Duration) {
 	t.Helper()
-	var last string
-	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the Sentinels have not settled after %v: %s", within, last)
-		}
-		ok := true
+	WaitFor(t, within, func() error { // Sentinels give no event for agreeing but their answers
 		for _, sn := range s.Sentinels {
 			v, err := RedisDo(sn, "SENTINEL", "MASTER", s.Name)
 			if err != nil {
-				ok, last = false, sn+": "+err.Error()
-				break
+				return fmt.Errorf("the Sentinels have not settled: %s: %w", sn, err)
 			}
 			f := pairs(v)
 			if f["num-slaves"] != strconv.Itoa(replicas) || f["num-other-sentinels"] != "2" || f["flags"] != "master" {
-				ok, last = false, fmt.Sprintf("%s: flags %s, %s replicas, %s other sentinels", sn, f["flags"], f["num-slaves"], f["num-other-sentinels"])
-				break
+				return fmt.Errorf("the Sentinels have not settled: %s: flags %s, %s replicas, %s other sentinels", sn, f["flags"], f["num-slaves"], f["num-other-sentinels"])
 			}
-		}
-		if !ok {
-			continue
 		}
 		master := s.Master()
 		if master == "" {
-			last = "no master named by a majority"
-			continue
+			return errors.New("the Sentinels have not settled: no master named by a majority")
 		}
 		info, err := RedisDo(master, "INFO", "replication")
 		if str, _ := info.(string); err != nil || !strings.Contains(str, "connected_slaves:"+strconv.Itoa(replicas)) {
-			last = fmt.Sprintf("master %s: %v %q", master, err, info)
-			continue
+			return fmt.Errorf("the Sentinels have not settled: master %s: %v %q", master, err, info)
 		}
 		for _, r := range s.Redis {
 			if r.Addr == master {
@@ -621,14 +602,11 @@ func (s *SentinelSet) WaitSettled(t testing.TB, replicas int, within time.Durati
 			}
 			info, err := RedisDo(r.Addr, "INFO", "replication")
 			if str, _ := info.(string); err != nil || !strings.Contains(str, "master_link_status:up") {
-				ok, last = false, fmt.Sprintf("replica %s: link not up: %v", r.Addr, err)
-				break
+				return fmt.Errorf("the Sentinels have not settled: replica %s: link not up: %v", r.Addr, err)
 			}
 		}
-		if ok {
-			return
-		}
-	}
+		return nil
+	})
 }
 
 // pairs reads a flat array of field/value bulk strings.

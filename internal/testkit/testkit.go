@@ -45,18 +45,14 @@ func CheckLeaks(t testing.TB) {
 		goleak.VerifyNone(t, goleak.IgnoreCurrent())
 		// io.Copy's splice pipes sit in a sync.Pool until two collections
 		// pass and their finalizers close them: collect until they are gone.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if err := Until(10*time.Second, func() error { // no event tells when a finalizer has run
 			runtime.GC()
-			n := OpenFDs(t)
-			if n <= before {
-				return
+			if n := OpenFDs(t); n > before {
+				return fmt.Errorf("descriptors: %d open after the test; %d before", n, before)
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("descriptors: %d open after the test; %d before\n%s", n, before, fdList())
-				return
-			}
-			time.Sleep(20 * time.Millisecond) // no event tells when a finalizer has run
+			return nil
+		}); err != nil {
+			t.Errorf("%v\n%s", err, fdList())
 		}
 	})
 }

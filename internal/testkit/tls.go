@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -130,17 +131,14 @@ func (p *Postgres) HostSSLOnly(t testing.TB, ca *CA) {
 	writeFile(t, hba, "hostnossl all all 127.0.0.1/32 reject\n"+string(b))
 	run(t, "chown", "postgres:postgres", hba)
 	p.Ctl(t, "reload")
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		// A reload gives no event but its effect: a plain login refused.
+	WaitFor(t, 10*time.Second, func() error { // a reload gives no event but its effect: a plain login refused
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		c, err := pgconn.Connect(ctx, "postgres://postgres@"+p.Addr+"/postgres?sslmode=disable")
 		cancel()
 		if err != nil {
-			return
+			return nil
 		}
 		c.Close(context.Background())
-		if time.Now().After(deadline) {
-			t.Fatal("a plain login still works 10s after the reload")
-		}
-	}
+		return errors.New("a plain login still works after the reload")
+	})
 }

@@ -47,6 +47,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -416,9 +417,7 @@ func TestTorture(t *testing.T) {
 		if in.took.Load() == 0 {
 			in.stop(h)
 		}
-		select {
-		case <-in.waitDone():
-		case <-time.After(h.drainTimeout + 30*time.Second):
+		if !poll(h.drainTimeout+30*time.Second, func() bool { return in.took.Load() > 0 }) { // Run's return sets took; no channel tells it
 			h.fail(classWait, 0, fmt.Sprintf("instance %d: Run did not return within %v of its cancel (Shutdown waits in Server.Wait for sessions that never end): %s", in.n, h.drainTimeout+30*time.Second, in.holding()))
 			waited = false
 		}
@@ -653,18 +652,6 @@ func (in *instance) holding() string {
 		}
 	}
 	return b.String()
-}
-
-// waitDone returns a channel closed once Run has returned after stop.
-func (in *instance) waitDone() <-chan struct{} {
-	c := make(chan struct{})
-	go func() { // exits when Run has returned, or with the test binary
-		for in.took.Load() <= 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
-		close(c)
-	}()
-	return c
 }
 
 // newConn makes the next connection's plan.
@@ -1528,19 +1515,18 @@ func head(s []string, n int) []string {
 	return s
 }
 
-// poll waits for cond, checking every 20ms, for at most d.
+// poll is testkit.Until for a condition whose failure the harness reports
+// itself, by class: true once cond holds, false if d passes first.
 func poll(d time.Duration, cond func() bool) bool {
-	end := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
+	return testkit.Until(d, func() error {
+		if !cond() {
+			return errNotYet
 		}
-		if time.Now().After(end) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	}) == nil
 }
+
+var errNotYet = errors.New("not yet")
 
 func waitGroup(wg *sync.WaitGroup, d time.Duration) bool {
 	c := make(chan struct{})
