@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"fulcrum/conf"
 	"fulcrum/internal/testkit"
 )
@@ -130,23 +128,7 @@ func (p *pty) readLine(t *testing.T) string {
 // openPTY opens a pseudo-terminal pair, so that a test can write to a terminal.
 func openPTY(t *testing.T) *pty {
 	t.Helper()
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Skipf("no pseudo-terminals here: %v", err)
-	}
-	t.Cleanup(func() { master.Close() })
-	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { slave.Close() })
+	master, slave := testkit.OpenPTY(t, 0, 0)
 	return &pty{master: master, slave: slave, r: bufio.NewReader(master)}
 }
 

@@ -196,17 +196,16 @@ timeout = "100ms"
 	// The table: short states, weights, since and last check; -v adds the
 	// whole reason on its own line.
 	var table strings.Builder
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.WaitFor(t, 10*time.Second, func() error { // the checks run on their own; no event but the table
 		table.Reset()
 		if code := cli([]string{"status", "-v", "-admin", adm}, &table, &errOut); code != 0 {
 			t.Fatalf("fulcrum status = %d: %s", code, errOut.String())
 		}
-		if strings.Count(table.String(), " ok ") >= 3 || time.Now().After(deadline) { // each backend was checked
-			break
+		if n := strings.Count(table.String(), " ok "); n < 3 {
+			return fmt.Errorf("fulcrum status shows %d backends checked ok; want 3:\n%s", n, table.String())
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, want := range []string{"maint (set maint)", "0/1", "draining (weight 0)", "last check", "ok ", "two: maint set by POST /backends/web/two/maint"} {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("status -v lacks %q:\n%s", want, table.String())
@@ -231,15 +230,13 @@ timeout = "100ms"
 	if code := cli([]string{"drain", "-admin", adm}, &out, &errOut); code != 0 {
 		t.Fatalf("fulcrum drain = %d: %s", code, errOut.String())
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testkit.WaitFor(t, 10*time.Second, func() error { // the writer gives no event but the file
 		data, _ := os.ReadFile(state)
-		if strings.Contains(string(data), "instance_drain") && strings.Contains(string(data), `"maint"`) {
-			break
+		if !strings.Contains(string(data), "instance_drain") || !strings.Contains(string(data), `"maint"`) {
+			return fmt.Errorf("state file after drain and set:\n%s\nwant instance_drain and maint", data)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("state file after drain and set:\n%s", data)
-		}
-	}
+		return nil
+	})
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.expectExit(t, 10*time.Second)
 	d = startDaemonArgs(t, []string{"-config", path}, nil, nil)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -69,11 +70,12 @@ backends = [{ name = "echo", address = %q }]
 	// connection, which the echoes prove; count until they do.
 	settled := func(wantSockets int, maxPipes int) (int, int) {
 		var s, p int
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) { // no event to wait on
-			if s, p = fdKinds(t, pid); s == wantSockets && p <= maxPipes {
-				break
+		testkit.Until(10*time.Second, func() error { // no event to wait on; the caller says what it sees
+			if s, p = fdKinds(t, pid); s != wantSockets || p > maxPipes {
+				return errors.New("not settled")
 			}
-		}
+			return nil
+		})
 		return s, p
 	}
 	s, p := settled(sockets0+2*idle, pipes0)
@@ -161,10 +163,13 @@ backends = [{ name = "sink", address = %q }]
 		wrote <- nil
 	}()
 	seen := 0
-	for deadline := time.Now().Add(10 * time.Second); seen < 2 && time.Now().Before(deadline); {
+	testkit.Until(10*time.Second, func() error { // the daemon's descriptors give no event; seen says it below
 		_, p := fdKinds(t, d.cmd.Process.Pid)
-		seen = p - base
-	}
+		if seen = p - base; seen < 2 {
+			return errors.New("no splice pipe")
+		}
+		return nil
+	})
 	close(stop)
 	if err := <-wrote; err != nil {
 		t.Fatal(err)

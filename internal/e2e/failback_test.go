@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"fulcrum/internal/testkit"
 )
 
 // greeterAt is a loopback backend that writes its name on each connection
@@ -34,13 +36,10 @@ func newGreeterAt(t *testing.T, name string) *greeterAt {
 func (g *greeterAt) start() {
 	g.t.Helper()
 	var ln net.Listener
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ln, err = net.Listen("tcp", g.addr); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
+	if err := testkit.Until(10*time.Second, func() (err error) { // the old socket's port frees with no event
+		ln, err = net.Listen("tcp", g.addr)
+		return err
+	}); err != nil {
 		g.t.Fatalf("%s: listen on %s: %v", g.name, g.addr, err)
 	}
 	g.addr = ln.Addr().String()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -54,14 +55,18 @@ backends = [{ address = %q }]
 		held = append(held, c)
 		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
 	}
-	// Let the admin listener take all it will take: its socket count settles.
-	for prev, deadline := -1, time.Now().Add(3*time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		n, _ := fdKinds(t, pid)
-		if n == prev {
-			break
+	// Let the admin listener take all it will take: its socket count settles
+	// (unchanged for 50 ms; if it never does, the pings below say so).
+	prev, since := -1, time.Now()
+	testkit.Until(3*time.Second, func() error {
+		if n, _ := fdKinds(t, pid); n != prev {
+			prev, since = n, time.Now()
 		}
-		prev = n
-	}
+		if time.Since(since) < 50*time.Millisecond {
+			return errors.New("the socket count is still moving")
+		}
+		return nil
+	})
 	served := 0
 	for i := range 10 {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)

@@ -68,18 +68,17 @@ func (c *counter) Write(p []byte) (int, error) { c.n.Add(int64(len(p))); return 
 // stalled waits until n stops moving for quiet, within limit.
 func stalled(t *testing.T, n *atomic.Int64, quiet, limit time.Duration) int64 {
 	t.Helper()
-	deadline := time.Now().Add(limit)
 	last, since := n.Load(), time.Now()
-	for time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	testkit.WaitFor(t, limit, func() error {
 		if v := n.Load(); v != last {
 			last, since = v, time.Now()
-		} else if time.Since(since) >= quiet {
-			return v
 		}
-	}
-	t.Fatalf("the stream never stalled within %v (%d bytes)", limit, last)
-	return 0
+		if time.Since(since) < quiet {
+			return fmt.Errorf("the stream has not stalled for %v (%d bytes)", quiet, last)
+		}
+		return nil
+	})
+	return last
 }
 
 // TestSlowReaderMemory: a client that stops reading while its backend

@@ -117,16 +117,9 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	becomeSubreaper(t)
 	be := testkit.NewServer(t, testkit.Echo).Addr
 	ns := newNotifySocket(t)
-	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = %q\nbackends = [{ address = %q }]\n", drain, be))
+	config := upgradeConfig(t, drain, be)
 	d := startDaemonArgs(t, []string{"-config", config}, []string{"NOTIFY_SOCKET=" + ns.path, "WATCHDOG_USEC=2000000"}, nil)
-	t.Cleanup(func() { // before startDaemonArgs's: its stderr reader ends only when every daemon is gone
-		for _, pid := range daemonPIDs(t, config) {
-			if pid != d.cmd.Process.Pid {
-				syscall.Kill(pid, syscall.SIGKILL)
-				reap(t, pid, 10*time.Second)
-			}
-		}
-	})
+	killOthers(t, config, d)
 	adm := d.adminAddr(t)
 	addr := d.listenAddr(t)
 	pings := 0
@@ -275,16 +268,9 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 	}
 	install(bin)
 	be := testkit.NewServer(t, testkit.Echo).Addr
-	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
+	config := upgradeConfig(t, time.Second, be)
 	d := startDaemonArgs(t, []string{"-c", `exec "$0" "$@"`, installed, "-config", config}, nil, nil)
-	t.Cleanup(func() {
-		for _, pid := range daemonPIDs(t, config) {
-			if pid != d.cmd.Process.Pid {
-				syscall.Kill(pid, syscall.SIGKILL)
-				reap(t, pid, 10*time.Second)
-			}
-		}
-	})
+	killOthers(t, config, d)
 	adm := d.adminAddr(t)
 	addr := d.listenAddr(t)
 	c, err := net.Dial("tcp", addr)
@@ -579,17 +565,10 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	config := writeFile(t, "fulcrum.toml", fmt.Sprintf("[log]\nformat = \"json\"\n[admin]\nlisten = \"127.0.0.1:0\"\n[services.s]\nlisten = [\"127.0.0.1:0\"]\ndrain_timeout = \"1s\"\nbackends = [{ address = %q }]\n", be))
+	config := upgradeConfig(t, time.Second, be)
 	d := startDaemonArgs(t, []string{"-c", `LISTEN_PID=$$ exec "$0" "$@"`, bin, "-config", config},
 		[]string{"LISTEN_FDS=1", "LISTEN_FDNAMES=s"}, []*os.File{f})
-	t.Cleanup(func() {
-		for _, pid := range daemonPIDs(t, config) {
-			if pid != d.cmd.Process.Pid {
-				syscall.Kill(pid, syscall.SIGKILL)
-				reap(t, pid, 10*time.Second)
-			}
-		}
-	})
+	killOthers(t, config, d)
 	adm := d.adminAddr(t)
 	greet := func(what string) {
 		t.Helper()
@@ -624,4 +603,34 @@ func TestUpgradeKeepsSystemdSockets(t *testing.T) {
 		t.Errorf("new process exit status %d; want 0", ws.ExitStatus())
 	}
 	d.expectExit(t, 10*time.Second)
+}
+
+// upgradeConfig writes the file the upgrade tests run: a JSON log, an
+// admin listener, and service s over be, drained for at most drain.
+func upgradeConfig(t *testing.T, drain time.Duration, be string) string {
+	t.Helper()
+	return writeFile(t, "fulcrum.toml", fmt.Sprintf(`[log]
+format = "json"
+[admin]
+listen = "127.0.0.1:0"
+[services.s]
+listen = ["127.0.0.1:0"]
+drain_timeout = %q
+backends = [{ address = %q }]
+`, drain, be))
+}
+
+// killOthers kills and reaps, when the test ends, every daemon of config
+// but d: the successor an upgrade started, or one a failed test left
+// behind. Call it after startDaemonArgs, so that it runs before that
+// one's cleanup, whose stderr reader ends only when every daemon is gone.
+func killOthers(t *testing.T, config string, d *daemon) {
+	t.Cleanup(func() {
+		for _, pid := range daemonPIDs(t, config) {
+			if pid != d.cmd.Process.Pid {
+				syscall.Kill(pid, syscall.SIGKILL)
+				reap(t, pid, 10*time.Second)
+			}
+		}
+	})
 }

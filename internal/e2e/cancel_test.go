@@ -103,20 +103,19 @@ backends = [{ name = "pg0", address = %q }, { name = "pg1", address = %q }, { na
 func runningOn(ctx context.Context, t *testing.T, watch []*pgconn.PgConn, app string) int {
 	t.Helper()
 	q := fmt.Sprintf("SELECT 1 FROM pg_stat_activity WHERE application_name = '%s' AND state = 'active'", app)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	on := -1
+	testkit.WaitFor(t, 20*time.Second, func() error { // the server tells no event: poll
 		for i, w := range watch {
 			res, err := w.Exec(ctx, q).ReadAll()
 			if err != nil {
 				t.Fatalf("pg_stat_activity: %v", err)
 			}
 			if len(res) > 0 && len(res[0].Rows) > 0 {
-				return i
+				on = i
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s runs no query on any server after 20 s", app)
-		}
-		time.Sleep(5 * time.Millisecond) // the server tells no event: poll
-	}
+		return fmt.Errorf("%s runs no query on any of %d servers", app, len(watch))
+	})
+	return on
 }
