@@ -271,14 +271,13 @@ func TestSWRRFormsAgree(t *testing.T) {
 	for k := range 300 {
 		ws := randomWeights(r, true)
 		ts := weighted(ws...)
-		warm := newSmoothWeightedRoundRobin(weighted(randomWeights(r, true)...), nil)
 		var prev Picker
 		if k%2 == 1 { // carry the current weights of a differently weighted picker
 			ts2 := slices.Clone(ts)
 			for i := range ts2 {
 				ts2[i].Weight = 1 + r.IntN(9)
 			}
-			warm = newSmoothWeightedRoundRobin(ts2, nil)
+			warm := newSmoothWeightedRoundRobin(ts2, nil)
 			picks(warm, ts2, r.IntN(40))
 			prev = warm
 		}
