@@ -71,27 +71,13 @@ func startDrill(t *testing.T, splitBrain string) *drill {
 	d := &drill{t: t, a: testkit.StartPostgres(t)}
 	d.a.Exec(t, "CREATE TABLE w (id bigint PRIMARY KEY, port int NOT NULL, recovery bool NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
 	d.b = d.a.Replica(t)
-	service := func(svc, listen, scheduler, extra, role string) string {
-		return fmt.Sprintf(`[services.%[1]s]
-listen = [%[2]q]
-scheduler = %[3]q
-drain_timeout = "3s"
-%[4]s
-backends = [{ name = "a", address = %[5]q }, { name = "b", address = %[6]q }]
-[services.%[1]s.health]
-check = "pgsql"
-role = %[7]q
-user = "scramuser"
-password_file = %[8]q
-interval = %[9]q
-timeout = %[9]q
-rise = 1
-fall = %[10]d
-`, svc, listen, scheduler, extra, d.a.Addr, d.b.Addr, role, secretFile(t, testkit.ScramPassword), drillInterval, drillFall)
-	}
-	d.p = proxy.Start(t, service("rw", "127.0.0.1:0", "first",
-		fmt.Sprintf("on_down = \"close\"\nhold_timeout = \"10s\"\nsplit_brain = %q\nmax_conns = 64", splitBrain), "primary")+
-		service("ro", "127.0.0.2:0", "rr", `fallback = "rw"`, "replica"))
+	rw := pair{svc: "rw", listen: "127.0.0.1:0", scheduler: "first", a: d.a.Addr, b: d.b.Addr,
+		extra: fmt.Sprintf("on_down = \"close\"\nhold_timeout = \"10s\"\nsplit_brain = %q\nmax_conns = 64", splitBrain),
+		check: "pgsql", role: "primary", user: "scramuser", secret: secretFile(t, testkit.ScramPassword),
+		interval: drillInterval, rise: 1, fall: drillFall}
+	ro := rw
+	ro.svc, ro.listen, ro.scheduler, ro.extra, ro.role = "ro", "127.0.0.2:0", "rr", `fallback = "rw"`, "replica"
+	d.p = proxy.Start(t, rw.String()+ro.String())
 	d.rw, d.ro = d.p.Addr(t, "127.0.0.1:0"), d.p.Addr(t, "127.0.0.2:0")
 	// Margins for checks (timeout 400ms) that time out fall times in a row
 	// on a busy 2-core machine under -race, not a promise of fulcrum's.

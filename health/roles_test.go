@@ -97,25 +97,11 @@ func TestRolesRedis(t *testing.T) {
 	b := testkit.StartRedis(t, append(auth, "--replicaof", "127.0.0.1", port(a.Addr))...)
 	pw := secretFile(t, "redis-pw")
 	const interval, fall, rise = 200 * time.Millisecond, 2, 1
-	service := func(svc, listen, scheduler, extra, role string) string {
-		return fmt.Sprintf(`[services.%[1]s]
-listen = [%[2]q]
-scheduler = %[3]q
-drain_timeout = "3s"
-%[4]s
-backends = [{ name = "a", address = %[5]q }, { name = "b", address = %[6]q }]
-[services.%[1]s.health]
-check = "redis"
-role = %[7]q
-password_file = %[8]q
-interval = %[9]q
-timeout = %[9]q
-rise = %[10]d
-fall = %[11]d
-`, svc, listen, scheduler, extra, a.Addr, b.Addr, role, pw, interval, rise, fall)
-	}
-	p := proxy.Start(t, service("rw", "127.0.0.1:0", "first", `on_down = "close"`, "primary")+
-		service("ro", "127.0.0.2:0", "rr", "", "replica"))
+	rwPair := pair{svc: "rw", listen: "127.0.0.1:0", scheduler: "first", extra: `on_down = "close"`, a: a.Addr, b: b.Addr,
+		check: "redis", role: "primary", secret: pw, interval: interval, rise: rise, fall: fall}
+	roPair := rwPair
+	roPair.svc, roPair.listen, roPair.scheduler, roPair.extra, roPair.role = "ro", "127.0.0.2:0", "rr", "", "replica"
+	p := proxy.Start(t, rwPair.String()+roPair.String())
 	rw, ro := p.Addr(t, "127.0.0.1:0"), p.Addr(t, "127.0.0.2:0")
 	awaitState(t, p, "rw", "a", backend.StateUp, "primary", 10*time.Second)
 	awaitState(t, p, "rw", "b", backend.StateWrongRole, "replica", 10*time.Second)
@@ -176,6 +162,39 @@ fall = %[11]d
 	if s := p.Snapshot().Service("rw").Targets[0].B.Stats(); s.CutClosed != 1 {
 		t.Errorf("a's CutClosed = %d; want 1", s.CutClosed)
 	}
+}
+
+// pair renders a service over two backends, a and b, checked by one kind
+// of check: the shape of the role tests and the drill.
+type pair struct {
+	svc, listen, scheduler, extra string        // extra: more service keys, one per line
+	a, b                          string        // the backends' addresses
+	check, role, user, secret     string        // secret: the password_file's path ("": none)
+	interval                      time.Duration // each check's timeout too
+	rise, fall                    int
+}
+
+func (p pair) String() string {
+	var keys strings.Builder
+	for _, kv := range [][2]string{{"user", p.user}, {"password_file", p.secret}} {
+		if kv[1] != "" {
+			fmt.Fprintf(&keys, "%s = %q\n", kv[0], kv[1])
+		}
+	}
+	return fmt.Sprintf(`[services.%[1]s]
+listen = [%[2]q]
+scheduler = %[3]q
+drain_timeout = "3s"
+%[4]s
+backends = [{ name = "a", address = %[5]q }, { name = "b", address = %[6]q }]
+[services.%[1]s.health]
+check = %[7]q
+role = %[8]q
+%[9]sinterval = %[10]q
+timeout = %[10]q
+rise = %[11]d
+fall = %[12]d
+`, p.svc, p.listen, p.scheduler, p.extra, p.a, p.b, p.check, p.role, keys.String(), p.interval, p.rise, p.fall)
 }
 
 // tcpChecked is a [services.NAME.health] table of fast tcp checks.
