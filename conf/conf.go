@@ -56,6 +56,8 @@ type Config struct {
 	Cluster  Cluster   // the [cluster] table
 	Process  Process   // the [process] table
 	Services []Service // in file order
+
+	ignored []string // keys the file sets that are accepted and ignored, located, as Warnings gives them
 }
 
 // Log is the [log] table.
@@ -158,7 +160,6 @@ type Settings struct {
 	MaxConnsPerSource int            // connections at once from one client address; 0 (default) = unlimited
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
-	Copy              string         // accepted and ignored: there is one copy design (the event loops); kept so that files that set it still load
 
 	// TCP keepalive on both legs of every connection: a peer silent for
 	// KeepAliveIdle (spread ±20% per socket, so that connections opened
@@ -297,7 +298,7 @@ func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
 		Health:  Health{Check: health.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse", Protocol: "auto",
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse", Protocol: "auto",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
 }
@@ -390,8 +391,14 @@ func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config,
 	cfg.File = name
 	cfg.Digest = sha256.Sum256(data)
 	sourceLines(cfg, data)
+	if len(w.ignored) > 0 {
+		w.locate(data, w.ignored)
+		for _, e := range w.ignored {
+			cfg.ignored = append(cfg.ignored, e.Error())
+		}
+	}
 	if len(w.errs) > 0 {
-		w.locateErrors(data)
+		w.locate(data, w.errs)
 		slices.SortStableFunc(w.errs, func(a, b *Error) int { return a.Line - b.Line })
 		errs := make([]error, len(w.errs))
 		for i, e := range w.errs {
@@ -525,6 +532,12 @@ func (w *walker) config(root *table) *Config {
 }
 
 func (w *walker) settings(t *table, base Settings) Settings {
+	// copy chose between two designs that the event loops replaced; a
+	// file written for them still loads, and is told.
+	t.oneOf("copy", "pooled", "pooled", "parked")
+	if t.has("copy") {
+		w.ignore(t.key("copy"), "is ignored: every connection is copied by the event loops, which replaced both designs; remove it")
+	}
 	return Settings{
 		Scheduler:      sched.Kind(t.oneOf("scheduler", string(base.Scheduler), schedulerNames...)),
 		ConnectTimeout: t.duration("connect_timeout", base.ConnectTimeout, time.Millisecond),
@@ -556,7 +569,6 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		MaxConnsPerSource: int(t.integer("max_conns_per_source", int64(base.MaxConnsPerSource), 0, 1<<30)),
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
-		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
 
 		KeepAliveIdle:     w.keepAliveDuration(t, "keepalive_idle", base.KeepAliveIdle, 0),
 		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
