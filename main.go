@@ -163,7 +163,7 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	})
 	defer stop()
 
-	state, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == "start-empty", log)
+	state, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == conf.StateDamageStartEmpty, log)
 	if err != nil {
 		return 1 // Open logged why
 	}
@@ -368,7 +368,7 @@ func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
 // term, the stream the lines end on, which decides the format.
 func newLoggerOn(lc conf.Log, term, w io.Writer) zerolog.Logger {
 	tty := isTerminal(term)
-	if lc.Format == "console" || lc.Format == "auto" && tty {
+	if lc.Format == conf.LogConsole || lc.Format == conf.LogAuto && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "2006-01-02 15:04:05.000", NoColor: !tty || os.Getenv("NO_COLOR") != ""}
 	}
 	setLevel(lc)

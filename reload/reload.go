@@ -335,7 +335,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 			Msg("[process] changes only at restart; keeping the running event loops")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
-		m.log.Warn().Str("running", m.cur.Log.Format).Str("file", cfg.Log.Format).
+		m.log.Warn().Str("running", string(m.cur.Log.Format)).Str("file", string(cfg.Log.Format)).
 			Msg("log.format changes only at restart; keeping the running format")
 	}
 	m.cur = cfg
@@ -409,7 +409,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			t := sched.Target{B: bk, Addr: addr, Host: hostOf(b), Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: b.ProxyProtocol,
-				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups", CutOnRole: b.OnRoleChange == "close"}
+				CutOnDown:     b.OnDown == conf.OnDownClose, CutBackupsOnUp: b.OnUp == conf.OnUpCloseBackups, CutOnRole: b.OnRoleChange == conf.OnRoleChangeClose}
 			if aerr != nil {
 				t.Weight = 0 // no address: never picked, whatever its health says
 			}

@@ -8,7 +8,7 @@
 //
 // Typical use (main and reload do this):
 //
-//	f, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == "start-empty", log)
+//	f, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == conf.StateDamageStartEmpty, log)
 //	m := reload.New(path, srv, log, reload.Options{State: f})
 //	// reload, at each commit: f.Restore(table) (the first only does anything), f.Changed()
 //	// reload.Run: go f.Run(ctx, collect)
