@@ -11,7 +11,13 @@
 //	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
 //
-// main.go holds the command table, flags and wiring only.
+// The package is wiring: main.go holds the command table, the daemon's
+// flags, its logger and signals, and serve, which builds the parts (the
+// state file, the listener.Server, the cluster.Instance, the handover,
+// the reload.Manager, the admin listener) and runs reload until a signal
+// or an upgrade ends it; commands.go the commands that ask a running
+// daemon over its admin listener; procs.go how many event loops; demo.go
+// the demo. What each part does is its package's.
 package main
 
 import (

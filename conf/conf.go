@@ -6,7 +6,7 @@
 // a backend named by a host name keeps the name (Backend.Host), and the
 // daemon resolves it.
 //
-// Typical use:
+// Typical use (Example runs it on Parse):
 //
 //	cfg, err := conf.Load("/etc/fulcrum/fulcrum.toml")
 //	if err != nil {

@@ -6,7 +6,7 @@
 // A reload never touches an established connection, and a bad file is
 // refused while the running configuration keeps serving.
 //
-// Typical use (main does this):
+// Typical use (main does this; Example compiles it):
 //
 //	srv := listener.New(log)
 //	m := reload.New(path, srv, log, reload.Options{Hup: hupSignals}) // SIGHUP reloads at once
