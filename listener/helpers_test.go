@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +19,6 @@ func isAccess(m map[string]any) bool { return m["message"] == "connection" }
 // testProxy is a listener.Server on 127.0.0.1:0 serving one service.
 type testProxy struct {
 	srv  *Server
-	ptr  atomic.Pointer[Snapshot]
 	addr string
 	logs *testkit.LogSink
 	svc  *sched.Service
@@ -79,7 +77,7 @@ func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune
 		tune(tuned{p.svc, p.pol})
 	}
 	key := netip.MustParseAddrPort("127.0.0.1:0")
-	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv = New(zerolog.New(p.logs).Level(level))
 	p.store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
 	for _, o := range opts {
 		o(p.srv)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -30,7 +29,6 @@ import (
 // several services, each with its own backends.
 type routedProxy struct {
 	srv  *Server
-	ptr  atomic.Pointer[Snapshot]
 	addr string
 	key  netip.AddrPort
 	logs *testkit.LogSink
@@ -85,7 +83,7 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 	}
 	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
+	p.srv = New(zerolog.New(p.logs).Level(level))
 	p.srv.Publish(NewSnapshot(tbl, p.pols))
 	for _, o := range opts {
 		o(p.srv)
@@ -449,8 +447,7 @@ func TestRouteLoops(t *testing.T) {
 // each; it is bound once.
 func TestPrepareSharedAddress(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[Snapshot]
-	srv := New(&ptr, zerolog.Nop())
+	srv := New(zerolog.Nop())
 	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil)) // as Commit requires: no service takes a yet
 	a := netip.MustParseAddrPort("127.0.0.1:0")
 	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)
@@ -472,8 +469,7 @@ func TestPrepareSharedAddress(t *testing.T) {
 // in its backlog), and the running listener keeps accepting.
 func TestPrepareWildcardMove(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[Snapshot]
-	srv := New(&ptr, zerolog.Nop())
+	srv := New(zerolog.Nop())
 	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil))
 	defer srv.Wait()
 	defer srv.Close()
@@ -568,7 +564,7 @@ func TestRouteHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	next.Picker = picker
-	old := p.ptr.Load()
+	old := p.srv.Snapshot()
 	rs, err := sched.NewRoutes([]sched.Route{
 		{Service: p.svcs["first"], Names: []string{"a.example.com"}},
 		{Service: &next, Names: []string{"db1.example.com"}},
@@ -607,7 +603,7 @@ func TestRouteRemovedMidHello(t *testing.T) {
 		}
 	}
 	// The next table: x is gone, its backend drains.
-	old := p.ptr.Load()
+	old := p.srv.Snapshot()
 	rs, err := sched.NewRoutes([]sched.Route{{Service: p.svcs["dflt"], Names: []string{sched.DefaultName}, PrereadTimeout: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)

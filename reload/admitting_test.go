@@ -28,7 +28,7 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 	t.Helper()
 	in := &instance{h: &harness{t: t}, logs: testkit.NewLogSink()}
 	log := zerolog.New(in.logs)
-	in.h.srv = listener.New(&in.h.ptr, log)
+	in.h.srv = listener.New(log)
 	for _, e := range adopt {
 		l, err := net.FileListener(e.File)
 		e.File.Close()
@@ -37,7 +37,7 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 		}
 		in.h.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
-	in.h.m = New("", &in.h.ptr, in.h.srv, log, Options{})
+	in.h.m = New("", in.h.srv, log, Options{})
 	t.Cleanup(func() { in.h.m.Shutdown(context.Background()) })
 	cfg, err := conf.Parse("t.toml", []byte(text))
 	if err != nil {
@@ -123,7 +123,7 @@ func testServedWhileStopping(t *testing.T, extra string, first, rest, echoed []b
 	// Shutdown has closed the listeners and begun every drain: the drain
 	// is listed, waiting for the admission, or (the old code) the backend
 	// takes no new connection, from the start of its drain.
-	b := old.h.ptr.Load().Services[0].Targets[0].B
+	b := old.h.srv.Snapshot().Services[0].Targets[0].B
 	testkit.WaitFor(t, 10*time.Second, func() error {
 		if s, d := len(old.h.srv.Sockets()), len(old.h.m.Draining()); s != 0 || (d != 1 && !b.Draining()) {
 			return fmt.Errorf("after Shutdown: %d sockets, %d drains listed, backend draining %v; want no socket and the backend draining", s, d, b.Draining())

@@ -36,7 +36,7 @@ func TestSplitBrain(t *testing.T) {
 			r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
 				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one") && m["backends"] == "a, b"
 			})
-			snap := r.ptr.Load()
+			snap := r.srv.Snapshot()
 			s := snap.Service("rw")
 			if refuse := s.SplitWriter == ""; len(s.SplitBrain) != 2 || refuse != (mode == "refuse") {
 				t.Fatalf("SplitBrain = %v, writer %q", s.SplitBrain, s.SplitWriter)
@@ -56,7 +56,7 @@ func TestSplitBrain(t *testing.T) {
 			r.logs.Wait(t, 10*time.Second, "the end of the split", func(m map[string]any) bool {
 				return m["message"] == "split brain over: at most one backend claims the primary role"
 			})
-			s = r.ptr.Load().Service("rw")
+			s = r.srv.Snapshot().Service("rw")
 			if i, err := s.Picker.Pick(&req); err != nil || s.Targets[i].B.Name != "b" {
 				t.Errorf("after a became a replica: Pick = %d, %v; want b", i, err)
 			}
@@ -109,7 +109,7 @@ func refusedInSplit(t *testing.T, r *run, s *sched.Service, when string) {
 func TestSplitBrainRefuses(t *testing.T) {
 	testkit.CheckLeaks(t)
 	r, _ := redisSplit(t, "100ms", 1)
-	s := r.ptr.Load().Service("rw")
+	s := r.srv.Snapshot().Service("rw")
 	refusedInSplit(t, r, s, "during the split")
 	if n := r.admission("rw").Rejected[listener.RejectSplitBrain.String()]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
@@ -127,7 +127,7 @@ func TestSplitBrainRefuses(t *testing.T) {
 func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
 	testkit.CheckLeaks(t)
 	r, b := redisSplit(t, "200ms", 100)
-	s := r.ptr.Load().Service("rw")
+	s := r.srv.Snapshot().Service("rw")
 	tb := s.Targets[1].B
 	if got := b.Do(t, "CLIENT PAUSE 20000 ALL"); got != "+OK" { // b's checks time out; fall = 100 keeps it up for 20 s
 		t.Fatalf("CLIENT PAUSE: %q", got)
@@ -140,7 +140,7 @@ func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
 		return nil
 	})
 	r.m.refresh() // the rebuild a health change elsewhere makes
-	if s = r.ptr.Load().Service("rw"); len(s.SplitBrain) != 2 {
+	if s = r.srv.Snapshot().Service("rw"); len(s.SplitBrain) != 2 {
 		t.Errorf("after a failed check of b (still up), the split brain is %v; want a, b", s.SplitBrain)
 	}
 	refusedInSplit(t, r, s, "while b's check fails (b still up)")

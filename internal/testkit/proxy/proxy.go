@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,7 +44,6 @@ type Proxy struct {
 	Logs *testkit.LogSink // every line it logs, as JSON
 
 	path   string
-	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
 	m      *reload.Manager
 	ready  chan struct{} // one send per finished reload attempt (READY=1)
@@ -70,9 +68,9 @@ func Start(t testing.TB, text string) *Proxy {
 	}
 	p := &Proxy{Logs: testkit.NewLogSink(), path: path, ready: make(chan struct{}, 1), done: make(chan error, 1)}
 	log := zerolog.New(p.Logs)
-	p.srv = listener.New(&p.ptr, log)
-	m := reload.New(path, &p.ptr, p.srv, log, reload.Options{Notify: func(s string) error {
-		if strings.HasPrefix(s, "READY=1") {
+	p.srv = listener.New(log)
+	m := reload.New(path, p.srv, log, reload.Options{Notify: func(s string) error {
+		if strings.HasPrefix(s, "READY=1") { // for Reload
 			select {
 			case p.ready <- struct{}{}:
 			default:
@@ -91,15 +89,12 @@ func Start(t testing.TB, text string) *Proxy {
 		}
 	})
 	select {
-	case <-p.ready:
+	case <-m.Ready():
 	case err := <-p.done:
 		p.done <- err // for the cleanup
 		t.Fatalf("reload.Manager.Run ended before the first configuration was applied: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the first configuration was not applied within 10s: %s", m.Status().LastError)
-	}
-	if p.ptr.Load() == nil {
-		t.Fatalf("the first configuration was refused: %s", m.Status().LastError)
 	}
 	return p
 }
@@ -123,7 +118,7 @@ func (p *Proxy) Admission(service string) listener.AdmissionStats {
 }
 
 // Snapshot returns the table and policies the proxy serves now.
-func (p *Proxy) Snapshot() *listener.Snapshot { return p.ptr.Load() }
+func (p *Proxy) Snapshot() *listener.Snapshot { return p.srv.Snapshot() }
 
 // Manager is the reload.Manager following the file (its Events, Status).
 func (p *Proxy) Manager() *reload.Manager { return p.m }
@@ -140,7 +135,7 @@ func (p *Proxy) Reload(t testing.TB, text string) {
 	case <-p.ready:
 	default:
 	}
-	gen := p.ptr.Load().Gen
+	gen := p.Snapshot().Gen
 	tmp := p.path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
@@ -149,10 +144,10 @@ func (p *Proxy) Reload(t testing.TB, text string) {
 		t.Fatal(err)
 	}
 	timeout := time.After(10 * time.Second)
-	for p.ptr.Load().Gen == gen {
+	for p.Snapshot().Gen == gen {
 		select {
 		case <-p.ready:
-			if g := p.ptr.Load().Gen; g == gen {
+			if p.Snapshot().Gen == gen {
 				if last := p.m.Status().LastError; last != "" {
 					t.Fatalf("the reload was refused: %s", last)
 				}
