@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
+	"fulcrum/internal/sockfd"
+	"fulcrum/internal/wire"
 	"fulcrum/sched"
 )
 
@@ -96,7 +98,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		s.fail(in, nil, endFull, errFull)
 		return
 	}
-	ready := in.h.toBackend(in.pol, in.addr, in.orig)
+	ready := toBackend(in.h, in.pol, in.addr, in.orig)
 	bc, t, err := s.connect(in, ready, i)
 	if err != nil && in.pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
 		s.handOff(i)
@@ -116,10 +118,10 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 		s.fail(in, nil, end, err)
 		return
 	}
-	in.l.b = t.B                                 // connect took its slot
-	if t.ProxyProtocol > 0 && !in.h.postgres() { // such a backend had its header before its SSLRequest
-		if err := writeHeader(fdWriter(bc), t.ProxyProtocol, in.addr, in.orig); err != nil {
-			closeFD(bc)
+	in.l.b = t.B                                   // connect took its slot
+	if t.ProxyProtocol > 0 && !postgresTLS(in.h) { // such a backend had its header before its SSLRequest
+		if err := wire.WriteHeader(fdWriter(bc), t.ProxyProtocol, in.addr, in.orig); err != nil {
+			sockfd.Close(bc)
 			s.fail(in, t, endReset, fmt.Errorf("send PROXY header: %w", err))
 			return
 		}
@@ -158,7 +160,7 @@ type inbound struct {
 	adm        *admission     // svc's admission state; nil until the route is chosen
 	r          *sched.Request // the client (addr, once the PROXY header is read) and the backends tried
 	orig       netip.AddrPort // the address the client asked for (a PROXY header's destination)
-	h          *Hello         // what the client sent first, on an address routed by name (routes.go); nil else
+	h          *wire.Hello    // what the client sent first, on an address routed by name (routes.go); nil else
 	l          lease
 }
 
@@ -190,13 +192,13 @@ func (s *Server) routeIn(in *inbound, rs *sched.Routes, snap *Snapshot) bool {
 	if at, cur := time.Now(), s.tbl.Load(); cur != snap {
 		name := in.svc.Name
 		if in.svc = reroute(cur.Table, in.key, name, in.h); in.svc == nil {
-			s.refuse(in.c, in.key, in.addr, in.h.SNI, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute})
+			s.refuse(in.c, in.key, in.addr, in.h.SNI, &wire.Error{Reason: ReasonNoRoute, Err: errNoRoute})
 			in.l.release()
 			return false
 		}
 		snap, in.tm.viewAt = cur, at
 	}
-	in.pol, in.sni = snap.Policy(in.svc), in.h.sni()
+	in.pol, in.sni = snap.Policy(in.svc), helloSNI(in.h)
 	routed(in.c, first, in.pol)
 	return true
 }
@@ -215,7 +217,7 @@ func (s *Server) reject(in *inbound, why Reject, err error) {
 // drop ends in with no access line: its client socket is closed and its
 // lease given back.
 func (in *inbound) drop() {
-	closeFD(in.c)
+	sockfd.Close(in.c)
 	in.l.release()
 }
 
@@ -225,7 +227,7 @@ func (s *Server) fail(in *inbound, t *sched.Target, end string, err error) {
 	if t == nil {
 		in.adm.unservedFor(end)
 	}
-	closeFD(in.c)
+	sockfd.Close(in.c)
 	in.l.release(func() { s.access(&in.accessInfo, t, 0, 0, end, err) })
 }
 
@@ -287,34 +289,6 @@ func (l *lease) release(last ...func()) {
 		f()
 	}
 	l.srv.connDone()
-}
-
-// proxyHeader reads the PROXY header of a trusted balancer, which may
-// change client and orig, and refuses one from anyone else. It returns why
-// when the connection must go.
-func (s *Server) proxyHeader(pol *Policy, fd int, client, orig *netip.AddrPort) (Reject, error) {
-	if len(pol.AcceptProxy) > 0 {
-		c, err := goConn(fd)
-		if err != nil {
-			return RejectProxy, err
-		}
-		defer c.Close()
-		if pol.TrustsProxy(client.Addr()) {
-			h, err := readHeader(c, pol.ProxyTimeout)
-			if err != nil {
-				return RejectProxy, err
-			}
-			if src, dst, ok := addrs(h); ok {
-				*client, *orig = src, dst
-			}
-		} else if bad, err := spoofed(c, pol.ProxyTimeout); bad || err != nil {
-			if err == nil {
-				err = errSpoofed
-			}
-			return RejectProxy, err
-		}
-	}
-	return 0, nil
 }
 
 // screen applies what else is decided before any backend is dialled: the
@@ -407,7 +381,7 @@ func (s *Server) connect(in *inbound, ready func(int, *sched.Target) error, il *
 		bc, err := s.dial(pol, t.Addr, r.Client.Addr(), il)
 		if err == nil && ready != nil {
 			if err = ready(bc, t); err != nil {
-				closeFD(bc)
+				sockfd.Close(bc)
 			}
 		}
 		if err == nil {

@@ -24,40 +24,6 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-// TestCancelStart: the framing cancelStart and started tell a
-// CancelRequest by, protocol 3.2's longer keys included.
-func TestCancelStart(t *testing.T) {
-	packet := func(key int) []byte {
-		b, err := (&pgproto3.CancelRequest{ProcessID: 4242, SecretKey: make([]byte, key)}).Encode(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	for _, key := range []int{4, 32, 256} {
-		b := packet(key)
-		if n, ok := cancelStart(b); !ok || n != len(b) {
-			t.Errorf("key of %d bytes: cancelStart = %d, %v; want %d, true", key, n, ok, len(b))
-		}
-		for k := 1; k < len(b); k++ { // still arriving: not done
-			if p, done := started(b[:k]); done || p != ProtoNone {
-				t.Errorf("key of %d bytes, first %d bytes: started = %v, %v; want none, not done", key, k, p, done)
-			}
-		}
-		if p, done := started(b); !done || p != ProtoCancel {
-			t.Errorf("key of %d bytes: started = %v, %v; want postgres-cancel, done", key, p, done)
-		}
-	}
-	startup, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "x"}}).Encode(nil)
-	long := packet(256)
-	long[3]++ // a key of 257 bytes
-	for name, b := range map[string][]byte{"startup": startup, "ssl": sslRequest[:], "too long": long, "mysql": []byte("J\x00\x00\x00\x0a8.0")} {
-		if _, ok := cancelStart(b); ok {
-			t.Errorf("%s: cancelStart says a CancelRequest", name)
-		}
-	}
-}
-
 // TestCancelPostgres: a primary and two streaming replicas behind one
 // service; 20 runs of pg_sleep(30), each cancelled by its client, are
 // cancelled within a second, on a plain address (lc, with max_conns = 1,

@@ -5,9 +5,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // fulcrum's copy path: each direction of a session moves bytes with its own
@@ -95,7 +96,7 @@ func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 			x.p = x.pipes.get()
 		}
 		if x.p != nil {
-			n, err := spliceRetry(src, x.p.w, most)
+			n, err := sockfd.Splice(src, x.p.w, most)
 			if err == nil && n > 0 {
 				x.p.n = n
 				if n < spliceMin && x.mode == copyAuto {
@@ -117,7 +118,7 @@ func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 		x.buf = bufs.Get().(*[bufSize]byte)
 	}
 	for {
-		n, err := read(src, x.buf[:])
+		n, err := sockfd.Read(src, x.buf[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -141,7 +142,7 @@ func (x *xfer) flush(dst int) (int, error) {
 	written := 0
 	if p := x.p; p != nil {
 		for p.n > 0 {
-			n, err := spliceRetry(p.r, dst, p.n)
+			n, err := sockfd.Splice(p.r, dst, p.n)
 			if err != nil {
 				return written, err
 			}
@@ -158,7 +159,7 @@ func (x *xfer) flush(dst int) (int, error) {
 		return written, nil
 	}
 	for x.off < x.end {
-		n, err := send(dst, x.buf[x.off:x.end])
+		n, err := sockfd.Send(dst, x.buf[x.off:x.end])
 		if err == unix.EINTR {
 			continue
 		}
@@ -197,41 +198,6 @@ func (x *xfer) release() {
 }
 
 var errShortSplice = errors.New("splice from a non-empty pipe moved nothing")
-
-// spliceRetry splices up to n bytes from in to out without blocking on the
-// pipe side; a socket side never blocks since every socket is O_NONBLOCK.
-func spliceRetry(in, out, n int) (int, error) {
-	for {
-		k, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return int(k), nil
-	}
-}
-
-// read is read(2), raw: fd is non-blocking.
-func read(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
-
-// send is send(2) with MSG_NOSIGNAL, raw: a peer that has reset gives
-// EPIPE, not a SIGPIPE to be ignored; MSG_DONTWAIT, so it never blocks.
-func send(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
-		unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
 
 // epoch anchors mono, so that mono reads only the monotonic clock.
 var epoch = time.Now()

@@ -13,7 +13,7 @@ import (
 	"net/netip"
 	"os"
 
-	"golang.org/x/sys/unix"
+	"fulcrum/internal/sockfd"
 )
 
 // Exported is one listening socket to pass to another process.
@@ -71,7 +71,7 @@ func Dup(ln *net.TCPListener) (*os.File, error) {
 		return nil, err
 	}
 	nfd, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { nfd, derr = sockfd.Dup(int(fd)) }); err != nil {
 		return nil, err
 	}
 	if derr != nil {

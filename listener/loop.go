@@ -5,9 +5,10 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // fulcrum's data path: event loops over raw descriptors. An idle
@@ -85,22 +86,18 @@ type loop struct {
 type waiter struct{ ready chan struct{} }
 
 func newLoop() (*loop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	epfd, err := sockfd.EpollCreate()
 	if err != nil {
-		return nil, err
-	}
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		unix.Close(epfd)
 		return nil, err
 	}
 	// The tables cover every descriptor the process may ever open: the hard
 	// limit, which the soft one can be raised to at any time.
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		unix.Close(epfd)
+	cur, hard, err := sockfd.Nofile()
+	if err != nil {
+		sockfd.Close(epfd)
 		return nil, err
 	}
-	n := min(max(lim.Max, lim.Cur), 1<<20)
+	n := min(max(hard, cur), 1<<20)
 	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
 		tab: make([]atomic.Pointer[session], n), wait: make([]atomic.Pointer[waiter], n)}
 	go lp.run() // exits when close closes f
@@ -126,7 +123,7 @@ func (lp *loop) run() {
 	var events [128]unix.EpollEvent
 	wait := func(fd uintptr) bool {
 		for {
-			n, err := epollWaitRaw(int(fd), events[:])
+			n, err := sockfd.EpollWait(int(fd), events[:])
 			if err == unix.EINTR {
 				continue
 			}
@@ -144,15 +141,6 @@ func (lp *loop) run() {
 	}
 	for rc.Read(wait) == nil {
 	}
-}
-
-// epollWaitRaw is epoll_wait with a zero timeout, made raw: it never blocks.
-func epollWaitRaw(epfd int, events []unix.EpollEvent) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
 }
 
 // dispatch wakes the directions an event concerns: the one reading the
@@ -197,25 +185,16 @@ const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLPRI | unix.EPOLLET
 // the EAGAIN and the MOD is not lost.
 func (lp *loop) armOut(fd int) error {
 	ev := unix.EpollEvent{Events: epollIn | unix.EPOLLOUT, Fd: int32(fd)}
-	return epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
-}
-
-// epollCtl is epoll_ctl made raw: it never blocks.
-func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
-	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
+	return sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 }
 
 // register adds fd to the epoll for input, or changes its registration to
 // that if await left it registered here.
 func (lp *loop) register(fd int) error {
 	ev := unix.EpollEvent{Events: epollIn, Fd: int32(fd)}
-	err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	err := sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
 	if err == unix.EEXIST {
-		err = epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+		err = sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 	}
 	return err
 }
@@ -266,7 +245,7 @@ func (ss *session) begin(lp *loop) {
 			if err != nil {
 				// Out before the descriptors are closed: a registration
 				// outlives close while another process holds the file.
-				epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
+				sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
 			}
 		}
 	}

@@ -12,9 +12,10 @@ import (
 	"os"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // acceptConn returns ln's socket as a *net.TCPConn on a duplicate
@@ -51,9 +52,7 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 // acceptRaw accepts one connection from ln with accept4, non-blocking and
 // close-on-exec, waiting in Go's poller (which watches the listening socket,
 // with its deadline) while there is none; it sets *emptied if it found the
-// queue empty first. The client's address comes from accept4's own result,
-// read here: unix.Accept4 would ask the socket its protocol (one getsockopt
-// per connection) to tell L2TP from TCP.
+// queue empty first.
 //
 // A connection needs a slot of the Server's limit, taken only once the
 // socket is readable: a listener waiting for clients holds none, so every
@@ -64,8 +63,8 @@ func acceptConn(ln *net.TCPListener) (*net.TCPConn, syscall.RawConn, error) {
 // errAtLimit without accepting.
 func acceptRaw(rc syscall.RawConn, emptied *bool, slots chan struct{}, held *bool) (int, netip.AddrPort, error) {
 	fd := -1
-	var rsa unix.RawSockaddrAny
-	var aerr syscall.Errno
+	var peer netip.AddrPort
+	var aerr error
 	atLimit := false
 	err := rc.Read(func(lfd uintptr) bool {
 		for {
@@ -78,14 +77,13 @@ func acceptRaw(rc syscall.RawConn, emptied *bool, slots chan struct{}, held *boo
 					return true
 				}
 			}
-			n := uint32(unix.SizeofSockaddrAny)
-			r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, lfd, uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)),
-				unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
-			fd, aerr = int(r), e
+			var e error
+			fd, peer, e = sockfd.Accept4(int(lfd))
+			aerr = e
 			if e == unix.EINTR {
 				continue
 			}
-			if e != 0 { // the queue was empty, or an error: no connection takes the slot
+			if e != nil { // the queue was empty, or an error: no connection takes the slot
 				<-slots
 				*held = false
 			}
@@ -98,33 +96,18 @@ func acceptRaw(rc syscall.RawConn, emptied *bool, slots chan struct{}, held *boo
 	if err == nil && atLimit {
 		return -1, netip.AddrPort{}, errAtLimit
 	}
-	if err == nil && aerr != 0 {
-		err = os.NewSyscallError("accept4", aerr)
+	if err == nil {
+		err = aerr
 	}
 	if err != nil {
 		return -1, netip.AddrPort{}, err
 	}
-	return fd, rawAddrPort(&rsa), nil
+	return fd, peer, nil
 }
 
 // errAtLimit: a client waits to be accepted and the Server's connection
 // limit is reached.
 var errAtLimit = errors.New("at the connection limit")
-
-// rawAddrPort is the IPv4 or IPv6 address in rsa.
-func rawAddrPort(rsa *unix.RawSockaddrAny) netip.AddrPort {
-	switch rsa.Addr.Family {
-	case unix.AF_INET:
-		a := (*unix.RawSockaddrInet4)(unsafe.Pointer(rsa))
-		p := (*[2]byte)(unsafe.Pointer(&a.Port))
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(p[0])<<8|uint16(p[1]))
-	case unix.AF_INET6:
-		a := (*unix.RawSockaddrInet6)(unsafe.Pointer(rsa))
-		p := (*[2]byte)(unsafe.Pointer(&a.Port))
-		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(p[0])<<8|uint16(p[1]))
-	}
-	return netip.AddrPort{}
-}
 
 // localAddr is the address a client connected to (getsockname): asked only
 // when the listening address does not say it (a wildcard or port 0).
@@ -132,13 +115,11 @@ func localAddr(fd int, listen netip.AddrPort) netip.AddrPort {
 	if !listen.Addr().IsUnspecified() && listen.Port() != 0 {
 		return listen
 	}
-	var rsa unix.RawSockaddrAny
-	n := uint32(unix.SizeofSockaddrAny)
-	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), uintptr(unsafe.Pointer(&n)))
-	if e != 0 {
+	a, err := sockfd.LocalAddr(fd)
+	if err != nil {
 		return listen
 	}
-	return rawAddrPort(&rsa)
+	return a
 }
 
 // dial connects to a backend of a service of policy pol: a non-blocking
@@ -161,27 +142,27 @@ func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, client netip.Addr, i 
 	if !a.Addr().Unmap().Is4() {
 		family = unix.AF_INET6
 	}
-	fd, err := socketFD(family)
+	fd, err := sockfd.Socket(family)
 	if err != nil {
-		return -1, os.NewSyscallError("socket", err)
+		return -1, err
 	}
 	if err := setDialOpts(fd, pol); err != nil {
-		closeFD(fd)
+		sockfd.Close(fd)
 		return -1, err
 	}
 	if pol.SourceClient {
 		if err := bindClient(fd, client, a); err != nil {
-			closeFD(fd)
+			sockfd.Close(fd)
 			return -1, err
 		}
 	}
-	switch err := connectFD(fd, a); err {
+	switch err := sockfd.Connect(fd, a); err {
 	case nil:
 		return fd, nil
 	case unix.EINPROGRESS, unix.EALREADY:
 	default:
-		closeFD(fd)
-		return -1, os.NewSyscallError("connect", err)
+		sockfd.Close(fd)
+		return -1, err
 	}
 	switch writable(fd) {
 	case connUp:
@@ -189,38 +170,34 @@ func (s *Server) connectRaw(pol *Policy, a netip.AddrPort, client netip.Addr, i 
 	case connPending:
 		s.handOff(i)
 		if err := s.awaitConnect(fd, pol.ConnectTimeout); err != nil {
-			closeFD(fd)
+			sockfd.Close(fd)
 			return -1, err
 		}
 	}
-	if e, err := getsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
-		closeFD(fd)
-		if err == nil {
-			err = syscall.Errno(e)
-		}
-		return -1, os.NewSyscallError("connect", err)
+	if err := sockfd.ConnectError(fd); err != nil {
+		sockfd.Close(fd)
+		return -1, err
 	}
 	return fd, nil
 }
 
-// What a connect in progress has come to.
+// connState is what a connect in progress has come to.
+type connState uint8
+
 const (
-	connPending = iota // no outcome yet
-	connUp             // established
-	connFailed         // failed: SO_ERROR says why
+	connPending connState = iota // no outcome yet
+	connUp                       // established
+	connFailed                   // failed: SO_ERROR says why
 )
 
 // writable tells whether fd's connect has an outcome: on loopback it has
 // by the time connect returns, whose backlog is processed before it does.
 // Writable without error or hang-up is up, with no SO_ERROR to ask.
-func writable(fd int) int {
-	pfd := unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
-	var ts unix.Timespec
-	n, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfd)), 1, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
-	switch {
-	case e != 0 || n == 0:
+func writable(fd int) connState {
+	switch ev := sockfd.Poll(fd, unix.POLLOUT); {
+	case ev == 0:
 		return connPending
-	case pfd.Revents&(unix.POLLERR|unix.POLLHUP) != 0:
+	case ev&(unix.POLLERR|unix.POLLHUP) != 0:
 		return connFailed
 	}
 	return connUp
@@ -275,9 +252,13 @@ func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *boo
 	if *registered {
 		op = unix.EPOLL_CTL_MOD
 	}
-	if err := epollCtl(lp.epfd, op, fd, &ev); err != nil {
+	err := sockfd.EpollCtl(lp.epfd, op, fd, &ev)
+	if err == unix.EEXIST { // an earlier peeker's wait left it here (the PROXY header's, then the hello's)
+		err = sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	}
+	if err != nil {
 		lp.wait[fd].CompareAndSwap(w, nil)
-		return os.NewSyscallError("epoll_ctl", err)
+		return err
 	}
 	*registered = true
 	if deadline.IsZero() {
@@ -305,11 +286,11 @@ func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *boo
 // too. What a new socket has already (keepalive off, the kernel's user
 // timeout) is not set again.
 func setDialOpts(fd int, pol *Policy) error {
-	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
-		return os.NewSyscallError("setsockopt", err)
+	if err := sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return err
 	}
-	if err := setsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
-		return os.NewSyscallError("setsockopt", err)
+	if err := sockfd.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
+		return err
 	}
 	if ka := keepAliveFor(pol); ka.Idle > 0 { // a new socket has it off
 		if err := setKeepAliveFD(fd, ka); err != nil {
@@ -336,28 +317,6 @@ func (c fdRawConn) Control(f func(fd uintptr)) error       { f(uintptr(c)); retu
 func (fdRawConn) Read(func(fd uintptr) (done bool)) error  { return errors.ErrUnsupported }
 func (fdRawConn) Write(func(fd uintptr) (done bool)) error { return errors.ErrUnsupported }
 
-// goConn returns a *net.TCPConn on a duplicate of fd, in Go's poller, for
-// code that reads with deadlines (the PROXY header); closing it leaves fd
-// open and out of Go's poller. It costs a few syscalls, on that path only.
-func goConn(fd int) (*net.TCPConn, error) {
-	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return nil, os.NewSyscallError("fcntl", err)
-	}
-	f := os.NewFile(uintptr(nfd), "")
-	c, err := net.FileConn(f) // another duplicate; f's is closed next
-	f.Close()
-	if err != nil {
-		return nil, err
-	}
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		c.Close()
-		return nil, fmt.Errorf("not a TCP socket: %T", c)
-	}
-	return tc, nil
-}
-
 // fdWriter writes to a connected non-blocking socket that can take what is
 // written at once (the PROXY header into a fresh connection); a full socket
 // is an error, not a wait.
@@ -366,84 +325,14 @@ type fdWriter int
 func (w fdWriter) Write(p []byte) (int, error) {
 	n := 0
 	for n < len(p) {
-		k, err := send(int(w), p[n:])
+		k, err := sockfd.Send(int(w), p[n:])
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			return n, os.NewSyscallError("send", err)
+			return n, err
 		}
 		n += k
 	}
 	return n, nil
-}
-
-// The per-connection syscalls, raw: on non-blocking sockets without
-// SO_LINGER none of them blocks, and the runtime's entersyscall around each
-// would cost more than the call (and wake sysmon when the process was idle).
-
-func closeFD(fd int) {
-	unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0)
-}
-
-func shutdownFD(fd, how int) {
-	unix.RawSyscall(unix.SYS_SHUTDOWN, uintptr(fd), uintptr(how), 0) // ENOTCONN after a reset: nothing to do
-}
-
-func setsockoptInt(fd, level, opt, v int) error {
-	v32 := int32(v)
-	_, _, e := unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v32)), 4, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-func getsockoptInt(fd, level, opt int) (int, error) {
-	var v int32
-	n := uint32(4)
-	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&n)), 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(v), nil
-}
-
-func socketFD(family int) (int, error) {
-	fd, _, e := unix.RawSyscall(unix.SYS_SOCKET, uintptr(family), unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if e != 0 {
-		return -1, e
-	}
-	return int(fd), nil
-}
-
-// connectFD starts a connect to a from a non-blocking socket.
-func connectFD(fd int, a netip.AddrPort) error {
-	var rsa unix.RawSockaddrAny
-	var n uintptr
-	port := a.Port()
-	if ip := a.Addr().Unmap(); ip.Is4() {
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&rsa))
-		sa.Family = unix.AF_INET
-		sa.Addr = ip.As4()
-		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
-		p[0], p[1] = byte(port>>8), byte(port)
-		n = unix.SizeofSockaddrInet4
-	} else {
-		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(&rsa))
-		sa.Family = unix.AF_INET6
-		sa.Addr = ip.As16()
-		p := (*[2]byte)(unsafe.Pointer(&sa.Port))
-		p[0], p[1] = byte(port>>8), byte(port)
-		n = unix.SizeofSockaddrInet6
-	}
-	for {
-		_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), n)
-		if e != unix.EINTR {
-			if e != 0 {
-				return e
-			}
-			return nil
-		}
-	}
 }

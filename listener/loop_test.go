@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/internal/testkit"
 )
 
@@ -292,7 +293,7 @@ func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
 		t.Fatal("the dial did not return within its connect timeout and 10 s")
 	}
 	if r.err == nil {
-		closeFD(r.fd)
+		sockfd.Close(r.fd)
 		t.Fatalf("a connect in progress came back as connected after %v and %d stale events", time.Since(start), stale)
 	}
 	if !errors.Is(r.err, os.ErrDeadlineExceeded) {

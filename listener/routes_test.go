@@ -20,6 +20,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
+	"fulcrum/internal/wire"
 	"fulcrum/sched"
 
 	proxyproto "github.com/pires/go-proxyproto"
@@ -295,7 +296,7 @@ func testRouteBackendNoSSL(t *testing.T, opts ...func(*Server)) {
 
 func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	pgLike := func(answer byte) func(*net.TCPConn) {
 		return func(c *net.TCPConn) {
 			if version > 0 {
@@ -304,7 +305,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 				}
 			}
 			var req [8]byte
-			if _, err := io.ReadFull(c, req[:]); err != nil || req != sslRequest {
+			if _, err := io.ReadFull(c, req[:]); err != nil || req != wire.SSLRequest {
 				return
 			}
 			c.Write([]byte{answer})
@@ -329,7 +330,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write(sslRequest[:])
+	c.Write(wire.SSLRequest[:])
 	var ans [1]byte
 	if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
 		t.Fatalf("answer to SSLRequest: %q, %v; want S", ans, err)
@@ -341,8 +342,8 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 	}
 	c.Close()
 	line := p.logs.Wait(t, 10*time.Second, "connect failed", testkit.Message("connect failed"))
-	if e, _ := line["error"].(string); !strings.Contains(e, ReasonNoSSL) || line["backend"] != "0" {
-		t.Errorf("connect failed line = %v; want backend 0 and %s", line, ReasonNoSSL)
+	if e, _ := line["error"].(string); !strings.Contains(e, wire.ReasonNoSSL) || line["backend"] != "0" {
+		t.Errorf("connect failed line = %v; want backend 0 and %s", line, wire.ReasonNoSSL)
 	}
 	if acc := p.access(t, "db1", "db1.example.com"); acc["backend"] != "1" {
 		t.Errorf("access line = %v; want backend 1", acc)
@@ -358,7 +359,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 // each refusal is counted on the listener by reason.
 func TestRouteRefusals(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.NewServer(t, testkit.Greeter("db1")).Addr}, preread: 300 * time.Millisecond},
 		{name: "default", sni: []string{"*"}, backends: []string{testkit.NewServer(t, testkit.Greeter("default")).Addr}, preread: 300 * time.Millisecond},
@@ -385,8 +386,8 @@ func TestRouteRefusals(t *testing.T) {
 		t.Errorf("a silent client: read %q, %v; want the default's greeting", greeting, err)
 	}
 	c.Close()
-	if n, m := p.refusals(ReasonTimeout), p.refusals(ReasonMalformed); n != 1 || m != 1 {
-		t.Errorf("refused %d for %s and %d for %s; want 1 and 1", n, ReasonTimeout, m, ReasonMalformed)
+	if n, m := p.refusals(wire.ReasonTimeout), p.refusals(wire.ReasonMalformed); n != 1 || m != 1 {
+		t.Errorf("refused %d for %s and %d for %s; want 1 and 1", n, wire.ReasonTimeout, m, wire.ReasonMalformed)
 	}
 }
 
@@ -398,7 +399,7 @@ func TestRouteProxyHeader(t *testing.T) { testRouteProxyHeader(t) }
 // testRouteProxyHeader is TestRouteProxyHeader with opts applied to every Server it starts (TestLoops).
 func testRouteProxyHeader(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	got := make(chan []byte, 1)
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		b := make([]byte, len(hello))
@@ -518,7 +519,7 @@ func TestRoutePerService(t *testing.T) {
 	greeting := func(name string) string {
 		c := dialTCP(t, p.addr)
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		c.Write(helloBytes(t, &tls.Config{ServerName: name}))
+		c.Write(testkit.ClientHello(t, &tls.Config{ServerName: name}))
 		b, _ := bufio.NewReader(c).ReadString('\n')
 		c.Close()
 		return b
@@ -550,7 +551,7 @@ func TestRouteHold(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	c.Write(helloBytes(t, &tls.Config{ServerName: "db1.example.com"}))
+	c.Write(testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"}))
 	db1 := p.svcs["db1"]
 	for deadline := time.Now().Add(10 * time.Second); p.srv.adm.get("db1").stats().Holding == 0; {
 		if time.Now().After(deadline) {
@@ -599,7 +600,7 @@ func TestRouteRemovedMidHello(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	hello := helloBytes(t, &tls.Config{ServerName: "x.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "x.example.com"})
 	c.Write(hello[:5]) // the record header: the preread waits for the rest
 	for deadline := time.Now().Add(10 * time.Second); p.srv.Conns() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {

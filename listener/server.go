@@ -34,6 +34,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // Server accepts on a set of listen addresses and proxies each connection.
@@ -180,9 +182,9 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 func setNoDelay(c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
-		if serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
+		if serr = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
 			serr = fmt.Errorf("set TCP_NODELAY: %w", serr)
-		} else if err := setsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && err != unix.EOPNOTSUPP {
+		} else if err := sockfd.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 			serr = fmt.Errorf("set SO_OOBINLINE: %w", err)
 		}
 	}); err != nil {
@@ -198,7 +200,7 @@ func setFreebind(network, _ string, c syscall.RawConn) error {
 		level, opt = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
 	}
 	var serr error
-	if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
+	if err := c.Control(func(fd uintptr) { serr = sockfd.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
 		return err
 	}
 	if serr != nil {

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/sched"
 )
 
@@ -119,8 +120,8 @@ func (ss *session) stop() {
 			break
 		}
 	}
-	shutdownFD(ss.clientFD, unix.SHUT_RDWR)
-	shutdownFD(ss.backendFD, unix.SHUT_RDWR)
+	sockfd.Shutdown(ss.clientFD, unix.SHUT_RDWR)
+	sockfd.Shutdown(ss.backendFD, unix.SHUT_RDWR)
 	ss.release()
 }
 
@@ -141,7 +142,7 @@ func (ss *session) halfDone(h *half, err error) {
 		// too: then close sends the FIN, one syscall fewer per connection
 		// (its socket has nothing unread, so close does not reset).
 		if ss.other(h).state.Load() != stDone {
-			shutdownFD(h.dfd, unix.SHUT_WR)
+			sockfd.Shutdown(h.dfd, unix.SHUT_WR)
 		}
 	}
 	ss.release()
@@ -179,8 +180,8 @@ func (ss *session) finish() {
 	if ss.timer != nil {
 		ss.timer.Stop()
 	}
-	closeFD(ss.clientFD)
-	closeFD(ss.backendFD)
+	sockfd.Close(ss.clientFD)
+	sockfd.Close(ss.backendFD)
 	ss.t.B.Untrack(ss)
 	ss.lease.release(func() {
 		ss.srv.access(&ss.accessInfo, ss.t, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
