@@ -55,16 +55,17 @@ const (
 
 // cancelled is admission's hook on a plain address whose service speaks
 // PostgreSQL: it reports whether client c sent a CancelRequest, which it
-// has then forwarded, logged and closed (the caller gives back the lease).
+// has then forwarded and logged (the caller gives back the lease, which
+// closes c).
 // Otherwise nothing is consumed. It waits for the first bytes (within
 // pol.PrereadTimeout) only when they have not come yet, handing the accept
 // loop on (i) first.
 func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.AddrPort, start time.Time, i *inline) bool {
-	n := peekCancel(c, pol.PrereadTimeout, s, func() { s.handOff(i) })
+	n := peekCancel(c, pol.PrereadTimeout, s, func() { s.detach(i) })
 	if n == 0 {
 		return false
 	}
-	s.handOff(i) // forwarding dials and waits on every backend named: never in the accept loop
+	s.detach(i) // forwarding dials and waits on every backend named: never in the accept loop
 	s.cancel(c, key, client, n, start)
 	return true
 }
@@ -140,14 +141,14 @@ var errCancels = fmt.Errorf("%d cancel requests are being forwarded already", ma
 
 // cancel consumes the CancelRequest of n bytes client socket c holds
 // (peeked already), sends it to the backends of listen address key that
-// should have it (cancelTargets), writes the access line and closes c.
+// should have it (cancelTargets) and writes the access line; the caller's
+// lease then closes c.
 // It is screened first, as any connection is (access lists, accept_rate:
 // screen), against each service of the address, and goes only to those
 // that admit it; it takes no per-source slot, so that a client at its
 // max_conns_per_source can still cancel its own query. At most maxCancels
 // are forwarded at once.
 func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Time) {
-	defer sockfd.Close(c)
 	// Consumed first, whatever comes of it, so that the close is a FIN:
 	// unread bytes would make it a reset.
 	var buf [wire.MaxCancel]byte

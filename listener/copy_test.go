@@ -468,7 +468,7 @@ func TestPipePool(t *testing.T) {
 	}
 	a.n = len("left over")
 	x := xfer{pipes: pp, p: a}
-	x.release() // a direction that ended with bytes in its pipe
+	x.free() // a direction that ended with bytes in its pipe
 	if x.p != nil || pp.idleCount() != 0 || pp.open.Load() != 2 {
 		t.Fatalf("after releasing a full pipe: %d pooled, %d open; want 0 and 2", pp.idleCount(), pp.open.Load())
 	}
@@ -534,7 +534,7 @@ func TestPipeTooSmall(t *testing.T) {
 	if n, err := x.fill(r, false, pipeSize); n != 5 || err != nil || x.buf == nil {
 		t.Errorf("fill with no pipe: %d, %v, buffer %v; want 5 bytes through the buffer", n, err, x.buf != nil)
 	}
-	x.release()
+	x.free()
 	ok := &pipePool{size: invalid, least: pipeLeast, max: 2}
 	defer ok.closeIdle()
 	p := ok.get()

@@ -1,7 +1,7 @@
 package listener
 
-// Handing listening sockets to the process that replaces this one (a
-// binary upgrade): Export dups every socket the Server holds, and the new
+// Passing listening sockets to the process that replaces this one (a
+// binary upgrade, package handover): Export dups every socket the Server holds, and the new
 // process takes them back with Inherit (sockets systemd passed) or Adopt
 // (sockets the old process bound itself). Both processes then accept from
 // the same kernel queue until the old one closes its descriptors, so no

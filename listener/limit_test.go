@@ -3,8 +3,6 @@ package listener
 import (
 	"bufio"
 	"fmt"
-	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"fulcrum/internal/testkit"
+	"fulcrum/sched"
 
 	"golang.org/x/sys/unix"
 )

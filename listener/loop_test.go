@@ -139,10 +139,10 @@ func TestDialWaitsInLoop(t *testing.T) {
 	}
 }
 
-// TestPendingDialHandsOffAccept: a connection is served in its accept
+// TestPendingDialDetachesAccept: a connection is served in its accept
 // loop's goroutine until it must wait; a connect with no outcome at once
-// hands the loop on first, so the next client is served while it waits.
-func TestPendingDialHandsOffAccept(t *testing.T) {
+// detaches from the loop first, so the next client is served while it waits.
+func TestPendingDialDetachesAccept(t *testing.T) {
 	testkit.CheckLeaks(t)
 	lfd, addr := fullQueue(t)
 	be := testkit.NewServer(t, testkit.Greeter("b"))
@@ -338,7 +338,7 @@ func TestStaleHupForgotten(t *testing.T) {
 	if ss == nil {
 		t.Fatal("no session in the loop")
 	}
-	parked := func() bool { return ss.up.state.Load() == stIdle }
+	parked := func() bool { return ss.up.state.Load() == stParked }
 	if !until(10*time.Second, parked) {
 		t.Fatal("the upload direction did not park")
 	}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"fulcrum/internal/sockfd"
 	"fulcrum/internal/wire"
 	"fulcrum/sched"
 )
@@ -95,10 +94,10 @@ func postgresTLS(h *wire.Hello) bool { return h != nil && h.Proto == wire.ProtoP
 
 // route is admission's routing step on listen address key: it returns the
 // service that takes client c and what c sent first. When none does, or
-// c's first message cannot be read, it closes c, counts the refusal on
-// the listener by reason, and returns a nil service. A PostgreSQL
-// CancelRequest is forwarded (cancel.go), logged and closed, and a nil
-// service returned too.
+// c's first message cannot be read, it counts the refusal on the listener
+// by reason and returns a nil service. A PostgreSQL CancelRequest is
+// forwarded (cancel.go) and logged, and a nil service returned too. Either
+// way the caller's lease then closes c.
 func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *wire.Hello) {
 	svc, h, err := choose(c, rs, s)
 	if err == nil && svc == nil {
@@ -112,8 +111,8 @@ func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip
 	return nil, nil
 }
 
-// refuse counts a routing refusal on the listener by reason, logs it (at
-// most once a second) and closes client socket c. Apart from route, which
+// refuse counts a routing refusal on the listener by reason and logs it
+// (at most once a second); the caller's lease then closes client socket c. Apart from route, which
 // the connection's goroutine runs with little stack to spare.
 func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error) {
 	reason := wire.ReasonMalformed
@@ -130,7 +129,6 @@ func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error
 				Err(err).Uint64("refused_so_far", total).Uint64("suppressed", held).Msg("connection refused")
 		}
 	}
-	sockfd.Close(c)
 }
 
 // routed gives client socket c the keepalive and user timeout of pol, the

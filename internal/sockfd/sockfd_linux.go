@@ -27,6 +27,7 @@
 package sockfd
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"unsafe"
@@ -352,4 +353,24 @@ func EpollWait(epfd int, events []unix.EpollEvent) (int, error) {
 		return 0, fail("epoll_pwait", e)
 	}
 	return int(n), nil
+}
+
+// LocalError reports whether a call (a connection's dial, a check's)
+// failed for want of one of the process's own resources, which says
+// nothing about the peer: descriptors (EMFILE, ENFILE), kernel memory
+// (ENOBUFS, ENOMEM), local ports (EADDRNOTAVAIL), or a socket that could
+// not be made at all. Returns: true when one of those errnos is in err's
+// chain, or err is an *os.SyscallError of socket (as Socket's and Go's
+// net package's are).
+func LocalError(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, e := range [...]unix.Errno{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.EADDRNOTAVAIL} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var se *os.SyscallError
+	return errors.As(err, &se) && se.Syscall == "socket"
 }
