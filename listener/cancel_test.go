@@ -157,22 +157,21 @@ func cancels(ctx context.Context, t *testing.T, connect func() (*pgconn.PgConn, 
 func runningOn(ctx context.Context, t *testing.T, watch []*pgconn.PgConn, pid uint32) int {
 	t.Helper()
 	q := fmt.Sprintf("SELECT 1 FROM pg_stat_activity WHERE pid = %d AND state = 'active' AND query LIKE '%%pg_sleep%%'", pid)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	on := -1
+	testkit.WaitFor(t, 20*time.Second, func() error { // the server tells no event: poll
 		for i, w := range watch {
 			res, err := w.Exec(ctx, q).ReadAll()
 			if err != nil {
-				t.Fatalf("pg_stat_activity: %v", err)
+				return fmt.Errorf("pg_stat_activity: %w", err)
 			}
 			if len(res) > 0 && len(res[0].Rows) > 0 {
-				return i
+				on = i
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d runs no query on any server after 20 s", pid)
-		}
-		time.Sleep(5 * time.Millisecond) // the server tells no event: poll
-	}
+		return fmt.Errorf("process %d runs no query on any server", pid)
+	})
+	return on
 }
 
 // plainCancel sends c's CancelRequest to addr from local address from, in

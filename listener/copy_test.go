@@ -113,12 +113,14 @@ func echoThrough(t *testing.T, p *testProxy, n int, wsize, rsize func() int) {
 func waitNoPipeLent(t *testing.T, p *testProxy) {
 	t.Helper()
 	pp := &p.srv.pipes
-	for deadline := time.Now().Add(5 * time.Second); pp.open.Load() != int64(pp.idleCount()); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d pipes open, %d of them pooled: a pipe is still lent", pp.open.Load(), pp.idleCount())
+	// A pipe comes back when its direction next finds nothing to read: no
+	// event to wait on.
+	testkit.WaitFor(t, 5*time.Second, func() error {
+		if open, idle := pp.open.Load(), pp.idleCount(); open != int64(idle) {
+			return fmt.Errorf("%d pipes open, %d of them pooled: a pipe is still lent", open, idle)
 		}
-		time.Sleep(time.Millisecond) // a pipe comes back when its direction next finds nothing to read: no event to wait on
-	}
+		return nil
+	})
 }
 
 // TestPayloads echoes payloads of every size class through each copy mode,

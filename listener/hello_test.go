@@ -305,11 +305,12 @@ func TestPrereadWaitsInLoop(t *testing.T) {
 	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"postgresql"}})
 	untilWaiting := func(l testLoop) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !l.waiting(); time.Sleep(time.Millisecond) { // nothing to await: poll
-			if time.Now().After(deadline) {
-				t.Fatal("preread is not waiting in the loop after 10s")
+		testkit.WaitFor(t, 10*time.Second, func() error { // nothing to await: poll
+			if !l.waiting() {
+				return errors.New("preread is not waiting in the loop")
 			}
-		}
+			return nil
+		})
 	}
 	for _, tc := range []struct {
 		name string

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -57,13 +58,12 @@ func BenchmarkRoutingCost(b *testing.B) {
 		c.Close()
 	}
 	settled := func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for be.Open() > 0 {
-			if time.Now().After(deadline) {
-				b.Fatalf("%d backend connections still open after 10s", be.Open())
+		testkit.WaitFor(b, 10*time.Second, func() error { // teardown has no event to wait on
+			if n := be.Open(); n > 0 {
+				return fmt.Errorf("%d backend connections still open", n)
 			}
-			time.Sleep(time.Millisecond) // teardown has no event to wait on
-		}
+			return nil
+		})
 	}
 	cpu := func() time.Duration {
 		var ru unix.Rusage

@@ -30,11 +30,7 @@ import (
 // routedProxy is a Server whose one listen address is routed by name over
 // several services, each with its own backends.
 type routedProxy struct {
-	srv  *Server
-	ptr  atomic.Pointer[Snapshot]
-	addr string
-	key  netip.AddrPort
-	logs *testkit.LogSink
+	testServer
 	svcs map[string]*sched.Service
 	pols map[string]*Policy // by service name
 }
@@ -54,7 +50,7 @@ type routeSpec struct {
 // Server before it accepts.
 func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...func(*Server)) *routedProxy {
 	t.Helper()
-	p := &routedProxy{logs: testkit.NewLogSink(), svcs: map[string]*sched.Service{}, pols: map[string]*Policy{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
+	p := &routedProxy{testServer: testServer{key: netip.MustParseAddrPort("127.0.0.1:0")}, svcs: map[string]*sched.Service{}, pols: map[string]*Policy{}}
 	var pool backend.Pool
 	var services []*sched.Service
 	var routes []sched.Route
@@ -86,28 +82,7 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 	}
 	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.srv = New(&p.ptr, zerolog.New(p.logs).Level(level))
-	p.srv.Publish(NewSnapshot(tbl, p.pols))
-	for _, o := range opts {
-		o(p.srv)
-	}
-	ch, err := p.srv.Prepare([]netip.AddrPort{p.key}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch.Commit()
-	p.addr = p.srv.Addr(p.key).String()
-	t.Cleanup(func() {
-		p.srv.Close()
-		for _, svc := range services {
-			for _, tg := range svc.Targets { // close whatever is still open
-				ctx, cancel := contextDone()
-				tg.B.Drain(ctx)
-				cancel()
-			}
-		}
-		p.srv.Wait()
-	})
+	p.start(t, services, tbl, p.pols, level, opts...)
 	return p
 }
 
@@ -553,12 +528,12 @@ func TestRouteHold(t *testing.T) {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	c.Write(testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"}))
 	db1 := p.svcs["db1"]
-	for deadline := time.Now().Add(10 * time.Second); p.srv.adm.get("db1").stats().Holding == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the connection was not held")
+	testkit.WaitFor(t, 10*time.Second, func() error { // holding has no event to wait on
+		if p.srv.adm.get("db1").stats().Holding == 0 {
+			return errors.New("the connection was not held")
 		}
-		time.Sleep(5 * time.Millisecond) // holding has no event to wait on
-	}
+		return nil
+	})
 
 	// The next table: db1 has a live backend now (as after a reload).
 	live := testkit.NewServer(t, testkit.Greeter("db1"))
@@ -602,11 +577,12 @@ func TestRouteRemovedMidHello(t *testing.T) {
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	hello := testkit.ClientHello(t, &tls.Config{ServerName: "x.example.com"})
 	c.Write(hello[:5]) // the record header: the preread waits for the rest
-	for deadline := time.Now().Add(10 * time.Second); p.srv.Conns() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the connection was not accepted")
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if p.srv.Conns() == 0 {
+			return errors.New("the connection was not accepted")
 		}
-	}
+		return nil
+	})
 	// The next table: x is gone, its backend drains.
 	old := p.ptr.Load()
 	rs, err := sched.NewRoutes([]sched.Route{{Service: p.svcs["dflt"], Names: []string{sched.DefaultName}, PrereadTimeout: 5 * time.Second}})
