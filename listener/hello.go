@@ -9,8 +9,8 @@ package listener
 // chosen, the socket handed to splice still holds the client's first byte
 // next, so the zero-copy path is kept. Only an SSLRequest is consumed,
 // because fulcrum answers it itself (the backend gets its own SSLRequest
-// from backendSSL before the splice). The TLS structures are parsed with
-// golang.org/x/crypto/cryptobyte, as crypto/tls parses them.
+// from backendSSL before the splice). The bytes are peeked through an
+// fdPeeker (peek.go) and parsed by internal/wire.
 //
 // Typical use, in admission (routes.go):
 //
@@ -32,8 +32,8 @@ import (
 // DefaultPrereadTimeout is preread_timeout's default.
 const DefaultPrereadTimeout = 5 * time.Second
 
-// helloBufs lends preread its wire.MaxHello buffer; only the SNI and ALPN strings
-// are copied out of it.
+// helloBufs lends preread (and readHeader) its wire.MaxHello buffer; only
+// the SNI and ALPN strings are copied out of it.
 var helloBufs = sync.Pool{New: func() any { return new([wire.MaxHello]byte) }}
 
 // preread waits, within timeout, for the first bytes of the client on

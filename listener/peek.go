@@ -22,8 +22,8 @@ import (
 // without waiting, and only when that is not enough, waits, until timeout
 // after its first wait. A client's first message has mostly arrived by the
 // time it is accepted, so most connections never wait, nor read the clock
-// for a deadline (0.1 µs here, a third of the parse). A wait for the first bytes is done in a
-// loop's epoll, where the session will register the socket anyway; a wait
+// for a deadline (0.1 µs here, a third of the parse). A wait for the first
+// bytes is done in a loop's epoll, where the session will register the socket anyway; a wait
 // for more of a message that has begun (rare: a hello split across
 // segments) in Go's poller through a duplicate of the descriptor, whose
 // edge-triggered registration sees new bytes behind those already peeked.
