@@ -24,7 +24,8 @@ import (
 // session, which runs in an event loop (loop.go) until it finishes itself.
 // What the connection holds (its place under the connection limit, source,
 // service and backend slots) is one lease: whoever ends the connection
-// releases it, once. What the steps share is one inbound.
+// releases it, once. What the steps share is one inbound; each step ends
+// the connection itself when it reports false.
 //
 // handle runs in its accept loop's goroutine (i is not nil), and before
 // anything that may wait detaches from the loop (detach): a PROXY header or a
@@ -36,12 +37,29 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	// it leaves in on the stack.
 	in := &inbound{c: c, key: key, r: new(sched.Request), l: lease{srv: s, c: c}}
 	in.start = time.Now()
+	if !s.identify(in, peer, inh, i) || !s.takeSlots(in) {
+		return
+	}
+	bc, t, ok := s.reach(in, i)
+	if !ok {
+		return
+	}
+	s.startSession(in, t, bc)
+}
+
+// identify finds in's service and client: the service at its address (on
+// an address routed by name, the one the client's first bytes choose),
+// its policy and socket options, and the client's address and the one it
+// asked for (a trusted PROXY header's). A PostgreSQL CancelRequest is
+// forwarded here (cancel.go), and ends the connection.
+func (s *Server) identify(in *inbound, peer netip.AddrPort, inh inherited, i *inline) bool {
+	c, key := in.c, in.key
 	snap := s.tbl.Load()
 	// On an address routed by name, any of its services until the route is
 	// chosen: they agree on what comes before (keepalive aside, set again).
 	if in.svc = snap.Route(key); in.svc == nil { // the listener is being closed by a reload
 		in.drop()
-		return
+		return false
 	}
 	in.pol = snap.Policy(in.svc)
 	rs := snap.Routes(key) // nil: not routed by name
@@ -51,7 +69,7 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	if err := inh.setKeepAlive(c, keepAliveFor(in.pol)); err != nil { // a socket that takes no option is not worth serving
 		s.log.Warn().Err(err).Str("service", in.svc.Name).Msg("accepted connection")
 		in.drop()
-		return
+		return false
 	}
 	if err := setUserTimeoutFD(c, in.pol.UserTimeout); err != nil {
 		s.log.Warn().Err(err).Str("service", in.svc.Name).Msg("cannot set user_timeout on the client socket")
@@ -60,40 +78,51 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 	in.orig = localAddr(c, key) // the address the client asked for
 	if why, err := s.proxyHeader(in.pol, c, &in.r.Client, &in.orig); err != nil {
 		s.reject(in, why, err)
-		return
+		return false
 	}
 	in.addr = in.r.Client
 	if in.pol.Postgres && rs == nil && s.cancelled(c, key, in.pol, in.addr, in.start, i) { // a CancelRequest: forwarded (cancel.go)
 		in.l.release()
-		return
+		return false
 	}
 	in.tm.viewAt = in.start
-	if rs != nil && !s.routeIn(in, rs, snap) {
-		return
-	}
+	return rs == nil || s.routeIn(in, rs, snap)
+}
+
+// takeSlots screens in (access lists, accept rate, a refusing split
+// brain) and takes its source slot and a service slot, waiting in the
+// service's queue if need be.
+func (s *Server) takeSlots(in *inbound) bool {
 	in.adm = s.adm.get(in.svc.Name)
 	if why, err := screen(in.adm, in.pol, in.addr); err != nil {
 		s.reject(in, why, err)
-		return
+		return false
 	}
 	if refusesSplitBrain(in.svc) { // counted here, logged once per split (by reload), not per connection
 		in.adm.rejects.add(RejectSplitBrain)
 		in.drop()
-		return
+		return false
 	}
 	if !in.l.holdSource(in.adm, in.addr.Addr(), in.pol.MaxConnsPerSource) {
 		s.reject(in, RejectPerSource, fmt.Errorf("%d connections from %s already", in.pol.MaxConnsPerSource, in.addr.Addr()))
-		return
+		return false
 	}
-	if !in.l.holdService(in.pol, in.start, c, &in.tm) {
-		if in.tm.waited && clientGone(c) {
+	if !in.l.holdService(in.pol, in.start, in.c, &in.tm) {
+		if in.tm.waited && clientGone(in.c) {
 			s.fail(in, nil, endGone, errClientGone)
-			return
+			return false
 		}
 		in.adm.rejects.add(RejectFull)
 		s.fail(in, nil, endFull, errFull)
-		return
+		return false
 	}
+	return true
+}
+
+// reach connects in to a backend (connect; held with hold_timeout:
+// connectHeld), whose slot its lease then holds, and sends it the PROXY
+// header if it takes one. It returns the backend's socket and target.
+func (s *Server) reach(in *inbound, i *inline) (bc int, t *sched.Target, ok bool) {
 	ready := toBackend(in.h, in.pol, in.addr, in.orig)
 	bc, t, err := s.connect(in, ready, i)
 	if err != nil && in.pol.HoldTimeout > 0 && !errors.Is(err, errFull) && !errors.Is(err, errClientGone) {
@@ -112,16 +141,22 @@ func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inlin
 			end = endNoBackend
 		}
 		s.fail(in, nil, end, err)
-		return
+		return -1, nil, false
 	}
 	in.l.b = t.B                                   // connect took its slot
 	if t.ProxyProtocol > 0 && !postgresTLS(in.h) { // such a backend had its header before its SSLRequest
 		if err := wire.WriteHeader(fdWriter(bc), t.ProxyProtocol, in.addr, in.orig); err != nil {
 			sockfd.Close(bc)
 			s.fail(in, t, endReset, fmt.Errorf("send PROXY header: %w", err))
-			return
+			return -1, nil, false
 		}
 	}
+	return bc, t, true
+}
+
+// startSession makes in's session over backend socket bc (target t),
+// tracked by its backend, and runs it; the session takes the lease over.
+func (s *Server) startSession(in *inbound, t *sched.Target, bc int) {
 	ss := newSession(s, in, t, bc)
 	seamAt(seamPicked, ss)
 	ok, cut := t.B.TrackSince(ss, in.tm.viewAt)

@@ -10,9 +10,10 @@ package listener
 //                            non-blocking descriptor (sockfd.Accept4). The
 //                            connection is served inline in the loop's
 //                            goroutine until it would wait, then detaches.
-//  2. admit    admit.go      handle: the service at the address and its
-//                            Policy (policy.go), keepalive (keepalive.go),
-//                            the PROXY header (proxyproto.go: proxyHeader)
+//  2. admit    admit.go      handle runs the steps; identify: the service
+//                            at the address and its Policy (policy.go),
+//                            keepalive (keepalive.go), the PROXY header
+//                            (proxyproto.go: proxyHeader)
 //                            and, on a PostgreSQL address, a CancelRequest
 //                            (cancel.go: cancelled). Every wait for a
 //                            client's first bytes is one fdPeeker (peek.go);
@@ -21,8 +22,8 @@ package listener
 //                            admit.go): route reads the ClientHello or
 //                            SSLRequest (hello.go: preread) and
 //                            sched.Routes chooses the service.
-//  4. screen   admit.go      screen: access lists and accept_rate; then the
-//              lease.go      lease takes a source slot and a service slot
+//  4. screen   admit.go      takeSlots: screen (access lists, accept_rate);
+//              lease.go      then the lease takes a source and a service slot
 //                            (holdSource, holdService) in the service's
 //                            admission state (admission.go), waiting in its
 //                            queue if need be. A refusal is a Reject
@@ -36,9 +37,10 @@ package listener
 //                            source = "client" (transparent.go); a connect
 //                            in progress waits in an event loop (await,
 //                            loop.go). Then the PROXY header to the backend
-//                            (handle) or its SSLRequest (toBackend,
+//                            (reach, admit.go) or its SSLRequest (toBackend,
 //                            routes.go).
-//  7. session  session.go    newSession takes the lease over; begin
+//  7. session  session.go    startSession (admit.go): newSession takes the
+//                            lease over, its backend tracks it; begin
 //                            registers both sockets in one of the Server's
 //                            event loops and the connection holds no
 //                            goroutine from here on.
