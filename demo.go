@@ -12,7 +12,6 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"text/template"
 	"time"
@@ -54,9 +53,8 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 
 	log := newLogger(cfg.Log, stderr)
-	var ptr atomic.Pointer[listener.Snapshot]
-	srv := listener.New(&ptr, log)
-	m := reload.New("", &ptr, srv, log, reload.Options{})
+	srv := listener.New(log)
+	m := reload.New("", srv, log, reload.Options{})
 	if err := m.Apply(cfg); err != nil {
 		fmt.Fprintf(stderr, "fulcrum demo: %v\n", err)
 		if errors.Is(err, syscall.EADDRINUSE) {

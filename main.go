@@ -11,7 +11,13 @@
 //	fulcrum upgrade [-config PATH | -admin ADDR]    hand over to the binary now installed, without dropping a connection
 //	fulcrum demo                                    three echo backends behind a balancer
 //
-// main.go holds the command table, flags and wiring only.
+// The package is wiring: main.go holds the command table, the daemon's
+// flags, its logger and signals, and serve, which builds the parts (the
+// state file, the listener.Server, the cluster.Instance, the handover,
+// the reload.Manager, the admin listener) and runs reload until a signal
+// or an upgrade ends it; commands.go the commands that ask a running
+// daemon over its admin listener; procs.go how many event loops; demo.go
+// the demo. What each part does is its package's.
 package main
 
 import (
@@ -26,7 +32,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -164,13 +169,12 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	})
 	defer stop()
 
-	state, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == "start-empty", log)
+	state, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == conf.StateDamageStartEmpty, log)
 	if err != nil {
 		return 1 // Open logged why
 	}
-	var ptr atomic.Pointer[listener.Snapshot] // written by reload only
-	srv := listener.New(&ptr, log)
-	inst := cluster.New(func() *sched.Table { return tableOf(&ptr) }, log)
+	srv := listener.New(log) // holds the published snapshot; reload publishes, the rest read
+	inst := cluster.New(func() *sched.Table { return tableOf(srv) }, log)
 	inst.OnChange = state.Changed
 	if d := state.Restored().Instance; d != nil {
 		mlog.Warn().Str("by", d.By).Time("since", d.Since).Msg("the instance was drained before the restart; it stays drained (fulcrum drain -undo)")
@@ -184,7 +188,7 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	}
 	hup, stopHup := hupChannel()
 	defer stopHup()
-	m := reload.New(path, &ptr, srv, log, reload.Options{Hup: hup, Notify: up.Notify, OnLog: setLevel, Watchdog: sd.WatchdogInterval(),
+	m := reload.New(path, srv, log, reload.Options{Hup: hup, Notify: up.Notify, OnLog: setLevel, Watchdog: sd.WatchdogInterval(),
 		State: state, Instance: inst.Drained, Sockets: up.Sockets()})
 	ictx, stopInst := context.WithCancel(ctx)
 	instDone := make(chan struct{})
@@ -194,7 +198,7 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	src := admin.Source{Build: buildInfo(), Hosts: cfg.Admin.Hosts, Set: m.SetOverride, Promote: m.Promote, Upgrade: up.Upgrade,
 		Log:     func() (uint64, bool) { return sink.Dropped(), sink.Stalled() },
 		History: &admin.History{}}
-	src.Snapshot, src.Reloads, src.Sockets, src.Limit, src.Instance = ptr.Load, m.Status, srv.Sockets, srv.Limit, inst
+	src.Snapshot, src.Reloads, src.Sockets, src.Limit, src.Instance = srv.Snapshot, m.Status, srv.Sockets, srv.Limit, inst
 	src.Version, src.Draining, src.Events, src.Watcher = versionString(), m.Draining, m.Events, m.Watcher()
 	src.Admission = srv.Admission
 	stopAdmin, waitAdmin, err := startAdmin(cfg.Admin, up, src, log, mlog)
@@ -226,9 +230,9 @@ func serve(path string, cfg *conf.Config, loops int, loopsFrom string, stderr io
 	return 0
 }
 
-// tableOf is the running table in ptr; nil before the first.
-func tableOf(ptr *atomic.Pointer[listener.Snapshot]) *sched.Table {
-	if s := ptr.Load(); s != nil {
+// tableOf is the table srv serves; nil before the first.
+func tableOf(srv *listener.Server) *sched.Table {
+	if s := srv.Snapshot(); s != nil {
 		return s.Table
 	}
 	return nil
@@ -370,7 +374,7 @@ func newLogger(lc conf.Log, w io.Writer) zerolog.Logger {
 // term, the stream the lines end on, which decides the format.
 func newLoggerOn(lc conf.Log, term, w io.Writer) zerolog.Logger {
 	tty := isTerminal(term)
-	if lc.Format == "console" || lc.Format == "auto" && tty {
+	if lc.Format == conf.LogConsole || lc.Format == conf.LogAuto && tty {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "2006-01-02 15:04:05.000", NoColor: !tty || os.Getenv("NO_COLOR") != ""}
 	}
 	setLevel(lc)

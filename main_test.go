@@ -66,7 +66,7 @@ func TestLogFormat(t *testing.T) {
 		t.Errorf("time %q: %v", ts, err)
 	}
 
-	for _, format := range []string{"console", "auto"} {
+	for _, format := range []conf.LogFormat{conf.LogConsole, conf.LogAuto} {
 		buf.Reset()
 		log = newLogger(conf.Log{Level: "info", Format: format}, &buf)
 		log.Warn().Str("k", "v").Msg("hello")

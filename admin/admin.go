@@ -10,10 +10,9 @@
 // time from the counters the data path keeps anyway, so serving them costs
 // the connection path nothing.
 //
-// Typical use (main does this):
-//
-//	src := admin.Source{Source: status.Source{Snapshot: ptr.Load, Reloads: m.Status, Sockets: srv.Sockets, Instance: inst}}
-//	go admin.Serve(ctx, ln, admin.Handler(src), admin.Options{Log: log}) // returns when ctx ends
+// Typical use: see Example (main does this): a Source over the Server's
+// snapshot (listener.Server.Snapshot) and reload's history, served with
+// Serve(ctx, ln, Handler(src), opts) until ctx ends.
 //
 // The listener cannot starve the data path: it holds at most
 // Options.MaxConns connections (64), each idle one closes after 30 s, and a

@@ -164,7 +164,7 @@ func stateCell(b BackendStatus, now time.Time) string {
 	if b.Role != "" {
 		notes = append(notes, b.Role)
 	}
-	if b.LagSeconds != nil && b.Role == "replica" {
+	if b.LagSeconds != nil && b.Role == backend.RoleReplica {
 		notes = append(notes, "lag "+latency(*b.LagSeconds*1000))
 	}
 	if b.Backup {

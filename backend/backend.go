@@ -7,7 +7,7 @@
 // scheduler snapshot, not here. A Backend is shared by every snapshot that
 // names it, so the counters of a backend whose name is kept survive a reload.
 //
-// Typical use, on the per-connection path:
+// Typical use, on the per-connection path (Example runs it):
 //
 //	if !b.Acquire(maxConns) {
 //		// full or draining: pick another

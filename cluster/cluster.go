@@ -15,9 +15,9 @@
 // (weight above 0, not down, not draining). An instance with nothing to
 // send traffic to must not attract it.
 //
-// Typical use (main does this):
+// Typical use: see Example. main passes a func that reads the table of the
+// listener.Server's snapshot, and runs the signals:
 //
-//	inst := cluster.New(ptr.Load, log)
 //	go inst.Run(ctx, usr1usr2) // SIGUSR1 drains, SIGUSR2 undrains; Stop when ctx ends
 //	ok, why := inst.Healthy()   // what /healthz answers
 //

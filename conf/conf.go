@@ -6,7 +6,7 @@
 // a backend named by a host name keeps the name (Backend.Host), and the
 // daemon resolves it.
 //
-// Typical use:
+// Typical use (Example runs it on Parse):
 //
 //	cfg, err := conf.Load("/etc/fulcrum/fulcrum.toml")
 //	if err != nil {
@@ -56,13 +56,15 @@ type Config struct {
 	Cluster  Cluster   // the [cluster] table
 	Process  Process   // the [process] table
 	Services []Service // in file order
+
+	ignored []string // keys the file sets that are accepted and ignored, located, as Warnings gives them
 }
 
 // Log is the [log] table.
 type Log struct {
-	Level  string // debug | info | warn | error; default info
-	Format string // auto | json | console; default auto (console on a TTY, else JSON)
-	Access bool   // one log line per finished connection; default true
+	Level  string    // debug | info | warn | error; default info
+	Format LogFormat // auto | json | console; default auto (console on a TTY, else JSON)
+	Access bool      // one log line per finished connection; default true
 }
 
 // Admin is the [admin] table: the HTTP listener for /metrics and /status.
@@ -84,7 +86,7 @@ type Admin struct {
 	// default) to start, so that the drains and overrides it held are not
 	// lost unnoticed, or "start-empty": move it aside and start without
 	// them.
-	StateDamaged string
+	StateDamaged StateDamage
 }
 
 // Equal reports whether a and b are the same settings.
@@ -143,10 +145,10 @@ type Settings struct {
 	SlowStart    time.Duration // a backend that comes up ramps its weight from 10% to 100% over this; default 0 = off
 	MaxConns     int           // connections to the whole service at once; 0 (default) = unlimited
 	QueueTimeout time.Duration // how long a connection may wait for a free slot when every eligible backend (or the service) is full; 0 (default) = refuse at once
-	OnDown       string        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
-	OnUp         string        // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
-	OnRoleChange string        // "close" (default) | "keep": end a backend's sessions when its checks see it change role (promoted, demoted); a backend may override
-	SplitBrain   string        // "refuse" (default) | "first" | "newest": what a service whose checks want role "primary" does when more than one backend claims it
+	OnDown       OnDown        // "keep" (default) | "close": end a backend's sessions when it goes down or into the wrong role; a backend may override
+	OnUp         OnUp          // "keep" (default) | "close-backups": when a primary backend comes up, end the sessions on backups; a backend may override
+	OnRoleChange OnRoleChange  // "close" (default) | "keep": end a backend's sessions when its checks see it change role (promoted, demoted); a backend may override
+	SplitBrain   SplitBrain    // "refuse" (default) | "first" | "newest": what a service whose checks want role "primary" does when more than one backend claims it
 	HoldTimeout  time.Duration // when no backend is eligible, a new connection waits this long for one; 0 (default) = close it at once
 	UserTimeout  time.Duration // TCP_USER_TIMEOUT on both legs: unacknowledged data for this long ends the connection; 0 (default) = the kernel's
 
@@ -158,7 +160,6 @@ type Settings struct {
 	MaxConnsPerSource int            // connections at once from one client address; 0 (default) = unlimited
 	AcceptRate        float64        // new connections per second for the service (token bucket); 0 (default) = unlimited
 	AcceptBurst       int            // the bucket's size; default: the rate, at least 1
-	Copy              string         // accepted and ignored: there is one copy design (the event loops); kept so that files that set it still load
 
 	// TCP keepalive on both legs of every connection: a peer silent for
 	// KeepAliveIdle (spread ±20% per socket, so that connections opened
@@ -184,7 +185,7 @@ type Settings struct {
 	// pgsql, else "tcp"; "postgres": PostgreSQL, whose cancel requests are
 	// sent to the backends running the query (docs/databases.md); "tcp":
 	// bytes, never looked into.
-	Protocol string
+	Protocol Protocol
 }
 
 // Health is a [health] table: how to check that a backend is up.
@@ -219,7 +220,7 @@ type Health struct {
 }
 
 // Roles are the values of [health] role.
-var Roles = []string{"any", "primary", "replica", health.RoleGalera}
+var Roles = []string{RoleAny, RolePrimary, RoleReplica, RoleGalera}
 
 // schedulerNames are the names the scheduler key takes: sched's.
 var schedulerNames = func() []string {
@@ -253,7 +254,7 @@ type Service struct {
 	// fails; "after" until the preferred backend has been up for
 	// FailbackAfter; "manual" until an operator promotes a backend
 	// (`fulcrum set SERVICE/BACKEND writer`).
-	Failback      string
+	Failback      Failback
 	FailbackAfter time.Duration
 
 	// SNI routes by name (docs/routing.md): the server names this service
@@ -288,16 +289,16 @@ type Backend struct {
 	CheckHost     string         // the host name checks go to, to resolve; "" when CheckAddr is final
 	CheckAddr     netip.AddrPort // where checks go: Health.Address, or Addr with Health.Port (for a CheckHost only the port)
 	ProxyProtocol int            // from the service unless set here
-	OnDown        string         // from the service unless set here
-	OnUp          string         // from the service unless set here
-	OnRoleChange  string         // from the service unless set here
+	OnDown        OnDown         // from the service unless set here
+	OnUp          OnUp           // from the service unless set here
+	OnRoleChange  OnRoleChange   // from the service unless set here
 }
 
 func builtinSettings() Settings {
 	return Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
 		MaxFails: 3, FailTimeout: 10 * time.Second, ProxyTimeout: 3 * time.Second,
-		Health:  Health{Check: health.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"},
-		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, Copy: "pooled", OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse", Protocol: "auto",
+		Health:  Health{Check: health.CheckNone, Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: RoleAny},
+		Choices: sched.DefaultChoices, HashKey: "ip", TableSize: sched.DefaultTableSize, OnDown: OnDownKeep, OnUp: OnUpKeep, OnRoleChange: OnRoleChangeClose, SplitBrain: SplitBrainRefuse, Protocol: ProtocolAuto,
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute,
 		PrereadTimeout: 5 * time.Second}
 }
@@ -390,8 +391,14 @@ func parse(name string, data []byte, local func() map[netip.Addr]bool) (*Config,
 	cfg.File = name
 	cfg.Digest = sha256.Sum256(data)
 	sourceLines(cfg, data)
+	if len(w.ignored) > 0 {
+		w.locate(data, w.ignored)
+		for _, e := range w.ignored {
+			cfg.ignored = append(cfg.ignored, e.Error())
+		}
+	}
 	if len(w.errs) > 0 {
-		w.locateErrors(data)
+		w.locate(data, w.errs)
 		slices.SortStableFunc(w.errs, func(a, b *Error) int { return a.Line - b.Line })
 		errs := make([]error, len(w.errs))
 		for i, e := range w.errs {
@@ -419,7 +426,7 @@ func (w *walker) config(root *table) *Config {
 	lt := root.sub("log")
 	cfg.Log = Log{
 		Level:  lt.oneOf("level", "info", "debug", "info", "warn", "error"),
-		Format: lt.oneOf("format", "auto", "auto", "json", "console"),
+		Format: enum(lt, "format", LogAuto, []LogFormat{LogAuto, LogJSON, LogConsole}),
 		Access: lt.boolean("access", true),
 	}
 	lt.done()
@@ -466,7 +473,7 @@ func (w *walker) config(root *table) *Config {
 	} else {
 		cfg.Admin.StateFile = f
 	}
-	cfg.Admin.StateDamaged = at.oneOf("state_damaged", "refuse", StateDamaged...)
+	cfg.Admin.StateDamaged = enum(at, "state_damaged", StateDamageRefuse, StateDamaged)
 	if l := cfg.Admin.Listen; l.IsValid() && !l.Addr().IsLoopback() && !cfg.Admin.AllowRemote {
 		w.errorf(at.key("listen"), "%s is not a loopback address: status and metrics would be open to the network; set allow_remote = true to mean it", l)
 	}
@@ -525,6 +532,12 @@ func (w *walker) config(root *table) *Config {
 }
 
 func (w *walker) settings(t *table, base Settings) Settings {
+	// copy chose between two designs that the event loops replaced; a
+	// file written for them still loads, and is told.
+	t.oneOf("copy", "pooled", "pooled", "parked")
+	if t.has("copy") {
+		w.ignore(t.key("copy"), "is ignored: every connection is copied by the event loops, which replaced both designs; remove it")
+	}
 	return Settings{
 		Scheduler:      sched.Kind(t.oneOf("scheduler", string(base.Scheduler), schedulerNames...)),
 		ConnectTimeout: t.duration("connect_timeout", base.ConnectTimeout, time.Millisecond),
@@ -541,10 +554,10 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		SlowStart:    t.duration("slow_start", base.SlowStart, 0),
 		MaxConns:     int(t.integer("max_conns", int64(base.MaxConns), 0, 1<<30)),
 		QueueTimeout: t.duration("queue_timeout", base.QueueTimeout, 0),
-		OnDown:       t.oneOf("on_down", base.OnDown, OnDowns...),
-		OnUp:         t.oneOf("on_up", base.OnUp, OnUps...),
-		OnRoleChange: t.oneOf("on_role_change", base.OnRoleChange, OnRoleChanges...),
-		SplitBrain:   t.oneOf("split_brain", base.SplitBrain, SplitBrains...),
+		OnDown:       enum(t, "on_down", base.OnDown, OnDowns),
+		OnUp:         enum(t, "on_up", base.OnUp, OnUps),
+		OnRoleChange: enum(t, "on_role_change", base.OnRoleChange, OnRoleChanges),
+		SplitBrain:   enum(t, "split_brain", base.SplitBrain, SplitBrains),
 		HoldTimeout:  t.duration("hold_timeout", base.HoldTimeout, 0),
 		UserTimeout:  t.duration("user_timeout", base.UserTimeout, 0),
 
@@ -556,19 +569,18 @@ func (w *walker) settings(t *table, base Settings) Settings {
 		MaxConnsPerSource: int(t.integer("max_conns_per_source", int64(base.MaxConnsPerSource), 0, 1<<30)),
 		AcceptRate:        t.number("accept_rate", base.AcceptRate, 0, 1e9),
 		AcceptBurst:       int(t.integer("accept_burst", int64(base.AcceptBurst), 0, 1<<30)),
-		Copy:              t.oneOf("copy", base.Copy, "pooled", "parked"),
 
 		KeepAliveIdle:     w.keepAliveDuration(t, "keepalive_idle", base.KeepAliveIdle, 0),
 		KeepAliveInterval: w.keepAliveDuration(t, "keepalive_interval", base.KeepAliveInterval, time.Second),
 		KeepAliveCount:    int(t.integer("keepalive_count", int64(base.KeepAliveCount), 1, 127)),
 		HalfCloseTimeout:  t.duration("half_close_timeout", base.HalfCloseTimeout, 0),
 		PrereadTimeout:    t.duration("preread_timeout", base.PrereadTimeout, time.Millisecond),
-		Protocol:          t.oneOf("protocol", base.Protocol, Protocols...),
+		Protocol:          enum(t, "protocol", base.Protocol, Protocols),
 	}
 }
 
 // Protocols are the values of protocol.
-var Protocols = []string{"auto", "postgres", "tcp"}
+var Protocols = []Protocol{ProtocolAuto, ProtocolPostgres, ProtocolTCP}
 
 // maxKeepAlive is the longest keepalive idle time or interval Linux accepts
 // (TCP_KEEPIDLE, TCP_KEEPINTVL: 32767 seconds).
@@ -593,38 +605,38 @@ func (w *walker) keepAliveDuration(t *table, k string, def, min time.Duration) t
 // "after:DURATION" (returned as "after" and the duration), only with
 // scheduler = "first"; absent, "" (today's behaviour: back to the first
 // backend as soon as it is up).
-func (w *walker) failback(t *table, scheduler sched.Kind) (string, time.Duration) {
+func (w *walker) failback(t *table, scheduler sched.Kind) (Failback, time.Duration) {
 	v := t.str("failback", "")
 	if v == "" {
-		return "", 0
+		return FailbackNone, 0
 	}
 	if scheduler != "first" {
 		w.errorf(t.key("failback"), `needs scheduler = "first" (the one writer it keeps); have scheduler = %q`, scheduler)
-		return "", 0
+		return FailbackNone, 0
 	}
-	switch v {
-	case "never", "manual":
-		return v, 0
+	switch f := Failback(v); f {
+	case FailbackNever, FailbackManual:
+		return f, 0
 	}
-	if ds, ok := strings.CutPrefix(v, "after:"); ok {
+	if ds, ok := strings.CutPrefix(v, string(FailbackAfter)+":"); ok {
 		d, err := time.ParseDuration(ds)
 		if err == nil && d > 0 {
-			return "after", d
+			return FailbackAfter, d
 		}
 		w.errorf(t.key("failback"), `%q: after: needs a positive duration, such as "after:30s"`, v)
-		return "", 0
+		return FailbackNone, 0
 	}
 	w.errorf(t.key("failback"), `%q is not one of never, manual, after:DURATION (such as "after:30s")`, v)
-	return "", 0
+	return FailbackNone, 0
 }
 
 // OnDowns, OnUps, OnRoleChanges and SplitBrains are the values of
 // on_down, on_up, on_role_change and split_brain.
 var (
-	OnDowns       = []string{"keep", "close"}
-	OnUps         = []string{"keep", "close-backups"}
-	OnRoleChanges = []string{"close", "keep"}
-	SplitBrains   = []string{"refuse", "first", "newest"}
+	OnDowns       = []OnDown{OnDownKeep, OnDownClose}
+	OnUps         = []OnUp{OnUpKeep, OnUpCloseBackups}
+	OnRoleChanges = []OnRoleChange{OnRoleChangeClose, OnRoleChangeKeep}
+	SplitBrains   = []SplitBrain{SplitBrainRefuse, SplitBrainFirst, SplitBrainNewest}
 )
 
 // ProxyVersions are the values of proxy_protocol, by PROXY version.
@@ -896,9 +908,9 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 			FailTimeout:   bt.duration("fail_timeout", s.FailTimeout, time.Millisecond),
 			Health:        w.health(bt.sub("health"), s.Health),
 			ProxyProtocol: proxyVersion(bt, s.ProxyProtocol),
-			OnDown:        bt.oneOf("on_down", s.OnDown, OnDowns...),
-			OnUp:          bt.oneOf("on_up", s.OnUp, OnUps...),
-			OnRoleChange:  bt.oneOf("on_role_change", s.OnRoleChange, OnRoleChanges...),
+			OnDown:        enum(bt, "on_down", s.OnDown, OnDowns),
+			OnUp:          enum(bt, "on_up", s.OnUp, OnUps),
+			OnRoleChange:  enum(bt, "on_role_change", s.OnRoleChange, OnRoleChanges),
 		}
 		b.Name = bt.str("name", b.Address)
 		bt.done()
@@ -923,13 +935,13 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if b.Health.Check == health.CheckSendExpect && b.Health.Expect == nil {
 			w.errorf(bt.key("health.expect"), `check = "send-expect" needs expect, a regular expression the answer must match`)
 		}
-		if h := b.Health; h.Role != "any" && !h.Check.TellsRoles() {
+		if h := b.Health; h.Role != RoleAny && !h.Check.TellsRoles() {
 			w.errorf(bt.key("health.role"), `role = %q needs check = "pgsql", "mysql" or "redis", which tell roles apart; have check = %q`, h.Role, h.Check)
 		}
-		if h := b.Health; h.Role == health.RoleGalera && h.Check != health.CheckMySQL {
+		if h := b.Health; h.Role == RoleGalera && h.Check != health.CheckMySQL {
 			w.errorf(bt.key("health.role"), `role = "galera" needs check = "mysql"; have check = %q`, h.Check)
 		}
-		if h := b.Health; h.MaxLag > 0 && (h.Role != "replica" || !h.Check.TellsRoles()) {
+		if h := b.Health; h.MaxLag > 0 && (h.Role != RoleReplica || !h.Check.TellsRoles()) {
 			w.errorf(bt.key("health.max_lag"), `max_lag needs check = "pgsql", "mysql" or "redis" and role = "replica"`)
 		}
 		if h := b.Health; !h.TLS.On && (h.TLS != health.TLS{}) {
@@ -938,7 +950,7 @@ func (w *walker) service(name string, t *table, defaults Settings, listeners map
 		if h := b.Health; h.SendProxy && b.ProxyProtocol == 0 && h.Check != health.CheckNone {
 			w.errorf(bt.key("health.send_proxy"), `send_proxy sends the header proxy_protocol names; set proxy_protocol = "v1" or "v2"`)
 		}
-		if h := b.Health; s.SplitBrain == "newest" && h.Role == "primary" && h.Check != health.CheckPgSQL {
+		if h := b.Health; s.SplitBrain == SplitBrainNewest && h.Role == RolePrimary && h.Check != health.CheckPgSQL {
 			// Only PostgreSQL's timelines say which claimant is newer.
 			w.errorf(bt.key("health.check"), `split_brain = "newest" needs check = "pgsql" (it compares timelines); have check = %q`, h.Check)
 		}

@@ -64,8 +64,8 @@ func TestParseSample(t *testing.T) {
 	if b := pg.Backends[1]; b.Name != "127.0.0.2:5432" || b.Weight != 1 {
 		t.Errorf("pg backend 1 = %+v; want name defaulting to the address, weight 1", b)
 	}
-	if pg.Copy != "pooled" || redis.Copy != "parked" {
-		t.Errorf("copy = %q, %q; want pooled by default, parked as set", pg.Copy, redis.Copy)
+	if w := cfg.Warnings(); len(w) == 0 || !strings.HasPrefix(w[0], "sample.toml:27: services.redis.copy: is ignored") {
+		t.Errorf("warnings %q; want redis's copy first, located, as accepted and ignored", w)
 	}
 	if redis.Scheduler != "wrr" || redis.ConnectTimeout != 250*time.Millisecond || redis.IdleTimeout != time.Hour {
 		t.Errorf("redis settings = %+v; want wrr from defaults, own timeouts", redis.Settings)
@@ -148,7 +148,7 @@ backends = [{address = "127.0.0.1:2"}]
 		t.Fatal(err)
 	}
 	want := Settings{Scheduler: "wrr", ConnectTimeout: 3 * time.Second, Retries: 2, DrainTimeout: 5 * time.Minute,
-		Choices: 2, HashKey: "ip", TableSize: 65537, Copy: "pooled", MaxFails: 3, FailTimeout: 10 * time.Second,
+		Choices: 2, HashKey: "ip", TableSize: 65537, MaxFails: 3, FailTimeout: 10 * time.Second,
 		ProxyTimeout: 3 * time.Second, OnDown: "keep", OnUp: "keep", OnRoleChange: "close", SplitBrain: "refuse",
 		KeepAliveIdle: time.Minute, KeepAliveInterval: 15 * time.Second, KeepAliveCount: 4, HalfCloseTimeout: 2 * time.Minute, PrereadTimeout: 5 * time.Second, Protocol: "auto",
 		Health: Health{Check: "none", Interval: 2 * time.Second, Timeout: time.Second, Rise: 2, Fall: 3, Path: "/", Status: 200, User: "fulcrum", Role: "any"}}

@@ -13,7 +13,7 @@ func TestFailback(t *testing.T) {
 	const head = "[services.s]\nlisten = [\"127.0.0.1:1\"]\nbackends = [{address = \"127.0.0.1:2\"}]\n"
 	for _, tt := range []struct {
 		src   string
-		mode  string
+		mode  Failback
 		after time.Duration
 	}{
 		{"scheduler = \"first\"\n", "", 0},
@@ -30,7 +30,7 @@ func TestFailback(t *testing.T) {
 		}
 		var sum strings.Builder
 		cfg.WriteSummary(&sum)
-		if want := map[string]string{"": "scheduler first  listen", "never": "scheduler first (failback never)",
+		if want := map[Failback]string{"": "scheduler first  listen", "never": "scheduler first (failback never)",
 			"manual": "scheduler first (failback manual)", "after": "scheduler first (failback after:2s)"}[tt.mode]; !strings.Contains(sum.String(), want) {
 			t.Errorf("%q: summary\n%s\nwant %q", tt.src, sum.String(), want)
 		}

@@ -66,11 +66,13 @@ func enumHint(k, v string, choices []string) string {
 // the weighted one to use instead.
 var unweighted = map[string]string{"rr": "wrr", "random": "wrandom", "lc": "wlc"}
 
-// Warnings are what is valid but most likely not meant: a scheduler that
+// Warnings are what is valid but most likely not meant: a key that is
+// accepted and ignored (copy), located as errors are, a scheduler that
 // ignores weights over backends of different weights, and a password
-// file others can read. -check prints them and each reload logs them.
+// file others can read. -check prints them, and the start and each reload
+// log them.
 func (c *Config) Warnings() []string {
-	var out []string
+	out := slices.Clone(c.ignored)
 	for _, s := range c.Services {
 		if alt, ok := unweighted[string(s.Scheduler)]; ok {
 			var ws []int

@@ -13,7 +13,9 @@ import (
 
 // Routing by name (docs/routing.md): services that each name what they
 // take (sni, alpn) may share a listen address. The rules are checked here,
-// with their keys; sched.NewRoutes compiles what passes.
+// with their keys; which names clash is sched's rule (sched.Clashes),
+// asked here as sched.NewRoutes asks it, and NewRoutes compiles what
+// passes.
 
 // DefaultRoute is the sni name of the default route.
 const DefaultRoute = sched.DefaultName
@@ -79,12 +81,6 @@ func (w *walker) checkRoutes() {
 		if len(cs) < 2 && !routed {
 			continue
 		}
-		type taken struct {
-			svc  string
-			key  string
-			alpn []string
-		}
-		names := map[string][]taken{}
 		for i, c := range cs {
 			if len(c.sni) == 0 {
 				other := cs[0]
@@ -97,41 +93,24 @@ func (w *walker) checkRoutes() {
 			if i > 0 && (!slices.Equal(c.acceptProxy, cs[0].acceptProxy) || c.proxyTimeout != cs[0].proxyTimeout) {
 				w.errorf(c.svc+".accept_proxy", "differs from %s's on the shared address %s: the PROXY header is read before the route is known, so they must agree (proxy_timeout too)", cs[0].svc, ap)
 			}
-			for k, n := range c.sni {
-				key := fmt.Sprintf("%s.sni[%d]", c.svc, k)
-				for _, o := range names[n] {
-					p, clash := overlapALPN(o.alpn, c.alpn)
-					switch {
-					case !clash:
-					case n == DefaultRoute:
-						w.errorf(key, "%s is already the default route on %s", o.svc, ap)
-					case p != "":
-						w.errorf(key, "%q with ALPN %q on %s is already taken by %s", n, p, ap, o.key)
-					default:
-						w.errorf(key, "%q on %s is already taken by %s", n, ap, o.key)
-					}
-				}
-				names[n] = append(names[n], taken{svc: c.svc, key: key, alpn: c.alpn})
+		}
+		routes := make([]sched.Route, len(cs))
+		for i, c := range cs {
+			routes[i] = sched.Route{Names: c.sni, ALPN: c.alpn}
+		}
+		sniKey := func(c claim, n string) string { return fmt.Sprintf("%s.sni[%d]", c.svc, slices.Index(c.sni, n)) }
+		for _, cl := range sched.Clashes(routes) {
+			c, o := cs[cl.Route], cs[cl.Earlier]
+			switch key := sniKey(c, cl.Name); {
+			case cl.Name == DefaultRoute:
+				w.errorf(key, "%s is already the default route on %s", o.svc, ap)
+			case cl.ALPN != "":
+				w.errorf(key, "%q with ALPN %q on %s is already taken by %s", cl.Name, cl.ALPN, ap, sniKey(o, cl.Name))
+			default:
+				w.errorf(key, "%q on %s is already taken by %s", cl.Name, ap, sniKey(o, cl.Name))
 			}
 		}
 	}
-}
-
-// overlapALPN reports whether two services of one name would take the
-// same client: both without alpn, or both listing a protocol (which is
-// returned). A service with alpn and one without may share the name: the
-// second takes the clients that offer none of the first's protocols
-// (sched's Routes.Match; docs/routing.md).
-func overlapALPN(a, b []string) (string, bool) {
-	if len(a) == 0 || len(b) == 0 {
-		return "", len(a) == 0 && len(b) == 0
-	}
-	for _, p := range a {
-		if slices.Contains(b, p) {
-			return p, true
-		}
-	}
-	return "", false
 }
 
 // Routed returns the listen addresses routed by name (a service on them

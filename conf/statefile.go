@@ -10,7 +10,7 @@ import (
 
 // StateDamaged are the values of [admin] state_damaged: what the daemon does
 // at start when the state file exists but cannot be read as one.
-var StateDamaged = []string{"refuse", "start-empty"}
+var StateDamaged = []StateDamage{StateDamageRefuse, StateDamageStartEmpty}
 
 // stateHeader is how every state file fulcrum writes begins (a
 // statefile.State, marshalled with its first field "fulcrum_state"; files of

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"fulcrum/health"
 )
 
 // WriteSummary prints what -check validated, on one screen.
@@ -39,10 +41,10 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 			params = fmt.Sprintf(" (hash_key %s, table_size %d)", s.HashKey, s.TableSize)
 		case "first":
 			switch s.Failback {
-			case "after":
+			case FailbackAfter:
 				params = fmt.Sprintf(" (failback after:%s)", s.FailbackAfter)
-			case "never", "manual":
-				params = " (failback " + s.Failback + ")"
+			case FailbackNever, FailbackManual:
+				params = fmt.Sprintf(" (failback %s)", s.Failback)
 			}
 		}
 		fmt.Fprintf(w, "\nservice %s  scheduler %s%s  listen %s\n", s.Name, s.Scheduler, params, strings.Join(listen, " "))
@@ -78,7 +80,7 @@ func (cfg *Config) WriteSummary(w io.Writer) {
 				notes = append(notes, fmt.Sprintf("max_conns %d", b.MaxConns))
 			}
 			if b.OnDown != s.OnDown {
-				notes = append(notes, "on_down "+b.OnDown)
+				notes = append(notes, "on_down "+string(b.OnDown))
 			}
 			if h, sh := checkLine(b.Health), checkLine(s.Health); h != sh {
 				// only what differs from the service's
@@ -122,12 +124,12 @@ func failover(s Service) string {
 	if s.HoldTimeout > 0 {
 		parts = append(parts, "hold_timeout "+s.HoldTimeout.String())
 	}
-	parts = append(parts, "on_down "+s.OnDown)
-	if s.OnUp != "keep" {
-		parts = append(parts, "on_up "+s.OnUp)
+	parts = append(parts, "on_down "+string(s.OnDown))
+	if s.OnUp != OnUpKeep {
+		parts = append(parts, "on_up "+string(s.OnUp))
 	}
-	if s.Health.Role == "primary" {
-		parts = append(parts, "split_brain "+s.SplitBrain)
+	if s.Health.Role == RolePrimary {
+		parts = append(parts, "split_brain "+string(s.SplitBrain))
 	}
 	if s.MaxConns > 0 {
 		parts = append(parts, fmt.Sprintf("max_conns %d", s.MaxConns))
@@ -144,11 +146,11 @@ func failover(s Service) string {
 // fall 2), role replica, max_lag 10s, user fulcrum_check, password_file …";
 // "none" without checks.
 func checkLine(h Health) string {
-	if h.Check == "none" || h.Check == "" {
+	if h.Check == health.CheckNone || h.Check == "" {
 		return "none"
 	}
 	line := fmt.Sprintf("%s every %s (timeout %s, rise %d, fall %d)", h.Check, h.Interval, h.Timeout, h.Rise, h.Fall)
-	if h.Role != "" && h.Role != "any" {
+	if h.Role != "" && h.Role != RoleAny {
 		line += ", role " + h.Role
 	}
 	if h.MaxLag > 0 {
@@ -159,13 +161,13 @@ func checkLine(h Health) string {
 	} else if h.Port > 0 {
 		line += fmt.Sprintf(", port %d", h.Port)
 	}
-	if h.Check == "pgsql" || h.Check == "mysql" {
+	if h.Check == health.CheckPgSQL || h.Check == health.CheckMySQL {
 		line += ", user " + h.User
 	}
 	if h.PasswordFile != "" {
 		line += ", password_file " + h.PasswordFile
 	}
-	if h.Check == "http" {
+	if h.Check == health.CheckHTTP {
 		line += fmt.Sprintf(", GET %s → %d", h.Path, h.Status)
 	}
 	return line

@@ -42,9 +42,12 @@ func (e *Error) Error() string {
 // problem instead of stopping at the first.
 type walker struct {
 	file  string
-	order map[string]int  // service name → rank in file order, from toml's MetaData
-	errs  []*Error        // lines are filled in by locateErrors
-	keys  map[string]bool // when not nil, done records every key read here, as "table.key" (see Keys)
+	order map[string]int // service name → rank in file order, from toml's MetaData
+	errs  []*Error       // lines are filled in by locate
+	// ignored are keys accepted and ignored (kept so that older files
+	// load), each with why: Config.Warnings reports them.
+	ignored []*Error
+	keys    map[string]bool // when not nil, done records every key read here, as "table.key" (see Keys)
 
 	claims map[netip.AddrPort][]claim // listen address → the services on it, in file order (routes.go)
 
@@ -55,13 +58,18 @@ func (w *walker) errorf(key, format string, args ...any) {
 	w.errs = append(w.errs, &Error{File: w.file, Key: key, Msg: fmt.Sprintf(format, args...)})
 }
 
-// locateErrors fills in the line of each error: the line of its key, or of
+// ignore records that key is accepted and ignored, and why.
+func (w *walker) ignore(key, why string) {
+	w.ignored = append(w.ignored, &Error{File: w.file, Key: key, Msg: why})
+}
+
+// locate fills in the line of each of errs: the line of its key, or of
 // the nearest written parent (a default value has no line of its own). The
-// source is scanned only when there are errors, so a valid file costs
-// nothing here.
-func (w *walker) locateErrors(src []byte) {
+// source is scanned only when there are errors or ignored keys, so a
+// valid, current file costs nothing here.
+func (w *walker) locate(src []byte, errs []*Error) {
 	pos := locate(string(src))
-	for _, e := range w.errs {
+	for _, e := range errs {
 		e.Line = line(pos, e.Key)
 	}
 }

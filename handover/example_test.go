@@ -3,7 +3,6 @@ package handover_test
 import (
 	"context"
 	"net/netip"
-	"sync/atomic"
 
 	"github.com/rs/zerolog"
 
@@ -25,8 +24,7 @@ func Example() {
 	if err != nil {
 		return
 	}
-	var ptr atomic.Pointer[listener.Snapshot]
-	srv := listener.New(&ptr, log)
+	srv := listener.New(log)
 	var sd systemd.Notifier
 	up, err := handover.New(srv, &sd, netip.MustParseAddrPort("127.0.0.1:9900"), log, handover.Options{OnServe: state.StopWriting})
 	if err != nil {
@@ -37,7 +35,7 @@ func Example() {
 		return
 	}
 	defer adminLn.Close()
-	m := reload.New("/etc/fulcrum/fulcrum.toml", &ptr, srv, log, reload.Options{Notify: up.Notify, Sockets: up.Sockets(), State: state})
+	m := reload.New("/etc/fulcrum/fulcrum.toml", srv, log, reload.Options{Notify: up.Notify, Sockets: up.Sockets(), State: state})
 	rctx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	go func() { // exits at the hand-over or when rctx ends

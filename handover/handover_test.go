@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -75,8 +74,7 @@ func listen(t *testing.T) (*net.TCPListener, netip.AddrPort) {
 }
 
 func newServer(t *testing.T) *listener.Server {
-	var ptr atomic.Pointer[listener.Snapshot]
-	srv := listener.New(&ptr, zerolog.Nop())
+	srv := listener.New(zerolog.Nop())
 	t.Cleanup(func() { srv.Close(); srv.Wait() })
 	return srv
 }

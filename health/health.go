@@ -19,13 +19,8 @@
 // the running configuration's table at the same generation with effective
 // weights that follow health.
 //
-// Typical use (reload does this):
-//
-//	hc := health.New(log, ptr.Load, m.refresh)
-//	pool.Changes = hc.Changes()
-//	go hc.Run(ctx)        // until ctx ends
-//	hc.SetChecks(jobs)    // at every reload's commit, after the swap
-//	hc.Stop()             // at shutdown: ends the checks, waits for them
+// Typical use: see Example (reload does this, with m.Table and m.refresh
+// as table and rebuild).
 //
 // Ownership: Run's caller owns its goroutine; the controller owns every
 // check goroutine, which SetChecks replaces and Stop ends.

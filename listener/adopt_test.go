@@ -39,7 +39,8 @@ func TestExportAdopt(t *testing.T) {
 	if len(exp) != 2 {
 		t.Fatalf("Export() = %d sockets; want 2", len(exp))
 	}
-	next := New(&p.ptr, zerolog.Nop())
+	next := New(zerolog.Nop())
+	next.Publish(p.srv.Snapshot()) // the new process's first snapshot, as its reload would publish
 	var dropped *net.TCPListener
 	for _, e := range exp {
 		if fl, _ := unix.FcntlInt(e.File.Fd(), unix.F_GETFL, 0); fl&unix.O_NONBLOCK == 0 { // Fd: as os.StartProcess does

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +22,6 @@ func isAccess(m map[string]any) bool { return m["message"] == "connection" }
 // has besides its services.
 type testServer struct {
 	srv  *Server
-	ptr  atomic.Pointer[Snapshot]
 	key  netip.AddrPort // the address configured: 127.0.0.1:0
 	addr string         // the address bound
 	logs *testkit.LogSink
@@ -36,7 +34,7 @@ type testServer struct {
 func (ts *testServer) start(t testing.TB, svcs []*sched.Service, tbl *sched.Table, pols map[string]*Policy, level zerolog.Level, opts ...func(*Server)) {
 	t.Helper()
 	ts.logs = testkit.NewLogSink()
-	ts.srv = New(&ts.ptr, zerolog.New(ts.logs).Level(level))
+	ts.srv = New(zerolog.New(ts.logs).Level(level))
 	ts.srv.Publish(NewSnapshot(tbl, pols))
 	for _, o := range opts {
 		o(ts.srv)

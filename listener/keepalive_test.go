@@ -247,7 +247,7 @@ func TestKeepAliveAfterChange(t *testing.T) {
 	before := p.dial(t) // queued while the loop is stopped, with the listening socket's options
 	off := *p.pol
 	off.KeepAliveIdle = 0
-	p.srv.Publish(NewSnapshot(p.ptr.Load().Table, map[string]*Policy{p.svc.Name: &off}))
+	p.srv.Publish(NewSnapshot(p.srv.Snapshot().Table, map[string]*Policy{p.svc.Name: &off}))
 	close(thaw)
 	greeted(nudge)
 	greeted(before)

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,8 +211,7 @@ func TestWaitingClientDoesNotHoldAccept(t *testing.T) {
 // has it too without a setsockopt of its own.
 func TestNoDelayInherited(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[Snapshot]
-	s := New(&ptr, zerolog.Nop())
+	s := New(zerolog.Nop())
 	ch, err := s.Prepare([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, false)
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -425,8 +424,7 @@ func TestRouteLoops(t *testing.T) {
 // each; it is bound once.
 func TestPrepareSharedAddress(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[Snapshot]
-	srv := New(&ptr, zerolog.Nop())
+	srv := New(zerolog.Nop())
 	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil)) // as Commit requires: no service takes a yet
 	a := netip.MustParseAddrPort("127.0.0.1:0")
 	ch, err := srv.Prepare([]netip.AddrPort{a, a, a}, false)
@@ -448,8 +446,7 @@ func TestPrepareSharedAddress(t *testing.T) {
 // in its backlog), and the running listener keeps accepting.
 func TestPrepareWildcardMove(t *testing.T) {
 	testkit.CheckLeaks(t)
-	var ptr atomic.Pointer[Snapshot]
-	srv := New(&ptr, zerolog.Nop())
+	srv := New(zerolog.Nop())
 	srv.Publish(NewSnapshot(sched.NewTable(1, nil, nil), nil))
 	defer srv.Wait()
 	defer srv.Close()
@@ -544,7 +541,7 @@ func TestRouteHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	next.Picker = picker
-	old := p.ptr.Load()
+	old := p.srv.Snapshot()
 	rs, err := sched.NewRoutes([]sched.Route{
 		{Service: p.svcs["first"], Names: []string{"a.example.com"}},
 		{Service: &next, Names: []string{"db1.example.com"}},
@@ -584,7 +581,7 @@ func TestRouteRemovedMidHello(t *testing.T) {
 		return nil
 	})
 	// The next table: x is gone, its backend drains.
-	old := p.ptr.Load()
+	old := p.srv.Snapshot()
 	rs, err := sched.NewRoutes([]sched.Route{{Service: p.svcs["dflt"], Names: []string{sched.DefaultName}, PrereadTimeout: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)

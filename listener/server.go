@@ -39,9 +39,9 @@ import (
 
 // Server accepts on a set of listen addresses and proxies each connection.
 type Server struct {
-	// tbl holds the snapshot every new connection reads; others may Load
-	// it, but only Publish stores into it.
-	tbl *atomic.Pointer[Snapshot]
+	// tbl holds the snapshot every new connection reads; Snapshot reads
+	// it for others, and only Publish stores into it.
+	tbl atomic.Pointer[Snapshot]
 	log zerolog.Logger
 	wg  sync.WaitGroup // accept loops and sessions
 
@@ -100,10 +100,10 @@ type socket struct {
 	refused rejects // connections routing by name turned away (routes.go)
 }
 
-// New returns a Server with no listeners, serving the snapshots Publish
-// stores in tbl.
-func New(tbl *atomic.Pointer[Snapshot], log zerolog.Logger) *Server {
-	return &Server{tbl: tbl, log: log.With().Str("component", "listener").Logger(),
+// New returns a Server with no listeners and no snapshot: it serves the
+// snapshots Publish gives it.
+func New(log zerolog.Logger) *Server {
+	return &Server{log: log.With().Str("component", "listener").Logger(),
 		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
 		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: newPipePool(pipeLimit(nofile()))}
@@ -129,6 +129,10 @@ func (s *Server) Publish(snap *Snapshot) {
 		s.adm.get(svc.Name).kick()
 	}
 }
+
+// Snapshot returns the snapshot new connections read (the last Publish);
+// nil before the first. It is read-only: Publish is the one writer.
+func (s *Server) Snapshot() *Snapshot { return s.tbl.Load() }
 
 // Inherit offers a listening socket passed by the service manager. Prepare
 // adopts it for the configured address it is bound to instead of binding

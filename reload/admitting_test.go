@@ -28,7 +28,7 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 	t.Helper()
 	in := &instance{h: &harness{t: t}, logs: testkit.NewLogSink()}
 	log := zerolog.New(in.logs)
-	in.h.srv = listener.New(&in.h.ptr, log)
+	in.h.srv = listener.New(log)
 	for _, e := range adopt {
 		l, err := net.FileListener(e.File)
 		e.File.Close()
@@ -37,7 +37,7 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 		}
 		in.h.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
-	in.h.m = New("", &in.h.ptr, in.h.srv, log, Options{})
+	in.h.m = New("", in.h.srv, log, Options{})
 	t.Cleanup(func() { in.h.m.Shutdown(context.Background()) })
 	cfg, err := conf.Parse("t.toml", []byte(text))
 	if err != nil {
@@ -114,7 +114,7 @@ func testServedWhileStopping(t *testing.T, extra string, first, rest, echoed []b
 	// Shutdown has closed the listeners and begun every drain: the drain
 	// is listed, waiting for the admission, or (the old code) the backend
 	// takes no new connection, from the start of its drain.
-	b := old.h.ptr.Load().Services[0].Targets[0].B
+	b := old.h.srv.Snapshot().Services[0].Targets[0].B
 	await(t, 10*time.Second, "Shutdown closes the listeners and drains", func() bool {
 		return len(old.h.srv.Sockets()) == 0 && (len(old.h.m.Draining()) == 1 || b.Draining())
 	})

@@ -97,7 +97,7 @@ func startDrill(t *testing.T, splitBrain string) *drill {
 
 // target finds a backend of a service in the running table.
 func (d *drill) target(svc, name string) *backend.Backend {
-	for _, tg := range d.r.ptr.Load().Service(svc).All() {
+	for _, tg := range d.r.srv.Snapshot().Service(svc).All() {
 		if tg.B.Name == name {
 			return tg.B
 		}
@@ -458,7 +458,7 @@ func TestDrillSplitBrain(t *testing.T) {
 			// without it was published since began (swapped logs its end
 			// right after publishing it, before any later table).
 			inForce := func() bool {
-				return len(d.r.ptr.Load().Service("rw").SplitBrain) == 2 && over() == overBefore
+				return len(d.r.srv.Snapshot().Service("rw").SplitBrain) == 2 && over() == overBefore
 			}
 			// The split lasts while both claim, and the drill watches it
 			// for a second. On a busy machine a claimant's checks can time

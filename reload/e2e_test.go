@@ -242,11 +242,11 @@ func TestE2EHashingSticks(t *testing.T) {
 			if len(seen) < 3 {
 				t.Errorf("40 clients reached only %v", seen)
 			}
-			gen := e.ptr.Load().Gen
+			gen := e.srv.Snapshot().Gen
 			if err := e.m.Apply(renderSpec(t, addrs, c.after...)); err != nil {
 				t.Fatal(err)
 			}
-			if e.ptr.Load().Gen != gen+1 {
+			if e.srv.Snapshot().Gen != gen+1 {
 				t.Fatal("the reload did not apply")
 			}
 			moved := 0
@@ -275,18 +275,18 @@ func TestE2EOptionsRebuild(t *testing.T) {
 	addrs := greeters(t, "a", "b")
 	spec := svcSpec{name: "s", scheduler: "p2c", backends: []string{"a/1", "b/1"}}
 	e := newE2E(t, addrs, spec)
-	p1 := e.ptr.Load().Services[0].Picker
+	p1 := e.srv.Snapshot().Services[0].Picker
 	if err := e.m.Apply(renderSpec(t, addrs, spec)); err != nil {
 		t.Fatal(err)
 	}
-	if e.ptr.Load().Services[0].Picker != p1 {
+	if e.srv.Snapshot().Services[0].Picker != p1 {
 		t.Error("an unchanged service got a new picker")
 	}
 	spec.extra = "choices = 3"
 	if err := e.m.Apply(renderSpec(t, addrs, spec)); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.ptr.Load().Services[0]; s.Picker == p1 || s.Options.Choices != 3 {
+	if s := e.srv.Snapshot().Services[0]; s.Picker == p1 || s.Options.Choices != 3 {
 		t.Errorf("after choices = 3: same picker %v, options %+v", s.Picker == p1, s.Options)
 	}
 	if got := e.sequence(4); slices.Contains(got, "") {

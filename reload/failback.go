@@ -53,7 +53,7 @@ func chooseWriter(cs *conf.Service, prim []sched.Target, cur writerState, floor,
 		return writerState{p.B.Name, now}, "first writer", time.Time{}
 	case w == nil:
 		return writerState{p.B.Name, now}, "writer " + cur.name + " is not up", time.Time{}
-	case w == p || cs.Failback != "after":
+	case w == p || cs.Failback != conf.FailbackAfter:
 		return cur, "", time.Time{}
 	}
 	_, _, upSince := p.B.Health()
@@ -79,7 +79,7 @@ type writerMove struct {
 // the writer and sets it on svc (Writer, and Options.Writer for the
 // picker). Called by build with m.mu held; it changes no live state.
 func (m *Manager) planWriter(p *plan, cs *conf.Service, svc *sched.Service, prim []sched.Target, now time.Time) {
-	if cs.Failback == "" {
+	if cs.Failback == conf.FailbackNone {
 		return
 	}
 	floor := m.started
@@ -169,7 +169,7 @@ func (m *Manager) Promote(service, name, by string) (bool, error) {
 		m.mu.Unlock()
 		return false, fmt.Errorf("no service %q in the running configuration", service)
 	}
-	if cs.Failback == "" {
+	if cs.Failback == conf.FailbackNone {
 		m.mu.Unlock()
 		return false, fmt.Errorf(`service %s has no failback: its writer is always the first backend up (set failback = "manual", "never" or "after:DURATION")`, service)
 	}

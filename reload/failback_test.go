@@ -202,7 +202,7 @@ func TestFailbackNever(t *testing.T) {
 	if got := askAll(t, r, 20); !allOf(got, "b") {
 		t.Fatalf("with a back up, failback never: %v; want b every time", got)
 	}
-	if st := status.Of(status.Source{Snapshot: r.m.ptr.Load, Reloads: r.m.Status}); len(st.Services) != 1 || st.Services[0].Writer != "b" {
+	if st := status.Of(status.Source{Snapshot: r.m.srv.Snapshot, Reloads: r.m.Status}); len(st.Services) != 1 || st.Services[0].Writer != "b" {
 		t.Errorf("/status writer %+v; want b", st.Services)
 	}
 	r.stop() // writes the state file as it exits

@@ -30,7 +30,7 @@ import (
 // backendOf finds a backend of a service in r's running table.
 func backendOf(t *testing.T, r *run, svc, name string) *backend.Backend {
 	t.Helper()
-	for _, tg := range r.ptr.Load().Service(svc).All() {
+	for _, tg := range r.srv.Snapshot().Service(svc).All() {
 		if tg.B.Name == name {
 			return tg.B
 		}
@@ -240,7 +240,7 @@ func TestSplitBrainCutsPostgres(t *testing.T) {
 			if end := accessEnd(t, r, "a"); end != backend.CutSplitBrain {
 				t.Errorf("the session's end = %q; want %q", end, backend.CutSplitBrain)
 			}
-			s := r.ptr.Load().Service("rw")
+			s := r.srv.Snapshot().Service("rw")
 			switch mode {
 			case "refuse":
 				if s.SplitWriter != "" {
@@ -265,7 +265,7 @@ func TestSplitBrainCutsPostgres(t *testing.T) {
 			if end := accessEnd(t, r, "b"); end != backend.CutSplitBrain {
 				t.Errorf("b's session's end = %q; want %q", end, backend.CutSplitBrain)
 			}
-			if s := r.ptr.Load().Service("rw"); s.SplitWriter != "" || len(s.SplitBrain) != 3 {
+			if s := r.srv.Snapshot().Service("rw"); s.SplitWriter != "" || len(s.SplitBrain) != 3 {
 				t.Errorf("after the tie: claimants %v, writer %q; want a, b, c and none", s.SplitBrain, s.SplitWriter)
 			}
 		})

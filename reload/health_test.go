@@ -58,7 +58,7 @@ func TestHealthPostgres(t *testing.T) {
 		backends: []be{{"pg-a", pgA.Addr, 10, ""}, {"pg-b", pgB.Addr, 10, ""}}}))
 	addr := r.addr("127.0.0.1:0")
 	port := addr[strings.LastIndex(addr, ":")+1:]
-	b := r.ptr.Load().Services[0].Targets[1].B
+	b := r.srv.Snapshot().Services[0].Targets[1].B
 
 	var mu sync.Mutex // protects runs
 	var runs []pgbenchRun
@@ -144,7 +144,7 @@ func TestHealthPostgres(t *testing.T) {
 	t.Logf("pg-b restarted: up %v after pg_ctl start returned", up.Sub(restarted))
 
 	// Slow start: pg-b's share of new connections in 1s windows.
-	a := r.ptr.Load().Services[0].Targets[0].B
+	a := r.srv.Snapshot().Services[0].Targets[0].B
 	var shares []float64
 	for range int(slow/time.Second) + 2 {
 		a0, b0 := a.Stats().Total, b.Stats().Total
@@ -182,7 +182,7 @@ func TestHealthRedis(t *testing.T) {
 	if out, err := benchmark(); err != nil || strings.Contains(out, "Error") {
 		t.Fatalf("redis-benchmark before the kill: %v\n%s", err, out)
 	}
-	b := r.ptr.Load().Services[0].Targets[1].B
+	b := r.srv.Snapshot().Services[0].Targets[1].B
 	killed := time.Now()
 	rb.Kill()
 	r.logs.Wait(t, 10*time.Second, "r-b down", backendLine("backend down", "r-b"))
@@ -306,7 +306,7 @@ func TestPassive(t *testing.T) {
 	r := startRun(t, t.TempDir(), render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr",
 		extra: "max_fails = 2\nfail_timeout = \"1s\"", backends: []be{{"dead", dead, 1, ""}, {"live", live.Addr, 1, ""}}}))
 	addr := r.addr("127.0.0.1:0")
-	b := r.ptr.Load().Services[0].Targets[0].B
+	b := r.srv.Snapshot().Services[0].Targets[0].B
 	for range 4 {
 		if name, err := testkit.Greeting(addr); err != nil || name != "live" {
 			t.Fatalf("greeting %q, %v", name, err)

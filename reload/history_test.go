@@ -73,7 +73,7 @@ func TestServiceHistory(t *testing.T) {
 	services[2].extra = "connect_timeout = \"2s\"\n"
 	renameOver(t, r.path, render(services...))
 	r.expectGen(2, 5*time.Second)
-	b := r.ptr.Load().Service("ro").Targets[0].B
+	b := r.srv.Snapshot().Service("ro").Targets[0].B
 	if h := b.History(time.Now()); h.Transitions != 2 || h.Downtime <= 0 {
 		t.Errorf("ro/r's history: %+v; want 2 transitions (down, up) and some downtime", h)
 	}
@@ -109,7 +109,7 @@ func TestUnresolvedAddressShown(t *testing.T) {
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, backends: []be{{name: "b", addr: "b.test:" + port, weight: 1}}})
 	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
 	addr := func() string {
-		return status.Of(status.Source{Snapshot: r.m.ptr.Load}).Services[0].Backends[0].Address
+		return status.Of(status.Source{Snapshot: r.m.srv.Snapshot}).Services[0].Backends[0].Address
 	}
 	if got, want := addr(), "b.test:"+port+" (unresolved)"; got != want {
 		t.Errorf("address before the name resolves: %q; want %q", got, want)
@@ -135,7 +135,7 @@ func TestHealthyStartQuiet(t *testing.T) {
 	if warned := r.logs.All(func(m map[string]any) bool { return m["message"] == "backend down" && m["level"] == "warn" }); len(warned) > 0 {
 		t.Errorf("a healthy start warned %v", warned)
 	}
-	if h := r.ptr.Load().Service("rw").Targets[0].B.History(time.Now()); h.Transitions != 0 || h.Downtime != 0 {
+	if h := r.srv.Snapshot().Service("rw").Targets[0].B.History(time.Now()); h.Transitions != 0 || h.Downtime != 0 {
 		t.Errorf("history after a healthy start: %+v; want none", h)
 	}
 	if ev := r.m.Events(); len(ev) != 0 {
@@ -180,7 +180,7 @@ func TestWeightZeroSince(t *testing.T) {
 		backends: []be{{"a", a.Addr, 1, ""}, {"b", a.Addr, 1, ""}}}
 	r := startRun(t, t.TempDir(), render(s))
 	since := func() time.Time {
-		return status.Of(status.Source{Snapshot: r.m.ptr.Load}).Services[0].Backends[0].Since
+		return status.Of(status.Source{Snapshot: r.m.srv.Snapshot}).Services[0].Backends[0].Since
 	}
 	started := time.Now()
 	s.backends[0].weight = 0

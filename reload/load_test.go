@@ -96,7 +96,7 @@ func TestRunDrain(t *testing.T) {
 		defer s.c.Close()
 		open = append(open, s)
 	}
-	removedB := r.ptr.Load().Services[0].Targets[1].B
+	removedB := r.srv.Snapshot().Services[0].Targets[1].B
 
 	writeInPlace(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0"}, extra: extra,
 		backends: []be{{"a", a.Addr, 1, ""}}}))
@@ -374,7 +374,7 @@ func TestRunSchedulerAndListener(t *testing.T) {
 
 	renameOver(t, r.path, render(svc{name: "s", listen: []string{"127.0.0.1:0", second}, scheduler: "lc", backends: bs}))
 	r.expectGen(2, 20*time.Second)
-	if s := r.ptr.Load().Services[0]; s.Scheduler != "lc" || fmt.Sprintf("%T", s.Picker) != "*sched.leastConnSched" {
+	if s := r.srv.Snapshot().Services[0]; s.Scheduler != "lc" || fmt.Sprintf("%T", s.Picker) != "*sched.leastConnSched" {
 		t.Errorf("scheduler %s, picker %T; want lc", s.Scheduler, s.Picker)
 	}
 	if name, err := testkit.Greeting(second); err != nil || name == "" {
@@ -409,7 +409,7 @@ func TestRunManyReloads(t *testing.T) {
 		}
 		// The write's own events may also reload (a debounce that fires
 		// before the SIGHUP is read): wait until the new file is in effect.
-		for r.gen() < want || r.ptr.Load().Services[0].Targets[0].Weight != 1+k%7 {
+		for r.gen() < want || r.srv.Snapshot().Services[0].Targets[0].Weight != 1+k%7 {
 			r.attempt(20 * time.Second)
 		}
 		if st := r.m.Status(); st.LastError != "" {
@@ -437,9 +437,8 @@ func bigConfig(n, bump int) []byte {
 // weights all change: parse + validate, and apply (build, swap, settle).
 func BenchmarkReload10k(b *testing.B) {
 	files := [][]byte{bigConfig(10000, 0), bigConfig(10000, 1)}
-	var ptr atomic.Pointer[listener.Snapshot]
-	srv := listener.New(&ptr, zerolog.Nop())
-	m := New("", &ptr, srv, zerolog.Nop(), Options{})
+	srv := listener.New(zerolog.Nop())
+	m := New("", srv, zerolog.Nop(), Options{})
 	defer m.Shutdown(b.Context())
 	cfg, err := conf.Parse("big.toml", files[0])
 	if err != nil {

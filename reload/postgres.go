@@ -11,9 +11,9 @@ import (
 // routed by name (docs/databases.md, "Cancel requests").
 func speaksPostgres(cs conf.Service) bool {
 	switch cs.Protocol {
-	case "postgres":
+	case conf.ProtocolPostgres:
 		return true
-	case "tcp":
+	case conf.ProtocolTCP:
 		return false
 	}
 	for _, b := range cs.Backends {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 
 	"fulcrum/conf"
@@ -37,10 +36,9 @@ func (l *lockedBuffer) String() string {
 // the loops stay as they are.
 func TestApplyWarnsProcessAtRestart(t *testing.T) {
 	var logs lockedBuffer
-	var ptr atomic.Pointer[listener.Snapshot]
 	log := zerolog.New(&logs)
-	srv := listener.New(&ptr, log)
-	m := New("", &ptr, srv, log, Options{})
+	srv := listener.New(log)
+	m := New("", srv, log, Options{})
 	t.Cleanup(func() { m.Shutdown(context.Background()) })
 	parse := func(src string) *conf.Config {
 		t.Helper()
@@ -59,7 +57,7 @@ func TestApplyWarnsProcessAtRestart(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "[process] changes only at restart") || !strings.Contains(out, `"file":2`) {
 		t.Errorf("a reload that changes [process] loops logged\n%s\nwant a warning that it changes only at restart", out)
 	}
-	if g := ptr.Load().Gen; g != 2 {
+	if g := srv.Snapshot().Gen; g != 2 {
 		t.Errorf("gen = %d; want 2: the rest of the file applies", g)
 	}
 }

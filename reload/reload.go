@@ -6,16 +6,16 @@
 // A reload never touches an established connection, and a bad file is
 // refused while the running configuration keeps serving.
 //
-// Typical use (main does this):
+// Typical use (main does this; Example compiles it):
 //
-//	var ptr atomic.Pointer[listener.Snapshot]
-//	srv := listener.New(&ptr, log)
-//	m := reload.New(path, &ptr, srv, log, reload.Options{Hup: hupSignals}) // SIGHUP reloads at once
+//	srv := listener.New(log)
+//	m := reload.New(path, srv, log, reload.Options{Hup: hupSignals}) // SIGHUP reloads at once
 //	err := m.Run(ctx, cfg) // applies cfg, follows the file until ctx ends, then shuts down
 //
 // Ownership: Run owns the file watcher, the debounce timer, the recheck
 // ticker and every drain goroutine; all are gone when Run returns. main owns
-// the atomic pointer and the Server.
+// the Server, which holds the published snapshot (Server.Snapshot); the
+// Manager publishes to it and reads it back, nothing else writes it.
 package reload
 
 import (
@@ -91,7 +91,6 @@ type Options struct {
 type Manager struct {
 	opt   Options
 	path  string
-	ptr   *atomic.Pointer[listener.Snapshot]
 	srv   *listener.Server
 	log   zerolog.Logger
 	ovlog zerolog.Logger // overrides, under component "state"
@@ -111,6 +110,7 @@ type Manager struct {
 	writers    map[string]writerState // failback: each such service's writer (failback.go); replaced whole at each commit
 	promote    map[string]promotion   // failback: Promote's wishes, for the next build
 	started    time.Time              // the first commit: health known before it counts from it (failback)
+	ready      chan struct{}          // closed by Run once it serves (Ready)
 	failback   *time.Timer            // the next after: failback's refresh; nil when none is due
 
 	statusMu sync.Mutex // protects status and draining
@@ -123,10 +123,10 @@ type Manager struct {
 type Status = status.Reload
 
 // New returns a Manager for the file at path, which publishes its
-// snapshots to ptr for srv (listener.New(ptr, …)). opt is fixed from here
-// on. The writers of failback services are taken back from opt.State.
-func New(path string, ptr *atomic.Pointer[listener.Snapshot], srv *listener.Server, log zerolog.Logger, opt Options) *Manager {
-	m := &Manager{opt: opt, path: path, ptr: ptr, srv: srv, log: log.With().Str("component", "reload").Logger(),
+// snapshots to srv (Server.Publish). opt is fixed from here on. The
+// writers of failback services are taken back from opt.State.
+func New(path string, srv *listener.Server, log zerolog.Logger, opt Options) *Manager {
+	m := &Manager{opt: opt, path: path, srv: srv, ready: make(chan struct{}), log: log.With().Str("component", "reload").Logger(),
 		ovlog: log.With().Str("component", "state").Logger()}
 	if ws := opt.State.Restored().Writers; len(ws) > 0 {
 		m.writers = map[string]writerState{}
@@ -157,9 +157,14 @@ func (m *Manager) Events() []backend.Event { return m.pool.Events.List() }
 // table to the next.
 func (m *Manager) Watcher() *status.Watcher { return &m.watch }
 
+// Ready is closed once Run has applied its first configuration and
+// follows the file: when it tells systemd READY=1. A Run that fails to
+// start never closes it.
+func (m *Manager) Ready() <-chan struct{} { return m.ready }
+
 // Table returns the running table; nil before the first Apply.
 func (m *Manager) Table() *sched.Table {
-	if s := m.ptr.Load(); s != nil {
+	if s := m.srv.Snapshot(); s != nil {
 		return s.Table
 	}
 	return nil
@@ -205,7 +210,7 @@ func (m *Manager) refresh() {
 // services, backends up of total, open connections, and the last reload
 // error if the last attempt failed.
 func (m *Manager) StatusLine() string {
-	return status.Of(status.Source{Snapshot: m.ptr.Load, Reloads: m.Status, Draining: m.Draining}).Line()
+	return status.Of(status.Source{Snapshot: m.srv.Snapshot, Reloads: m.Status, Draining: m.Draining}).Line()
 }
 
 // Draining returns the backends being drained now (removed from the
@@ -330,7 +335,7 @@ func (m *Manager) apply(cfg *conf.Config, dns names, trigger string) error {
 			Msg("[process] changes only at restart; keeping the running event loops")
 	}
 	if m.cur != nil && m.cur.Log.Format != cfg.Log.Format {
-		m.log.Warn().Str("running", m.cur.Log.Format).Str("file", cfg.Log.Format).
+		m.log.Warn().Str("running", string(m.cur.Log.Format)).Str("file", string(cfg.Log.Format)).
 			Msg("log.format changes only at restart; keeping the running format")
 	}
 	m.cur = cfg
@@ -404,7 +409,7 @@ func (m *Manager) build(cfg *conf.Config, dns names, old *sched.Table, gen uint6
 			t := sched.Target{B: bk, Addr: addr, Host: hostOf(b), Base: b.Weight, Weight: health.EffectiveWeight(b.Weight, b.SlowStart, bk, now), SlowStart: b.SlowStart,
 				MaxConns: b.MaxConns, MaxFails: b.MaxFails, FailTimeout: b.FailTimeout,
 				ProxyProtocol: b.ProxyProtocol,
-				CutOnDown:     b.OnDown == "close", CutBackupsOnUp: b.OnUp == "close-backups", CutOnRole: b.OnRoleChange == "close"}
+				CutOnDown:     b.OnDown == conf.OnDownClose, CutBackupsOnUp: b.OnUp == conf.OnUpCloseBackups, CutOnRole: b.OnRoleChange == conf.OnRoleChangeClose}
 			if aerr != nil {
 				t.Weight = 0 // no address: never picked, whatever its health says
 			}

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +20,6 @@ import (
 
 type harness struct {
 	t   *testing.T
-	ptr atomic.Pointer[listener.Snapshot]
 	srv *listener.Server
 	m   *Manager
 }
@@ -29,8 +27,8 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	h := &harness{t: t}
 	log := zerolog.New(io.Discard)
-	h.srv = listener.New(&h.ptr, log)
-	h.m = New("", &h.ptr, h.srv, log, Options{})
+	h.srv = listener.New(log)
+	h.m = New("", h.srv, log, Options{})
 	t.Cleanup(func() { h.m.Shutdown(context.Background()) })
 	return h
 }
@@ -62,7 +60,7 @@ func TestApplyKeepsIdentity(t *testing.T) {
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/1", "b=127.0.0.1:2/1")); err != nil {
 		t.Fatal(err)
 	}
-	t1 := h.ptr.Load()
+	t1 := h.srv.Snapshot()
 	a, b := t1.Services[0].Targets[0].B, t1.Services[0].Targets[1].B
 	a.Acquire(0) // a live connection's slot, carried across the reload
 	defer a.Release()
@@ -70,7 +68,7 @@ func TestApplyKeepsIdentity(t *testing.T) {
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/5", "c=127.0.0.1:3/1")); err != nil {
 		t.Fatal(err)
 	}
-	t2 := h.ptr.Load()
+	t2 := h.srv.Snapshot()
 	if t2.Gen != t1.Gen+1 {
 		t.Errorf("gen = %d; want %d", t2.Gen, t1.Gen+1)
 	}
@@ -93,7 +91,7 @@ func TestApplyReAddDraining(t *testing.T) {
 	if err := h.m.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	b := h.ptr.Load().Services[0].Targets[1].B
+	b := h.srv.Snapshot().Services[0].Targets[1].B
 	b.Acquire(0) // an open connection keeps it draining
 	defer b.Release()
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")); err != nil {
@@ -105,7 +103,7 @@ func TestApplyReAddDraining(t *testing.T) {
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1", "b=127.0.0.1:2/1")); err != nil {
 		t.Fatal(err)
 	}
-	if got := h.ptr.Load().Services[0].Targets[1].B; got != b || got.Draining() || got.Active() != 1 {
+	if got := h.srv.Snapshot().Services[0].Targets[1].B; got != b || got.Draining() || got.Active() != 1 {
 		t.Errorf("re-added backend: same object %v, draining %v, active %d; want the live one back", got == b, got.Draining(), got.Active())
 	}
 	if !b.Acquire(0) {
@@ -120,11 +118,11 @@ func TestApplyUnchangedKeepsPicker(t *testing.T) {
 	if err := h.m.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	p1 := h.ptr.Load().Services[0].Picker
+	p1 := h.srv.Snapshot().Services[0].Picker
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "wrr", "a=127.0.0.1:1/3", "b=127.0.0.1:2/1")); err != nil {
 		t.Fatal(err)
 	}
-	if p2 := h.ptr.Load().Services[0].Picker; p2 != p1 {
+	if p2 := h.srv.Snapshot().Services[0].Picker; p2 != p1 {
 		t.Error("unchanged service got a new picker; its cursor would restart")
 	}
 }
@@ -142,7 +140,7 @@ func TestApplyBindFailure(t *testing.T) {
 	if err := h.m.Apply(config(t, []string{first.String()}, "rr", "a=127.0.0.1:1/1")); err != nil {
 		t.Fatal(err)
 	}
-	old := h.ptr.Load()
+	old := h.srv.Snapshot()
 	bound := h.srv.Addr(first)
 	free, err := net.Listen("tcp", "127.0.0.1:0") // a port that is free now
 	if err != nil {
@@ -154,7 +152,7 @@ func TestApplyBindFailure(t *testing.T) {
 	if err == nil {
 		t.Fatal("Apply with a busy address succeeded")
 	}
-	if h.ptr.Load() != old {
+	if h.srv.Snapshot() != old {
 		t.Error("table swapped despite the failure")
 	}
 	if h.srv.Addr(first) != bound {
@@ -180,7 +178,7 @@ type state struct {
 }
 
 func (h *harness) state() state {
-	st := state{table: h.ptr.Load(), pool: h.m.pool.Len(), rates: map[string][2]float64{}, status: h.m.Status()}
+	st := state{table: h.srv.Snapshot(), pool: h.m.pool.Len(), rates: map[string][2]float64{}, status: h.m.Status()}
 	for _, s := range st.table.Services {
 		a, _ := h.srv.Admission(s.Name)
 		st.rates[s.Name] = [2]float64{a.Rate, float64(a.Burst)}
@@ -222,7 +220,7 @@ func TestApplyRefusedChangesNothing(t *testing.T) {
 	if after := h.state(); !reflect.DeepEqual(before, after) {
 		t.Errorf("a refused reload changed the running state:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if a, _ := h.srv.Admission(h.ptr.Load().Services[0].Name); a.Rate != 0 {
+	if a, _ := h.srv.Admission(h.srv.Snapshot().Services[0].Name); a.Rate != 0 {
 		t.Error("the running service is rate limited after a refused reload")
 	}
 	busy.Close()
@@ -241,9 +239,9 @@ func TestTableSeq(t *testing.T) {
 	if err := h.m.Apply(config(t, []string{"127.0.0.1:0"}, "rr", "a=127.0.0.1:1/1")); err != nil {
 		t.Fatal(err)
 	}
-	t1 := h.ptr.Load()
+	t1 := h.srv.Snapshot()
 	h.m.refresh()
-	t2 := h.ptr.Load()
+	t2 := h.srv.Snapshot()
 	if t2 == t1 || t2.Gen != t1.Gen || t2.Seq == t1.Seq {
 		t.Errorf("refresh: gen %d → %d, seq %d → %d; want the same gen and a new seq", t1.Gen, t2.Gen, t1.Seq, t2.Seq)
 	}
@@ -253,8 +251,8 @@ func TestTableSeq(t *testing.T) {
 // context bounds the wait: open sessions are closed when it ends.
 func TestShutdownDeadline(t *testing.T) {
 	h := &harness{t: t}
-	h.srv = listener.New(&h.ptr, zerolog.Nop())
-	h.m = New("", &h.ptr, h.srv, zerolog.Nop(), Options{})
+	h.srv = listener.New(zerolog.Nop())
+	h.m = New("", h.srv, zerolog.Nop(), Options{})
 	be, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +279,7 @@ func TestShutdownDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	b := h.ptr.Load().Services[0].Targets[0].B
+	b := h.srv.Snapshot().Services[0].Targets[0].B
 	for deadline := time.Now().Add(10 * time.Second); b.Active() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the session never started")

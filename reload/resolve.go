@@ -87,10 +87,10 @@ func resolve(ctx context.Context, lookup LookupFunc, h string) resolution {
 	}
 }
 
-// changed reports whether next gives any name another address than cur.
-func (cur names) changed(next names) bool {
+// changed reports whether next gives any name another address than n.
+func (n names) changed(next names) bool {
 	for h, r := range next {
-		if cur[h].addr != r.addr {
+		if n[h].addr != r.addr {
 			return true
 		}
 	}

@@ -62,7 +62,7 @@ func TestUnresolvableBackend(t *testing.T) {
 	text := render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "rr", backends: []be{
 		{name: "a", addr: a.Addr, weight: 1}, {name: "b", addr: "b.test" + bPort, weight: 1}}})
 	r := startRun(t, t.TempDir(), text, func(o *Options) { o.Lookup = dns.lookup })
-	bk := r.ptr.Load().Services[0].Targets[1].B
+	bk := r.srv.Snapshot().Services[0].Targets[1].B
 	if up, reason, _ := bk.Health(); up || !strings.HasPrefix(reason, "resolve: ") {
 		t.Fatalf("backend b: up %v, reason %q; want down with a resolve reason", up, reason)
 	}
@@ -129,17 +129,17 @@ func TestLoopNeverBlocks(t *testing.T) {
 		}
 	}
 	// A health change is served: the table is rebuilt (new Seq, same Gen).
-	before := r.ptr.Load()
+	before := r.srv.Snapshot()
 	bk := before.Services[0].Targets[0].B
 	for range 3 {
 		bk.PassiveFail(3, time.Hour, time.Now())
 	}
-	for deadline := time.Now().Add(10 * time.Second); r.ptr.Load().Seq == before.Seq; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); r.srv.Snapshot().Seq == before.Seq; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the table was not rebuilt after a health change while a reload waited on DNS")
 		}
 	}
-	if g := r.ptr.Load().Gen; g != before.Gen {
+	if g := r.srv.Snapshot().Gen; g != before.Gen {
 		t.Errorf("generation %d; want %d: the hanging reload must not have applied", g, before.Gen)
 	}
 	// SIGTERM: Run returns at once, the hanging lookup abandoned.

@@ -62,7 +62,7 @@ func TestRolesRedis(t *testing.T) {
 			backends: []be{{"a", a.Addr, 1, ""}, {"b", b.Addr, 1, ""}}}))
 	rw, ro := r.addr("127.0.0.1:0"), r.addr("127.0.0.2:0")
 	state := func(svc, name string) (backend.State, string) {
-		for _, tg := range r.ptr.Load().Service(svc).All() {
+		for _, tg := range r.srv.Snapshot().Service(svc).All() {
 			if tg.B.Name == name {
 				return tg.B.State()
 			}
@@ -129,7 +129,7 @@ func TestRolesRedis(t *testing.T) {
 	r.logs.Wait(t, 5*time.Second, "the wrong-role log line", func(m map[string]any) bool {
 		return m["message"] == "backend in the wrong role" && m["backend"] == "a" && m["service"] == "rw" && m["role"] == "replica"
 	})
-	if s := r.ptr.Load().Service("rw").Targets[0].B.Stats(); s.CutClosed != 1 {
+	if s := r.srv.Snapshot().Service("rw").Targets[0].B.Stats(); s.CutClosed != 1 {
 		t.Errorf("a's CutClosed = %d; want 1", s.CutClosed)
 	}
 }
@@ -186,7 +186,7 @@ func TestSplitBrain(t *testing.T) {
 			r.logs.Wait(t, 10*time.Second, "the split", func(m map[string]any) bool {
 				return m["message"] != nil && strings.HasPrefix(m["message"].(string), "split brain: more than one") && m["backends"] == "a, b"
 			})
-			snap := r.ptr.Load()
+			snap := r.srv.Snapshot()
 			s := snap.Service("rw")
 			if refuse := s.SplitWriter == ""; len(s.SplitBrain) != 2 || refuse != (mode == "refuse") {
 				t.Fatalf("SplitBrain = %v, writer %q", s.SplitBrain, s.SplitWriter)
@@ -206,7 +206,7 @@ func TestSplitBrain(t *testing.T) {
 			r.logs.Wait(t, 10*time.Second, "the end of the split", func(m map[string]any) bool {
 				return m["message"] == "split brain over: at most one backend claims the primary role"
 			})
-			s = r.ptr.Load().Service("rw")
+			s = r.srv.Snapshot().Service("rw")
 			if i, err := s.Picker.Pick(&req); err != nil || s.Targets[i].B.Name != "b" {
 				t.Errorf("after a became a replica: Pick = %d, %v; want b", i, err)
 			}
@@ -283,7 +283,7 @@ func refusedInSplit(t *testing.T, r *run, s *sched.Service, when string) {
 func TestSplitBrainRefuses(t *testing.T) {
 	testkit.CheckLeaks(t)
 	r, _ := redisSplit(t, "100ms", 1)
-	s := r.ptr.Load().Service("rw")
+	s := r.srv.Snapshot().Service("rw")
 	refusedInSplit(t, r, s, "during the split")
 	if n := r.admission("rw").Rejected[listener.RejectSplitBrain.String()]; n != 1 {
 		t.Errorf("rejected for split brain: %d; want 1", n)
@@ -301,7 +301,7 @@ func TestSplitBrainRefuses(t *testing.T) {
 func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
 	testkit.CheckLeaks(t)
 	r, b := redisSplit(t, "200ms", 100)
-	s := r.ptr.Load().Service("rw")
+	s := r.srv.Snapshot().Service("rw")
 	tb := s.Targets[1].B
 	if got := b.Do(t, "CLIENT PAUSE 20000 ALL"); got != "+OK" { // b's checks time out; fall = 100 keeps it up for 20 s
 		t.Fatalf("CLIENT PAUSE: %q", got)
@@ -317,7 +317,7 @@ func TestSplitBrainOutlastsFailedCheck(t *testing.T) {
 		}
 	}
 	r.m.refresh() // the rebuild a health change elsewhere makes
-	if s = r.ptr.Load().Service("rw"); len(s.SplitBrain) != 2 {
+	if s = r.srv.Snapshot().Service("rw"); len(s.SplitBrain) != 2 {
 		t.Errorf("after a failed check of b (still up), the split brain is %v; want a, b", s.SplitBrain)
 	}
 	refusedInSplit(t, r, s, "while b's check fails (b still up)")
@@ -386,7 +386,7 @@ func TestRolesMariaDB(t *testing.T) {
 		"interval = %q\ntimeout = %q\nrise = 1\nfall = %d\n", interval, interval, fall)
 	r := startRun(t, dir, render(svc{name: "my", listen: []string{"127.0.0.1:0"}, scheduler: "first",
 		extra: "on_down = \"close\"\n" + health, backends: []be{{"m", m.Addr, 1, ""}}}))
-	b := r.ptr.Load().Service("my").Targets[0].B
+	b := r.srv.Snapshot().Service("my").Targets[0].B
 	wait := func(want backend.State) time.Duration {
 		t.Helper()
 		start := time.Now()

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +24,6 @@ type run struct {
 	t      *testing.T
 	dir    string
 	path   string
-	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
 	m      *Manager
 	logs   *testkit.LogSink
@@ -89,7 +87,7 @@ func startRun(t *testing.T, dir, text string, opts ...func(*Options)) *run {
 		t.Fatal(err)
 	}
 	log := zerolog.New(r.logs)
-	r.srv = listener.New(&r.ptr, log)
+	r.srv = listener.New(log)
 	opt := Options{Hup: r.hup, Notify: func(s string) error {
 		r.events <- s
 		return nil
@@ -97,7 +95,7 @@ func startRun(t *testing.T, dir, text string, opts ...func(*Options)) *run {
 	for _, o := range opts {
 		o(&opt)
 	}
-	r.m = New(r.path, &r.ptr, r.srv, log, opt)
+	r.m = New(r.path, r.srv, log, opt)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- r.m.Run(ctx, cfg) }() // exits when the test's cleanup cancels ctx
@@ -131,7 +129,7 @@ func (r *run) attempt(within time.Duration) {
 	}
 }
 
-func (r *run) gen() uint64 { return r.ptr.Load().Gen }
+func (r *run) gen() uint64 { return r.srv.Snapshot().Gen }
 
 // admission reads service's admission counters.
 func (r *run) admission(service string) listener.AdmissionStats {
@@ -331,7 +329,7 @@ func TestRunEditorStyles(t *testing.T) {
 	if st := r.m.Status(); st.Reloads != 9 || st.Failed != 0 || st.LastError != "" {
 		t.Errorf("status = %+v; want 9 reloads, none failed", st)
 	}
-	if w := r.ptr.Load().Services[0].Targets[0].Weight; w != 9 {
+	if w := r.srv.Snapshot().Services[0].Targets[0].Weight; w != 9 {
 		t.Errorf("weight of a = %d; want 9", w)
 	}
 }
@@ -347,7 +345,7 @@ func TestRunConfigMap(t *testing.T) {
 	for i := 2; i <= 4; i++ {
 		cm.swap(t, text(i))
 		r.expectGen(uint64(i), 20*time.Second)
-		if w := r.ptr.Load().Services[0].Targets[0].Weight; w != i {
+		if w := r.srv.Snapshot().Services[0].Targets[0].Weight; w != i {
 			t.Fatalf("weight = %d after swap %d", w, i)
 		}
 	}
@@ -462,7 +460,7 @@ func TestRunHalfWritten(t *testing.T) {
 				return
 			default:
 			}
-			tb := r.ptr.Load()
+			tb := r.srv.Snapshot()
 			if len(tb.Services) != 2 || len(tb.Services[0].Targets)+len(tb.Services[1].Targets) != 4 ||
 				r.srv.Addr(netip.MustParseAddrPort(listen2)) == nil {
 				bad <- fmt.Sprintf("sample %d: generation %d has %d services", n, tb.Gen, len(tb.Services))
@@ -493,7 +491,7 @@ func TestRunHalfWritten(t *testing.T) {
 	if msg, ok := <-bad; ok {
 		t.Errorf("a half-written file took effect: %s", msg)
 	}
-	if w := r.ptr.Load().Services[0].Targets[0].Weight; w != 5 {
+	if w := r.srv.Snapshot().Services[0].Targets[0].Weight; w != 5 {
 		t.Errorf("weight = %d after the completed file; want 5", w)
 	}
 }

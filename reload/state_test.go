@@ -57,7 +57,7 @@ func TestRemovedDrainingInView(t *testing.T) {
 		return render(svc{name: "s", listen: []string{"127.0.0.1:0"}, scheduler: "first", extra: "drain_timeout = \"30s\"", backends: bs})
 	}
 	r := startRun(t, t.TempDir(), text(true))
-	src := status.Source{Snapshot: r.m.ptr.Load, Reloads: r.m.Status, Draining: r.m.Draining}
+	src := status.Source{Snapshot: r.m.srv.Snapshot, Reloads: r.m.Status, Draining: r.m.Draining}
 	if z := findBackend(status.Of(src), "s", "z"); z == nil || z.State != "draining" || z.Cause != "weight 0" || z.Up() {
 		t.Fatalf("weight-0 backend: %+v; want draining (weight 0), not up", z)
 	}
@@ -130,7 +130,7 @@ func TestStateFile(t *testing.T) {
 	// A reload keeps the override.
 	renameOver(t, r.path, text+"\n# touched\n")
 	r.expectGen(2, 5*time.Second)
-	if b := findBackend(status.Of(status.Source{Snapshot: r.m.ptr.Load}), "s", "m"); b == nil || b.State != "maint" || b.Override != "maint" || b.Weight != 0 {
+	if b := findBackend(status.Of(status.Source{Snapshot: r.m.srv.Snapshot}), "s", "m"); b == nil || b.State != "maint" || b.Override != "maint" || b.Weight != 0 {
 		t.Fatalf("after a reload: %+v; want maint, weight 0", b)
 	}
 	r.stop()
@@ -153,7 +153,7 @@ func TestStateFile(t *testing.T) {
 	text2 := strings.Replace(text, findAddr(t, text, "dead"), lateLive.Addr, 1)
 	dir2 := t.TempDir()
 	r2 := startRun(t, dir2, text2, withState(t, state))
-	src := status.Source{Snapshot: r2.m.ptr.Load}
+	src := status.Source{Snapshot: r2.m.srv.Snapshot}
 	if b := findBackend(status.Of(src), "s", "dead"); b == nil || b.State != "down" || !strings.Contains(b.Reason, "before the restart") {
 		t.Fatalf("restored backend at start: %+v; want down since before the restart", b)
 	}

@@ -67,6 +67,7 @@ func (m *Manager) Run(ctx context.Context, cfg *conf.Config) error {
 	r.rewatch()
 	r.applyLoaded(r.ld.load(ctx, loadReq{file: true}))
 	m.notify(systemd.Ready + "\n" + systemd.Status(m.StatusLine()))
+	close(m.ready)
 	lctx, stopLoader := context.WithCancel(ctx)
 	go r.ld.run(lctx) // exits when stopLoader is called, as Run returns
 	defer func() { stopLoader(); <-r.ld.done }()

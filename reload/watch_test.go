@@ -49,7 +49,7 @@ func TestRunDirRecreated(t *testing.T) {
 
 	writeInPlace(t, r.path, text(4)) // in place, in the new directory
 	r.expectGen(4, within)
-	if w := r.ptr.Load().Services[0].Targets[0].Weight; w != 4 {
+	if w := r.srv.Snapshot().Services[0].Targets[0].Weight; w != 4 {
 		t.Errorf("weight = %d; want 4", w)
 	}
 }

@@ -59,9 +59,9 @@ func singleWriter(cs conf.Service, prim, back []sched.Target) (claimants []strin
 	}
 	var keep *sched.Target
 	switch cs.SplitBrain {
-	case "first":
+	case conf.SplitBrainFirst:
 		keep = claim[0]
-	case "newest":
+	case conf.SplitBrainNewest:
 		keep = newest(claim)
 	}
 	if keep != nil {

@@ -53,14 +53,22 @@ const DefaultName = "*"
 
 // NewRoutes checks and compiles the routes of one listen address, in
 // order. Every route needs a name (a service without one cannot share an
-// address), at most one route may be the default, and no two services may
-// claim the same name for the same clients: two without ALPN, or two that
-// list a protocol in common (a route with ALPN and one without may share a
-// name: the second takes the clients that offer none of the first's
-// protocols). It returns every problem at once.
+// address), and no two may clash (Clashes). It returns every problem at
+// once.
 func NewRoutes(routes []Route) (*Routes, error) {
 	rs := &Routes{routes: slices.Clone(routes), exact: map[string][]int{}, wild: map[string][]int{}, def: -1}
 	var errs []error
+	for _, c := range Clashes(routes) {
+		a, b := routes[c.Earlier].Service.Name, routes[c.Route].Service.Name
+		switch {
+		case c.Name == DefaultName:
+			errs = append(errs, fmt.Errorf("services %q and %q are both the default (sni = [\"*\"])", a, b))
+		case c.ALPN != "":
+			errs = append(errs, fmt.Errorf("services %q and %q both claim name %q with ALPN %q", a, b, c.Name, c.ALPN))
+		default:
+			errs = append(errs, fmt.Errorf("services %q and %q both claim name %q", a, b, c.Name))
+		}
+	}
 	for i, r := range routes {
 		rs.wait = max(rs.wait, r.PrereadTimeout)
 		name := r.Service.Name
@@ -89,15 +97,13 @@ func NewRoutes(routes []Route) (*Routes, error) {
 				if len(r.ALPN) > 0 {
 					errs = append(errs, fmt.Errorf("service %q: the default route takes every client; it cannot require alpn", name))
 				}
-				if rs.def >= 0 {
-					errs = append(errs, fmt.Errorf("services %q and %q are both the default (sni = [\"*\"])", routes[rs.def].Service.Name, name))
-					continue
+				if rs.def < 0 {
+					rs.def = i
 				}
-				rs.def = i
 			case strings.HasPrefix(n, "*."):
-				errs = append(errs, claim(rs.wild, n[2:], n, i, routes)...)
+				rs.wild[n[2:]] = append(rs.wild[n[2:]], i)
 			default:
-				errs = append(errs, claim(rs.exact, n, n, i, routes)...)
+				rs.exact[n] = append(rs.exact[n], i)
 			}
 		}
 	}
@@ -107,23 +113,44 @@ func NewRoutes(routes []Route) (*Routes, error) {
 	return rs, nil
 }
 
-// claim adds route i under key in m, unless an earlier route claims the
-// same name (shown as name) for a protocol route i also accepts.
-func claim(m map[string][]int, key, name string, i int, routes []Route) []error {
-	var errs []error
-	for _, j := range m[key] {
-		if p, ok := overlap(routes[j].ALPN, routes[i].ALPN); ok {
-			what := fmt.Sprintf("name %q", name)
-			if p != "" {
-				what += fmt.Sprintf(" with ALPN %q", p)
+// A Clash is a name that a route claims for clients an earlier route of
+// the same address already takes.
+type Clash struct {
+	Earlier, Route int    // indexes into the routes given; Earlier < Route
+	Name           string // as claimed, lowercase: a host name, "*.suffix", or DefaultName
+	ALPN           string // the protocol both routes list; "" when neither lists any
+}
+
+// Clashes returns, in order, every name two routes of one address claim
+// for the same clients: the default twice, or a name claimed by two
+// routes without ALPN or by two that list a protocol in common. A route
+// with ALPN and one without may share a name: the second takes the
+// clients that offer none of the first's protocols. It reads only Names
+// and ALPN, and skips the names CheckName refuses. This is the one home of
+// the rule: NewRoutes refuses what it finds, and conf reports it at the
+// keys that wrote the names.
+func Clashes(routes []Route) []Clash {
+	var out []Clash
+	claimed := map[string][]int{} // name → the routes that claim it so far
+	for i, r := range routes {
+		seen := map[string]bool{}
+		for _, n := range r.Names {
+			if CheckName(n) != nil {
+				continue
 			}
-			errs = append(errs, fmt.Errorf("services %q and %q both claim %s", routes[j].Service.Name, routes[i].Service.Name, what))
+			if n = strings.ToLower(n); seen[n] {
+				continue
+			}
+			seen[n] = true
+			for _, j := range claimed[n] {
+				if p, ok := overlap(routes[j].ALPN, r.ALPN); ok || n == DefaultName {
+					out = append(out, Clash{Earlier: j, Route: i, Name: n, ALPN: p})
+				}
+			}
+			claimed[n] = append(claimed[n], i)
 		}
 	}
-	if len(errs) == 0 {
-		m[key] = append(m[key], i)
-	}
-	return errs
+	return out
 }
 
 // overlap reports whether two routes of one name would take the same

@@ -1,10 +1,11 @@
-// Package sched holds the immutable snapshot that the connection path reads
-// (Table, Service, Target) and the schedulers that pick a backend for each new
-// connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh, mh
+// Package sched holds the immutable scheduling table that the connection
+// path reads (Table, Service, Target; what reload publishes is a
+// listener.Snapshot, which pairs a Table with each service's policy) and
+// the schedulers that pick a backend for each new connection: rr, wrr, swrr, random, wrandom, lc, wlc, sed, nq, p2c, sh, mh
 // and first (see Names and New; each type names the reference it follows).
 //
 // A scheduler is built from an immutable []Target and lives inside the
-// snapshot that reload swaps atomically. Pick is safe for concurrent use,
+// Table of the snapshot that reload swaps atomically. Pick is safe for concurrent use,
 // allocates nothing, takes no lock shared with reload and never blocks. Its
 // only mutable state is its own cursor (an atomic; swrr's state-machine form
 // has a mutex of its own), documented per scheduler together with what a
@@ -33,7 +34,7 @@
 // is bounded and ends in an exact scan, so a connection is refused only
 // when no target is eligible.
 //
-// Typical use, per connection:
+// Typical use, per connection (Example runs it):
 //
 //	var r sched.Request
 //	r.Client = clientAddr
@@ -400,9 +401,11 @@ func (s *Service) Condition(t *Target) backend.Condition {
 	return backend.Condition{State: backend.StateDraining, Cause: "weight 0", Reason: "up, and given its weight by the next table", Since: c.Since}
 }
 
-// Table is one immutable snapshot of the whole configuration. The reload
-// path builds a new Table and swaps it in; the connection path loads the
-// current one once per connection.
+// Table is the scheduling half of the whole configuration, immutable: its
+// services, their backends and pickers, and the routes by name. reload
+// builds a new one and publishes it inside a listener.Snapshot, beside
+// each service's policy; the connection path loads that snapshot once per
+// connection.
 type Table struct {
 	Gen      uint64     // 1 for the first configuration, +1 per applied reload
 	Seq      uint64     // this table's own number, unique: health and DNS rebuilds keep Gen but take a new Seq

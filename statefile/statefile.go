@@ -6,12 +6,9 @@
 // any of it changes (Changed, Run), until a binary upgrade's new process
 // takes it over (StopWriting).
 //
-// Typical use (main and reload do this):
-//
-//	f, err := statefile.Open(cfg.Admin.StateFile, cfg.Admin.StateDamaged == "start-empty", log)
-//	m := reload.New(path, &ptr, srv, log, reload.Options{State: f})
-//	// reload, at each commit: f.Restore(table) (the first only does anything), f.Changed()
-//	// reload.Run: go f.Run(ctx, collect)
+// Typical use: see Example (main opens it and hands it to reload, which
+// calls Restore at each commit (the first only does anything), Changed
+// at each commit and change, and runs Run beside its own).
 //
 // A nil *File is no state file: every method does nothing. Ownership: Run
 // is the only writer; it returns when its context ends, after a last write.

@@ -6,9 +6,10 @@
 // for the schedulers and /healthz, and this package names the outcome
 // (sched.Service.Condition).
 //
-// Typical use:
+// Typical use: see Example. main and reload pass the listener.Server's
+// Snapshot and the reload.Manager's Status and Draining:
 //
-//	st := status.Of(status.Source{Snapshot: ptr.Load, Reloads: m.Status, Draining: m.Draining})
+//	st := status.Of(status.Source{Snapshot: srv.Snapshot, Reloads: m.Status, Draining: m.Draining})
 //	line := st.Line() // "generation 3; 2 services; backends 3/4 up; 12 connections"
 package status
 

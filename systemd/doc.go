@@ -5,6 +5,10 @@
 // MAINPID=), written directly on golang.org/x/sys/unix. The unit files
 // that run fulcrum under systemd live beside it.
 //
-// The core daemon runs without it; the systemd integration lands with the
-// operations work.
+// It imports nothing of fulcrum's. main wires it in: a Notifier goes to
+// the handover package, which passes reload's notifications through
+// (READY=1, RELOADING=1, STOPPING=1, STATUS=, WATCHDOG=1), takes the
+// sockets passed at start (Listeners) for the listener.Server, and runs
+// Upgrade. Outside systemd (no NOTIFY_SOCKET, no LISTEN_FDS) each call
+// does nothing and the daemon runs the same.
 package systemd

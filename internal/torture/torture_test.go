@@ -240,7 +240,6 @@ type cliResult struct {
 // instance is one Server and its Manager, as one fulcrum process has.
 type instance struct {
 	n      int
-	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
 	m      *reload.Manager
 	cancel context.CancelFunc
@@ -592,7 +591,7 @@ func (h *harness) start(n int, exp []listener.Exported) (*instance, error) {
 	}
 	in := &instance{n: n, done: make(chan error, 1), hup: make(chan struct{}, 1)}
 	log := zerolog.New(h.log).With().Timestamp().Int("instance", n).Logger()
-	in.srv = listener.New(&in.ptr, log)
+	in.srv = listener.New(log)
 	for _, e := range exp {
 		l, err := net.FileListener(e.File)
 		e.File.Close()
@@ -601,7 +600,7 @@ func (h *harness) start(n int, exp []listener.Exported) (*instance, error) {
 		}
 		in.srv.Adopt(e.Key, l.(*net.TCPListener))
 	}
-	in.m = reload.New(h.path, &in.ptr, in.srv, log, reload.Options{Hup: in.hup})
+	in.m = reload.New(h.path, in.srv, log, reload.Options{Hup: in.hup})
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go func() { in.done <- in.m.Run(ctx, cfg) }() // exits when stop cancels ctx, after Shutdown and Server.Wait

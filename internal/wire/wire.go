@@ -5,13 +5,6 @@
 // hands the bytes here, to be told whether they are whole, how long the
 // message is, and what it says. Each parser has a fuzz target beside it.
 //
-// Typical use (listener/hello.go, listener/proxyproto.go):
-//
-//	n, err := wire.HelloLen(peeked) // 0: peek for more
-//	h, err := wire.ParseHello(peeked[:n])
-//	_ = h.SNI                    // route by it
-//
-//	n, err = wire.HeaderLen(peeked) // a PROXY header: 0 while more is needed
-//	hdr, err := wire.ParseHeader(peeked[:n])
-//	src, dst, ok := wire.Addrs(hdr)
+// Typical use: Example, in example_test.go; listener/hello.go and
+// listener/proxyproto.go are the callers.
 package wire

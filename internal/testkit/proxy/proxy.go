@@ -26,8 +26,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +41,6 @@ import (
 type Proxy struct {
 	Logs *testkit.LogSink // every line it logs, as JSON
 
-	ptr    atomic.Pointer[listener.Snapshot]
 	srv    *listener.Server
 	cancel context.CancelFunc
 	done   chan error
@@ -66,17 +63,8 @@ func Start(t testing.TB, text string) *Proxy {
 	}
 	p := &Proxy{Logs: testkit.NewLogSink(), done: make(chan error, 1)}
 	log := zerolog.New(p.Logs)
-	p.srv = listener.New(&p.ptr, log)
-	ready := make(chan struct{}, 1)
-	m := reload.New(path, &p.ptr, p.srv, log, reload.Options{Notify: func(s string) error {
-		if strings.HasPrefix(s, "READY=1") {
-			select {
-			case ready <- struct{}{}:
-			default:
-			}
-		}
-		return nil
-	}})
+	p.srv = listener.New(log)
+	m := reload.New(path, p.srv, log, reload.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- m.Run(ctx, cfg) }() // exits when the test's cleanup cancels ctx
@@ -87,15 +75,12 @@ func Start(t testing.TB, text string) *Proxy {
 		}
 	})
 	select {
-	case <-ready:
+	case <-m.Ready():
 	case err := <-p.done:
 		p.done <- err // for the cleanup
 		t.Fatalf("reload.Manager.Run ended before the first configuration was applied: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the first configuration was not applied within 10s: %s", m.Status().LastError)
-	}
-	if p.ptr.Load() == nil {
-		t.Fatalf("the first configuration was refused: %s", m.Status().LastError)
 	}
 	return p
 }
@@ -119,4 +104,4 @@ func (p *Proxy) Admission(service string) listener.AdmissionStats {
 }
 
 // Snapshot returns the table and policies the proxy serves now.
-func (p *Proxy) Snapshot() *listener.Snapshot { return p.ptr.Load() }
+func (p *Proxy) Snapshot() *listener.Snapshot { return p.srv.Snapshot() }
