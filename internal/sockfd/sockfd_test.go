@@ -96,7 +96,10 @@ func TestLocalError(t *testing.T) {
 		{dial(os.NewSyscallError("connect", unix.EADDRNOTAVAIL)), true},
 		{dial(os.NewSyscallError("socket", unix.EAFNOSUPPORT)), true},
 		{fmt.Errorf("wrapped: %w", unix.ENOBUFS), true},
+		{dial(os.NewSyscallError("connect", unix.ENFILE)), true},
 		{dial(os.NewSyscallError("connect", unix.ECONNREFUSED)), false},
+		{dial(os.NewSyscallError("connect", unix.EHOSTUNREACH)), false},
+		{dial(os.ErrDeadlineExceeded), false},
 		{nil, false},
 	} {
 		if got := LocalError(c.err); got != c.local {
