@@ -22,7 +22,7 @@ import (
 // of one of its backends, the hold queue (hold_timeout, holdqueue.go), the
 // accept_rate bucket, the slots taken per client address
 // (max_conns_per_source), and the counters status views read (Admission).
-// A connection's lease (admit.go) holds its slots and gives them back, and
+// A connection's lease (lease.go) holds its slots and gives them back, and
 // a freed backend slot wakes the queue of the backend's service here.
 type admission struct {
 	service string
@@ -120,14 +120,14 @@ func (a *admission) admit(max int, deadline time.Time, every time.Duration, gone
 	if !time.Now().Before(deadline) {
 		return false
 	}
-	a.waiting.Add(1)
 	a.queued.Add(1)
-	defer a.waiting.Add(-1)
 	w := &admitter{grant: make(chan struct{})}
 	a.mu.Lock()
 	e := a.admitQ.PushBack(w)
 	a.admitting.Add(1)
+	a.waiting.Add(1) // once in the queue, so that a waiter counted is a waiter in line
 	a.mu.Unlock()
+	defer a.waiting.Add(-1)
 	// A slot freed between the first try and the push went to active, not
 	// to us: try once more, now that every later release hands over.
 	if a.acquire(max) {

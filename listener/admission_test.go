@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"fulcrum/backend"
+	"fulcrum/internal/testkit"
 )
 
 // cpuTime is the process's user+system CPU time so far.
@@ -99,11 +100,12 @@ func TestAdmitInArrivalOrder(t *testing.T) {
 				order <- i
 			}
 		}()
-		for wait := time.Now().Add(10 * time.Second); g.stats().Waiting != int64(i+1); time.Sleep(time.Millisecond) {
-			if time.Now().After(wait) { // queued: the next one comes after it
-				t.Fatalf("waiter %d did not queue: %+v", i, g.stats())
+		testkit.WaitFor(t, 10*time.Second, func() error { // queued: the next one comes after it
+			if st := g.stats(); st.Waiting != int64(i+1) {
+				return fmt.Errorf("waiter %d did not queue: %+v", i, st)
 			}
-		}
+			return nil
+		})
 	}
 	for i := range n {
 		g.release()

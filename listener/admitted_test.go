@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"fmt"
 	"io"
 	"net/netip"
 	"testing"
@@ -36,9 +37,12 @@ func TestAdmitted(t *testing.T) {
 	if _, err := io.WriteString(c, hdr[:10]); err != nil {
 		t.Fatal(err)
 	}
-	if !until(10*time.Second, func() bool { return p.srv.Sockets()[0].Accepts == 1 }) {
-		t.Fatal("the connection was not accepted within 10s")
-	}
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if n := p.srv.Sockets()[0].Accepts; n != 1 {
+			return fmt.Errorf("%d connections accepted; want 1", n)
+		}
+		return nil
+	})
 	adm := p.srv.Admitted()
 	p.srv.Close()
 	if closed(adm) {

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,11 +28,12 @@ func TestFrozenAcceptLoopNotAlive(t *testing.T) {
 	const maxAge = 500 * time.Millisecond
 	await := func(want bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); p.srv.Alive(maxAge) != want; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("Alive stayed %v for 10 s; want %v", !want, want)
+		testkit.WaitFor(t, 10*time.Second, func() error {
+			if p.srv.Alive(maxAge) != want {
+				return fmt.Errorf("Alive stayed %v; want %v", !want, want)
 			}
-		}
+			return nil
+		})
 	}
 	await(true)
 	freeze <- struct{}{} // the loop blocks at its next iteration, within a heartbeat

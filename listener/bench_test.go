@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -58,17 +59,12 @@ func benchmarkProxyConnection(b *testing.B, opts ...func(*Server)) {
 	// settled waits until every connection has ended at the backend (and,
 	// through the proxy, every session), so that their teardown is counted.
 	settled := func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			n := be.Open()
-			if n == 0 && p.svc.Targets[0].B.Stats().Active == 0 {
-				return
+		testkit.WaitFor(b, 10*time.Second, func() error { // teardown has no event to wait on
+			if n, active := be.Open(), p.svc.Targets[0].B.Stats().Active; n != 0 || active != 0 {
+				return fmt.Errorf("%d backend connections still open, %d active", n, active)
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%d backend connections still open after 10s", n)
-			}
-			time.Sleep(time.Millisecond) // teardown has no event to wait on
-		}
+			return nil
+		})
 	}
 	// mallocs runs f n times and returns allocations and bytes per run.
 	mallocs := func(n int, f func()) (allocs, bytes float64) {

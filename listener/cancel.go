@@ -28,12 +28,10 @@ package listener
 // (routes.go) calls Server.cancel when preread found a cancel.
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -42,12 +40,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"fulcrum/backend"
+	"fulcrum/internal/sockfd"
+	"fulcrum/internal/wire"
 	"fulcrum/sched"
 )
 
 const (
-	minCancel = 16       // length, code, process ID and a 4-byte key (protocol 3.0)
-	maxCancel = 12 + 256 // protocol 3.2: keys of up to 256 bytes
 	// cancelTimeout bounds each backend's part of a cancel: the dial (or
 	// the service's connect_timeout, if shorter), the write, and the wait
 	// for the backend to close.
@@ -55,60 +53,19 @@ const (
 	endCancel     = "cancel"
 )
 
-// cancelCode is 80877102, as a CancelRequest carries it after its length.
-var cancelCode = [4]byte{0x04, 0xd2, 0x16, 0x2e}
-
-// cancelStart tells whether b, a client's first bytes, start a
-// CancelRequest: false when they do not; true with 0 while b is too short
-// to tell; true with the packet's length (b may hold less of it) when its
-// header says so.
-func cancelStart(b []byte) (int, bool) {
-	var h [8]byte
-	k := copy(h[:], b)
-	if k > 0 && h[0] != 0 || k > 1 && h[1] != 0 || k > 2 && h[2] > maxCancel>>8 {
-		return 0, false
-	}
-	for i := 4; i < k; i++ {
-		if h[i] != cancelCode[i-4] {
-			return 0, false
-		}
-	}
-	if k < len(h) {
-		return 0, true
-	}
-	n := int(binary.BigEndian.Uint32(h[:4]))
-	if n < minCancel || n > maxCancel {
-		return 0, false
-	}
-	return n, true
-}
-
-// startedCancel is started's answer for first bytes that are not an
-// SSLRequest: a whole CancelRequest, one still arriving (not done), or
-// anything else.
-func startedCancel(b []byte) (Proto, bool) {
-	n, ok := cancelStart(b)
-	switch {
-	case !ok:
-		return ProtoNone, true
-	case n == 0 || len(b) < n:
-		return ProtoNone, false
-	}
-	return ProtoCancel, true
-}
-
 // cancelled is admission's hook on a plain address whose service speaks
 // PostgreSQL: it reports whether client c sent a CancelRequest, which it
-// has then forwarded, logged and closed (the caller gives back the lease).
+// has then forwarded and logged (the caller gives back the lease, which
+// closes c).
 // Otherwise nothing is consumed. It waits for the first bytes (within
 // pol.PrereadTimeout) only when they have not come yet, handing the accept
 // loop on (i) first.
 func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.AddrPort, start time.Time, i *inline) bool {
-	n := peekCancel(c, pol.PrereadTimeout, s, func() { s.handOff(i) })
+	n := peekCancel(c, pol.PrereadTimeout, s, func() { s.detach(i) })
 	if n == 0 {
 		return false
 	}
-	s.handOff(i) // forwarding dials and waits on every backend named: never in the accept loop
+	s.detach(i) // forwarding dials and waits on every backend named: never in the accept loop
 	s.cancel(c, key, client, n, start)
 	return true
 }
@@ -123,13 +80,13 @@ func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.
 // (and every connection's) to the heap, since the peeker's descriptor
 // escapes to Go's poller.
 func peekCancel(fd int, timeout time.Duration, loops loopSource, wait func()) int {
-	var buf [maxCancel]byte
+	var buf [wire.MaxCancel]byte
 	seen := 0
-	switch n, err := recvPeek(fd, buf[:]); {
+	switch n, err := sockfd.RecvPeek(fd, buf[:]); {
 	case err == nil && n == 0:
 		return 0 // closed: the session sees it
 	case err == nil:
-		l, ok := cancelStart(buf[:n])
+		l, ok := wire.CancelLen(buf[:n])
 		if !ok {
 			return 0
 		}
@@ -151,7 +108,7 @@ func peekCancel(fd int, timeout time.Duration, loops loopSource, wait func()) in
 		if err != nil {
 			return 0 // nothing within timeout (a server-first protocol), or closed
 		}
-		l, ok := cancelStart(buf[:n])
+		l, ok := wire.CancelLen(buf[:n])
 		if !ok {
 			return 0
 		}
@@ -184,17 +141,17 @@ var errCancels = fmt.Errorf("%d cancel requests are being forwarded already", ma
 
 // cancel consumes the CancelRequest of n bytes client socket c holds
 // (peeked already), sends it to the backends of listen address key that
-// should have it (cancelTargets), writes the access line and closes c.
+// should have it (cancelTargets) and writes the access line; the caller's
+// lease then closes c.
 // It is screened first, as any connection is (access lists, accept_rate:
 // screen), against each service of the address, and goes only to those
 // that admit it; it takes no per-source slot, so that a client at its
 // max_conns_per_source can still cancel its own query. At most maxCancels
 // are forwarded at once.
 func (s *Server) cancel(c int, key, client netip.AddrPort, n int, start time.Time) {
-	defer closeFD(c)
 	// Consumed first, whatever comes of it, so that the close is a FIN:
 	// unread bytes would make it a reset.
-	var buf [maxCancel]byte
+	var buf [wire.MaxCancel]byte
 	pkt := buf[:n]
 	err := readAll(c, pkt)
 	if err == nil {
@@ -326,15 +283,15 @@ func (s *Server) cancelOne(ct *cancelTarget, pkt []byte, client, orig netip.Addr
 	if err != nil {
 		return fmt.Errorf("dial backend %s: %w", ct.t.Addr, err)
 	}
-	c, err := goConn(fd) // for its deadlines; fd's own descriptor is not needed any more
-	closeFD(fd)
+	c, err := pollable(fd) // for its deadlines; fd's own descriptor is not needed any more
+	sockfd.Close(fd)
 	if err != nil {
 		return fmt.Errorf("dial backend %s: %w", ct.t.Addr, err)
 	}
 	defer c.Close()
 	c.SetDeadline(deadline)
 	if ct.t.ProxyProtocol > 0 {
-		if err := writeHeader(c, ct.t.ProxyProtocol, client, orig); err != nil {
+		if err := wire.WriteHeader(c, ct.t.ProxyProtocol, client, orig); err != nil {
 			return fmt.Errorf("send PROXY header to %s: %w", ct.t.Addr, err)
 		}
 	}
@@ -351,12 +308,12 @@ func (s *Server) cancelOne(ct *cancelTarget, pkt []byte, client, orig netip.Addr
 // (peeked): it never waits.
 func readAll(fd int, b []byte) error {
 	for got := 0; got < len(b); {
-		n, err := unix.Read(fd, b[got:])
+		n, err := sockfd.Read(fd, b[got:])
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err != nil:
-			return os.NewSyscallError("read", err)
+			return err
 		case n == 0:
 			return io.ErrUnexpectedEOF
 		}

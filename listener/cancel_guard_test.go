@@ -156,9 +156,12 @@ func TestCancelCap(t *testing.T) {
 	for range maxCancels {
 		inFlight = append(inFlight, send())
 	}
-	if !until(20*time.Second, func() bool { return p.srv.cancels.Load() == maxCancels }) {
-		t.Fatalf("%d cancels in flight; want %d", p.srv.cancels.Load(), maxCancels)
-	}
+	testkit.WaitFor(t, 20*time.Second, func() error {
+		if n := p.srv.cancels.Load(); n != maxCancels {
+			return fmt.Errorf("%d cancels in flight; want %d", n, maxCancels)
+		}
+		return nil
+	})
 	extra := send()
 	extra.SetDeadline(time.Now().Add(cancelTimeout / 2)) // well before an in-flight one's would end
 	if n, err := io.Copy(io.Discard, extra); n != 0 || err != nil {
@@ -179,9 +182,12 @@ func TestCancelCap(t *testing.T) {
 		}
 		c.Close()
 	}
-	if !until(10*time.Second, func() bool { return p.srv.cancels.Load() == 0 }) {
-		t.Errorf("%d cancels still in flight", p.srv.cancels.Load())
-	}
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if n := p.srv.cancels.Load(); n != 0 {
+			return fmt.Errorf("%d cancels still in flight", n)
+		}
+		return nil
+	})
 	p.settle(t, 0)
 }
 
@@ -211,14 +217,11 @@ func TestCancelDialPath(t *testing.T) {
 		t.Fatalf("cancel: %v", err)
 	}
 	cancelledWithin(t, done, 5*time.Second)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		log, _ := pg.LogSince(t, off)
-		if strings.Contains(log, "connection received: host=127.0.0.3") {
-			break
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if log, _ := pg.LogSince(t, off); !strings.Contains(log, "connection received: host=127.0.0.3") {
+			return fmt.Errorf("PostgreSQL logged no connection from 127.0.0.3 for the cancel:\n%s", log)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("PostgreSQL logged no connection from 127.0.0.3 for the cancel:\n%s", log)
-		}
-	}
+		return nil
+	})
 	p.settle(t, 1)
 }

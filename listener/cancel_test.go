@@ -24,40 +24,6 @@ import (
 	"fulcrum/internal/testkit"
 )
 
-// TestCancelStart: the framing cancelStart and started tell a
-// CancelRequest by, protocol 3.2's longer keys included.
-func TestCancelStart(t *testing.T) {
-	packet := func(key int) []byte {
-		b, err := (&pgproto3.CancelRequest{ProcessID: 4242, SecretKey: make([]byte, key)}).Encode(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	for _, key := range []int{4, 32, 256} {
-		b := packet(key)
-		if n, ok := cancelStart(b); !ok || n != len(b) {
-			t.Errorf("key of %d bytes: cancelStart = %d, %v; want %d, true", key, n, ok, len(b))
-		}
-		for k := 1; k < len(b); k++ { // still arriving: not done
-			if p, done := started(b[:k]); done || p != ProtoNone {
-				t.Errorf("key of %d bytes, first %d bytes: started = %v, %v; want none, not done", key, k, p, done)
-			}
-		}
-		if p, done := started(b); !done || p != ProtoCancel {
-			t.Errorf("key of %d bytes: started = %v, %v; want postgres-cancel, done", key, p, done)
-		}
-	}
-	startup, _ := (&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "x"}}).Encode(nil)
-	long := packet(256)
-	long[3]++ // a key of 257 bytes
-	for name, b := range map[string][]byte{"startup": startup, "ssl": sslRequest[:], "too long": long, "mysql": []byte("J\x00\x00\x00\x0a8.0")} {
-		if _, ok := cancelStart(b); ok {
-			t.Errorf("%s: cancelStart says a CancelRequest", name)
-		}
-	}
-}
-
 // TestCancelPostgres: a primary and two streaming replicas behind one
 // service; 20 runs of pg_sleep(30), each cancelled by its client, are
 // cancelled within a second, on a plain address (lc, with max_conns = 1,
@@ -191,22 +157,21 @@ func cancels(ctx context.Context, t *testing.T, connect func() (*pgconn.PgConn, 
 func runningOn(ctx context.Context, t *testing.T, watch []*pgconn.PgConn, pid uint32) int {
 	t.Helper()
 	q := fmt.Sprintf("SELECT 1 FROM pg_stat_activity WHERE pid = %d AND state = 'active' AND query LIKE '%%pg_sleep%%'", pid)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	on := -1
+	testkit.WaitFor(t, 20*time.Second, func() error { // the server tells no event: poll
 		for i, w := range watch {
 			res, err := w.Exec(ctx, q).ReadAll()
 			if err != nil {
-				t.Fatalf("pg_stat_activity: %v", err)
+				return fmt.Errorf("pg_stat_activity: %w", err)
 			}
 			if len(res) > 0 && len(res[0].Rows) > 0 {
-				return i
+				on = i
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("process %d runs no query on any server after 20 s", pid)
-		}
-		time.Sleep(5 * time.Millisecond) // the server tells no event: poll
-	}
+		return fmt.Errorf("process %d runs no query on any server", pid)
+	})
+	return on
 }
 
 // plainCancel sends c's CancelRequest to addr from local address from, in

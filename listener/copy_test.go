@@ -113,12 +113,14 @@ func echoThrough(t *testing.T, p *testProxy, n int, wsize, rsize func() int) {
 func waitNoPipeLent(t *testing.T, p *testProxy) {
 	t.Helper()
 	pp := &p.srv.pipes
-	for deadline := time.Now().Add(5 * time.Second); pp.open.Load() != int64(pp.idleCount()); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d pipes open, %d of them pooled: a pipe is still lent", pp.open.Load(), pp.idleCount())
+	// A pipe comes back when its direction next finds nothing to read: no
+	// event to wait on.
+	testkit.WaitFor(t, 5*time.Second, func() error {
+		if open, idle := pp.open.Load(), pp.idleCount(); open != int64(idle) {
+			return fmt.Errorf("%d pipes open, %d of them pooled: a pipe is still lent", open, idle)
 		}
-		time.Sleep(time.Millisecond) // a pipe comes back when its direction next finds nothing to read: no event to wait on
-	}
+		return nil
+	})
 }
 
 // TestPayloads echoes payloads of every size class through each copy mode,
@@ -468,7 +470,7 @@ func TestPipePool(t *testing.T) {
 	}
 	a.n = len("left over")
 	x := xfer{pipes: pp, p: a}
-	x.release() // a direction that ended with bytes in its pipe
+	x.free() // a direction that ended with bytes in its pipe
 	if x.p != nil || pp.idleCount() != 0 || pp.open.Load() != 2 {
 		t.Fatalf("after releasing a full pipe: %d pooled, %d open; want 0 and 2", pp.idleCount(), pp.open.Load())
 	}
@@ -534,7 +536,7 @@ func TestPipeTooSmall(t *testing.T) {
 	if n, err := x.fill(r, false, pipeSize); n != 5 || err != nil || x.buf == nil {
 		t.Errorf("fill with no pipe: %d, %v, buffer %v; want 5 bytes through the buffer", n, err, x.buf != nil)
 	}
-	x.release()
+	x.free()
 	ok := &pipePool{size: invalid, least: pipeLeast, max: 2}
 	defer ok.closeIdle()
 	p := ok.get()

@@ -1,8 +1,67 @@
 package listener
 
+// One connection, file by file: the walk a newcomer can follow from the
+// accept to the access line. The package comment is in server.go.
+//
+//  1. accept   accept.go     Server.accept runs a listening socket's
+//                            accept loop (acceptLoop): acceptRaw takes a
+//                            slot of the connection limit (limit.go) once a
+//                            client waits, and accept4s it as a raw
+//                            non-blocking descriptor (sockfd.Accept4). The
+//                            connection is served inline in the loop's
+//                            goroutine until it would wait, then detaches.
+//  2. admit    admit.go      handle runs the steps; identify: the service
+//                            at the address and its Policy (policy.go),
+//                            keepalive (keepalive.go), the PROXY header
+//                            (proxyproto.go: proxyHeader)
+//                            and, on a PostgreSQL address, a CancelRequest
+//                            (cancel.go: cancelled). Every wait for a
+//                            client's first bytes is one fdPeeker (peek.go);
+//                            the bytes are parsed by internal/wire.
+//  3. route    routes.go     on an address routed by name (routeIn in
+//                            admit.go): route reads the ClientHello or
+//                            SSLRequest (hello.go: preread) and
+//                            sched.Routes chooses the service.
+//  4. screen   admit.go      takeSlots: screen (access lists, accept_rate);
+//              lease.go      then the lease takes a source and a service slot
+//                            (holdSource, holdService) in the service's
+//                            admission state (admission.go), waiting in its
+//                            queue if need be. A refusal is a Reject
+//                            (reject.go), logged at most once a second.
+//  5. pick     connect.go    connect: the service's pool, Pick (sched), the
+//                            backend's slot (backend.Acquire); with
+//                            hold_timeout, connectHeld waits in the hold
+//                            queue (holdqueue.go) for an eligible backend.
+//  6. dial     connect.go    dial: a raw non-blocking socket and connect
+//                            (sockfd), from the client's address with
+//                            source = "client" (transparent.go); a connect
+//                            in progress waits in an event loop (await,
+//                            loop.go). Then the PROXY header to the backend
+//                            (reach, admit.go) or its SSLRequest (toBackend,
+//                            routes.go).
+//  7. session  session.go    startSession (admit.go): newSession takes the
+//                            lease over, its backend tracks it; begin
+//                            registers both sockets in one of the Server's
+//                            event loops and the connection holds no
+//                            goroutine from here on.
+//  8. copy     loop.go       the loop's epoll wakes a direction (dispatch,
+//              half.go       kick), which runs fill and flush (step) until
+//              xfer.go       it would block: read and send through a
+//              pipe.go       buffer, or splice through a pooled pipe. The
+//                            lost-wakeup rules are at the top of loop.go.
+//  9. release  session.go    a direction's end (halfDone) passes a FIN on
+//              lease.go      or stops both; the last owner finishes: both
+//              access.go     sockets closed, lease.release gives back every
+//                            slot, then the access line (access.go).
+//
+// Beside the walk: export.go (the listening sockets for a binary upgrade),
+// server.go (the Server, its listeners and Publish), gone.go (a waiting
+// client that leaves), usertimeout.go, every.go, admitting.go, seam*.go.
+// Every system call is internal/sockfd's.
+//
 // The data path's invariants, in one place, each with the tests that hold
-// it. The package comment is in server.go; the event loop's own rules (the
-// direction state machine, lost wakeups) are at the top of loop.go.
+// it. The event loop's own rules (the direction state machine, lost
+// wakeups) are at the top of loop.go.
 //
 // Descriptors
 //

@@ -11,6 +11,7 @@ import (
 	proxyproto "github.com/pires/go-proxyproto"
 
 	"fulcrum/internal/testkit"
+	"fulcrum/internal/wire"
 )
 
 // FuzzProxyHeader sends each input, as a client trusted to send a PROXY
@@ -59,10 +60,10 @@ func FuzzProxyHeader(f *testing.F) {
 		io.Copy(io.Discard, c) // ends when the proxy has closed both sides
 
 		// What the proxy should have decided, from the same header rules.
-		n, herr := headerLen(data)
+		n, herr := wire.HeaderLen(data)
 		accepted := herr == nil && n > 0
 		if accepted {
-			_, perr := parseHeader(data[:n])
+			_, perr := wire.ParseHeader(data[:n])
 			accepted = perr == nil
 		}
 		mu.Lock()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // goneEvery is how often a waiting connection looks whether its client is
@@ -27,14 +29,7 @@ var errClientGone = errors.New("the client left while waiting for a backend")
 // as gone, as HAProxy's abortonclose does: a waiting client has been sent
 // nothing yet, so a FIN from it is almost always a client giving up.
 func clientGone(fd int) bool {
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-	for {
-		n, err := unix.Poll(p, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		return err == nil && n > 0 && p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
-	}
+	return sockfd.Poll(fd, unix.POLLRDHUP)&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
 }
 
 // waitWatching calls wait with deadlines at most goneEvery apart until it

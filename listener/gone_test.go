@@ -2,6 +2,7 @@ package listener_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,15 +15,15 @@ import (
 	"fulcrum/internal/testkit/proxy"
 )
 
-// await polls cond every millisecond until it holds, failing the test
-// after d.
+// await polls cond until it holds, failing the test with what after d.
 func await(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
+	testkit.WaitFor(t, d, func() error {
+		if !cond() {
+			return errors.New(what)
 		}
-	}
+		return nil
+	})
 }
 
 // ghostBackend greets with "in" and records whether any connection brought

@@ -3,7 +3,6 @@ package listener
 import (
 	"bytes"
 	"crypto/tls"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,50 +12,23 @@ import (
 	"testing"
 	"time"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/internal/testkit"
+	"fulcrum/internal/wire"
 
 	"golang.org/x/sys/unix"
 )
 
-// helloBytes returns the ClientHello records crypto/tls sends with cfg.
-func helloBytes(t testing.TB, cfg *tls.Config) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	done := make(chan struct{})
-	go func() { // exits when b is closed under the handshake
-		defer close(done)
-		tls.Client(a, cfg).Handshake()
-		a.Close()
-	}()
-	defer func() { b.Close(); <-done }()
-	var hdr [recordHeader]byte
-	if _, err := io.ReadFull(b, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	rec := make([]byte, recordHeader+int(binary.BigEndian.Uint16(hdr[3:])))
-	copy(rec, hdr[:])
-	if _, err := io.ReadFull(b, rec[recordHeader:]); err != nil {
-		t.Fatal(err)
-	}
-	return rec
-}
-
-// reframe splits the handshake message of the one record in rec into
-// records carrying at most size bytes each, as a client may.
-func reframe(rec []byte, size int) []byte {
-	msg := rec[recordHeader:]
-	var out []byte
-	for len(msg) > 0 {
-		n := min(size, len(msg))
-		out = append(out, recordHandshake, rec[1], rec[2], byte(n>>8), byte(n))
-		out = append(out, msg[:n]...)
-		msg = msg[n:]
-	}
-	return out
-}
+// The TLS values the tests write by hand.
+const (
+	recordHeader    = 5  // content type, version, length
+	recordHandshake = 22 // content type of handshake records
+	typeClientHello = 1
+	hostName        = 0 // server_name name_type
+)
 
 type prereadResult struct {
-	h   Hello
+	h   wire.Hello
 	err error
 	c   *net.TCPConn // the accepted connection, still open
 	dur time.Duration
@@ -116,7 +88,7 @@ func prereadOneIn(t *testing.T, timeout time.Duration, loops loopSource) (string
 		start := time.Now()
 		fd := dupFD(c) // fulcrum reads its clients as raw descriptors
 		h, err := preread(fd, timeout, loops)
-		closeFD(fd)
+		sockfd.Close(fd)
 		ch <- prereadResult{h: h, err: err, c: c, dur: time.Since(start)}
 	}()
 	t.Cleanup(func() {
@@ -200,7 +172,7 @@ func TestPrereadTLS(t *testing.T) {
 			if r.err != nil {
 				t.Fatalf("preread: %v", r.err)
 			}
-			if r.h.Proto != ProtoTLS || r.h.SNI != tc.wantSNI || strings.Join(r.h.ALPN, ",") != strings.Join(tc.alpn, ",") {
+			if r.h.Proto != wire.ProtoTLS || r.h.SNI != tc.wantSNI || strings.Join(r.h.ALPN, ",") != strings.Join(tc.alpn, ",") {
 				t.Fatalf("preread = %+v; want tls, SNI %q, ALPN %q", r.h, tc.wantSNI, tc.alpn)
 			}
 			srv := tls.Server(r.c, &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1", "postgresql"}})
@@ -221,14 +193,14 @@ func TestPrereadTLS(t *testing.T) {
 // and a hello spread over many small records, are both read whole.
 func TestPrereadFragmented(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db2.example.com", NextProtos: []string{"postgresql"}})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db2.example.com", NextProtos: []string{"postgresql"}})
 	for _, tc := range []struct {
 		name  string
 		bytes []byte
 	}{
 		{"one record", hello},
-		{"7-byte records", reframe(hello, 7)},
-		{"1-byte records", reframe(hello, 1)},
+		{"7-byte records", testkit.Reframe(hello, 7)},
+		{"1-byte records", testkit.Reframe(hello, 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr, ch := prereadOne(t, 20*time.Second)
@@ -258,15 +230,15 @@ func TestPrereadFragmented(t *testing.T) {
 // refused at the timeout; one that closes inside it, at once.
 func TestPrereadStopsMidHello(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	for _, cut := range []int{1, 4, recordHeader + 10, len(hello) - 1} {
 		addr, ch := prereadOne(t, 300*time.Millisecond)
 		c := dialTCP(t, addr)
 		c.Write(hello[:cut])
 		r := wait(t, ch)
-		var pe *PrereadError
-		if !errors.As(r.err, &pe) || pe.Reason != ReasonTimeout || !errors.Is(r.err, os.ErrDeadlineExceeded) {
-			t.Errorf("after %d bytes: preread = %+v, %v; want %s", cut, r.h, r.err, ReasonTimeout)
+		var pe *wire.Error
+		if !errors.As(r.err, &pe) || pe.Reason != wire.ReasonTimeout || !errors.Is(r.err, os.ErrDeadlineExceeded) {
+			t.Errorf("after %d bytes: preread = %+v, %v; want %s", cut, r.h, r.err, wire.ReasonTimeout)
 		}
 		if r.dur < 300*time.Millisecond {
 			t.Errorf("after %d bytes: refused after %v, before the timeout", cut, r.dur)
@@ -277,8 +249,8 @@ func TestPrereadStopsMidHello(t *testing.T) {
 		c.Write(hello[:cut])
 		c.CloseWrite()
 		r = wait(t, ch)
-		if !errors.As(r.err, &pe) || pe.Reason != ReasonClosed {
-			t.Errorf("after %d bytes and FIN: preread = %+v, %v; want %s", cut, r.h, r.err, ReasonClosed)
+		if !errors.As(r.err, &pe) || pe.Reason != wire.ReasonClosed {
+			t.Errorf("after %d bytes and FIN: preread = %+v, %v; want %s", cut, r.h, r.err, wire.ReasonClosed)
 		}
 		if r.dur > 10*time.Second {
 			t.Errorf("after %d bytes and FIN: refused after %v; want at once", cut, r.dur)
@@ -312,7 +284,7 @@ func TestPrereadNotTLS(t *testing.T) {
 				c := dialTCP(t, addr)
 				c.Write(tc.first)
 				r := wait(t, ch)
-				if r.err != nil || r.h.Proto != ProtoNone || r.h.SNI != "" {
+				if r.err != nil || r.h.Proto != wire.ProtoNone || r.h.SNI != "" {
 					t.Fatalf("preread = %+v, %v; want not TLS", r.h, r.err)
 				}
 				got := make([]byte, len(tc.first))
@@ -330,14 +302,15 @@ func TestPrereadNotTLS(t *testing.T) {
 // client that closes while preread waits is refused as closed.
 func TestPrereadWaitsInLoop(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"postgresql"}})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"postgresql"}})
 	untilWaiting := func(l testLoop) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !l.waiting(); time.Sleep(time.Millisecond) { // nothing to await: poll
-			if time.Now().After(deadline) {
-				t.Fatal("preread is not waiting in the loop after 10s")
+		testkit.WaitFor(t, 10*time.Second, func() error { // nothing to await: poll
+			if !l.waiting() {
+				return errors.New("preread is not waiting in the loop")
 			}
-		}
+			return nil
+		})
 	}
 	for _, tc := range []struct {
 		name string
@@ -349,7 +322,7 @@ func TestPrereadWaitsInLoop(t *testing.T) {
 			c := dialTCP(t, addr)
 			if tc.ssl {
 				untilWaiting(l)
-				c.Write(sslRequest[:])
+				c.Write(wire.SSLRequest[:])
 				var ans [1]byte
 				if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
 					t.Fatalf("answer to SSLRequest: %q, %v; want S", ans, err)
@@ -358,9 +331,9 @@ func TestPrereadWaitsInLoop(t *testing.T) {
 			untilWaiting(l)
 			c.Write(hello)
 			r := wait(t, ch)
-			want := ProtoTLS
+			want := wire.ProtoTLS
 			if tc.ssl {
-				want = ProtoPostgres
+				want = wire.ProtoPostgres
 			}
 			if r.err != nil || r.h.Proto != want || r.h.SNI != "db1.example.com" || r.h.Len != len(hello) {
 				t.Fatalf("preread = %+v, %v; want %v for db1.example.com, %d bytes", r.h, r.err, want, len(hello))
@@ -377,9 +350,9 @@ func TestPrereadWaitsInLoop(t *testing.T) {
 		untilWaiting(l)
 		c.Close()
 		r := wait(t, ch)
-		var pe *PrereadError
-		if !errors.As(r.err, &pe) || pe.Reason != ReasonClosed || r.dur > 10*time.Second {
-			t.Fatalf("preread = %+v, %v after %v; want %s at once", r.h, r.err, r.dur, ReasonClosed)
+		var pe *wire.Error
+		if !errors.As(r.err, &pe) || pe.Reason != wire.ReasonClosed || r.dur > 10*time.Second {
+			t.Fatalf("preread = %+v, %v after %v; want %s at once", r.h, r.err, r.dur, wire.ReasonClosed)
 		}
 	})
 }
@@ -388,12 +361,12 @@ func TestPrereadWaitsInLoop(t *testing.T) {
 // their reason, without waiting for more bytes.
 func TestPrereadRefused(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"h2"}})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"h2"}})
 	big := []byte{recordHandshake, 3, 1, 0x40, 0, typeClientHello, 0, 0x40, 0} // 16 KiB of hello announced
-	bigSplit := reframe(append([]byte{recordHandshake, 3, 1, 0x3f, 0xfc, typeClientHello, 0, 0x3f, 0xf8}, make([]byte, 0x3ff8)...), 1000)
+	bigSplit := testkit.Reframe(append([]byte{recordHandshake, 3, 1, 0x3f, 0xfc, typeClientHello, 0, 0x3f, 0xf8}, make([]byte, 0x3ff8)...), 1000)
 	serverHello := append([]byte(nil), hello...)
 	serverHello[recordHeader] = 2
-	alert := append(reframe(hello, 100)[:105:105], 21, 3, 1, 0, 2, 2, 40)
+	alert := append(testkit.Reframe(hello, 100)[:105:105], 21, 3, 1, 0, 2, 2, 40)
 	withExt := func(ext []byte) []byte {
 		// A minimal hello: version, random, no session, one suite, null
 		// compression, then the given extensions.
@@ -416,24 +389,24 @@ func TestPrereadRefused(t *testing.T) {
 		bytes  []byte
 		reason string
 	}{
-		{"announced 16 KiB", big, ReasonTooLarge},
-		{"over 16 KiB in records", bigSplit, ReasonTooLarge},
-		{"server hello", serverHello, ReasonMalformed},
-		{"alert inside", alert, ReasonMalformed},
-		{"record version", append([]byte{recordHandshake, 2, 0}, hello[3:]...), ReasonMalformed},
-		{"empty record", []byte{recordHandshake, 3, 1, 0, 0}, ReasonMalformed},
-		{"two server names", withExt(append(sni("a.example"), sni("b.example")...)), ReasonMalformed},
-		{"name with a space", withExt(sni("a b.example")), ReasonMalformed},
-		{"empty alpn name", withExt([]byte{0, 16, 0, 3, 0, 1, 0}), ReasonMalformed},
-		{"truncated extensions", withExt([]byte{0, 16, 0, 9, 0, 1}), ReasonMalformed},
-		{"trailing bytes", trailing, ReasonMalformed},
+		{"announced 16 KiB", big, wire.ReasonTooLarge},
+		{"over 16 KiB in records", bigSplit, wire.ReasonTooLarge},
+		{"server hello", serverHello, wire.ReasonMalformed},
+		{"alert inside", alert, wire.ReasonMalformed},
+		{"record version", append([]byte{recordHandshake, 2, 0}, hello[3:]...), wire.ReasonMalformed},
+		{"empty record", []byte{recordHandshake, 3, 1, 0, 0}, wire.ReasonMalformed},
+		{"two server names", withExt(append(sni("a.example"), sni("b.example")...)), wire.ReasonMalformed},
+		{"name with a space", withExt(sni("a b.example")), wire.ReasonMalformed},
+		{"empty alpn name", withExt([]byte{0, 16, 0, 3, 0, 1, 0}), wire.ReasonMalformed},
+		{"truncated extensions", withExt([]byte{0, 16, 0, 9, 0, 1}), wire.ReasonMalformed},
+		{"trailing bytes", trailing, wire.ReasonMalformed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr, ch := prereadOne(t, 20*time.Second)
 			c := dialTCP(t, addr)
 			c.Write(tc.bytes)
 			r := wait(t, ch)
-			var pe *PrereadError
+			var pe *wire.Error
 			if !errors.As(r.err, &pe) || pe.Reason != tc.reason {
 				t.Fatalf("preread = %+v, %v; want %s", r.h, r.err, tc.reason)
 			}
@@ -444,10 +417,10 @@ func TestPrereadRefused(t *testing.T) {
 	}
 	// The minimal hello itself is fine, with and without its name.
 	for _, b := range [][]byte{withExt(nil), withExt(sni("A.Example"))} {
-		if h, err := parseHello(b); err != nil {
-			t.Errorf("parseHello(%x) = %v", b, err)
-		} else if n, _ := helloLen(b); n != len(b) {
-			t.Errorf("helloLen(%x) = %d; want %d", b, n, len(b))
+		if h, err := wire.ParseHello(b); err != nil {
+			t.Errorf("wire.ParseHello(%x) = %v", b, err)
+		} else if n, _ := wire.HelloLen(b); n != len(b) {
+			t.Errorf("wire.HelloLen(%x) = %d; want %d", b, n, len(b))
 		} else if len(b) > 60 && h.SNI != "a.example" {
 			t.Errorf("SNI = %q; want a.example", h.SNI)
 		}
@@ -464,8 +437,8 @@ func TestPrereadSSLRequest(t *testing.T) {
 	addr, ch := prereadOne(t, 5*time.Second)
 	c := dialTCP(t, addr)
 	c.SetNoDelay(true)
-	for i := range sslRequest { // in pieces, too
-		c.Write(sslRequest[i : i+1])
+	for i := range wire.SSLRequest { // in pieces, too
+		c.Write(wire.SSLRequest[i : i+1])
 	}
 	var ans [1]byte
 	if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
@@ -475,7 +448,7 @@ func TestPrereadSSLRequest(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- cl.Handshake() }() // exits when the handshake ends or c closes
 	r := wait(t, ch)
-	if r.err != nil || r.h.Proto != ProtoPostgres || r.h.SNI != "db1.example.com" {
+	if r.err != nil || r.h.Proto != wire.ProtoPostgres || r.h.SNI != "db1.example.com" {
 		t.Fatalf("preread = %+v, %v; want postgres-tls for db1.example.com", r.h, r.err)
 	}
 	if err := tls.Server(r.c, &tls.Config{Certificates: []tls.Certificate{cert}}).Handshake(); err != nil {
@@ -513,31 +486,17 @@ func TestBackendSSL(t *testing.T) {
 			})
 			fd := dupFD(dialTCP(t, be.Addr))
 			err := backendSSL(fd, 5*time.Second)
-			closeFD(fd)
-			var pe *PrereadError
+			sockfd.Close(fd)
+			var pe *wire.Error
 			switch {
 			case tc.ok && err != nil:
 				t.Fatalf("backendSSL = %v; want nil", err)
-			case !tc.ok && (!errors.As(err, &pe) || pe.Reason != ReasonNoSSL):
-				t.Fatalf("backendSSL = %v; want %s", err, ReasonNoSSL)
+			case !tc.ok && (!errors.As(err, &pe) || pe.Reason != wire.ReasonNoSSL):
+				t.Fatalf("backendSSL = %v; want %s", err, wire.ReasonNoSSL)
 			}
-			if b := <-got; !bytes.Equal(b, sslRequest[:]) {
+			if b := <-got; !bytes.Equal(b, wire.SSLRequest[:]) {
 				t.Errorf("the backend got %x; want an SSLRequest", b)
 			}
 		})
-	}
-}
-
-// TestParseHelloAllocs: parsing copies out the name and the protocols
-// only.
-func TestParseHelloAllocs(t *testing.T) {
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"h2", "http/1.1"}})
-	n := testing.AllocsPerRun(100, func() {
-		if _, err := parseHello(hello); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if n > 3 {
-		t.Errorf("parseHello allocates %v times; want at most 3", n)
 	}
 }

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -16,13 +17,52 @@ import (
 
 func isAccess(m map[string]any) bool { return m["message"] == "connection" }
 
+// testServer is a Server on one address, 127.0.0.1:0, that the test's
+// cleanup stops: what every test proxy's harness (testProxy, routedProxy)
+// has besides its services.
+type testServer struct {
+	srv  *Server
+	key  netip.AddrPort // the address configured: 127.0.0.1:0
+	addr string         // the address bound
+	logs *testkit.LogSink
+}
+
+// start makes the Server, logging at level, publishes tbl (whose services
+// are svcs) with pols, applies each opt, binds and starts accepting. When
+// the test ends it closes the Server, drains every backend of svcs (which
+// closes what is still open) and waits for it.
+func (ts *testServer) start(t testing.TB, svcs []*sched.Service, tbl *sched.Table, pols map[string]*Policy, level zerolog.Level, opts ...func(*Server)) {
+	t.Helper()
+	ts.logs = testkit.NewLogSink()
+	ts.srv = New(zerolog.New(ts.logs).Level(level))
+	ts.srv.Publish(NewSnapshot(tbl, pols))
+	for _, o := range opts {
+		o(ts.srv)
+	}
+	ch, err := ts.srv.Prepare([]netip.AddrPort{ts.key}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Commit()
+	ts.addr = ts.srv.Addr(ts.key).String()
+	t.Cleanup(func() {
+		ts.srv.Close()
+		for _, svc := range svcs {
+			for _, tg := range svc.Targets {
+				ctx, cancel := contextDone()
+				tg.B.Drain(ctx)
+				cancel()
+			}
+		}
+		ts.srv.Wait()
+	})
+}
+
 // testProxy is a listener.Server on 127.0.0.1:0 serving one service.
 type testProxy struct {
-	srv  *Server
-	addr string
-	logs *testkit.LogSink
-	svc  *sched.Service
-	pol  *Policy
+	testServer
+	svc *sched.Service
+	pol *Policy
 }
 
 // adm is the test service's admission state.
@@ -61,7 +101,7 @@ func newProxy(t *testing.T, scheduler sched.Kind, backends []testBackend, tune f
 // Each opt is applied to the Server before it accepts.
 func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune func(tuned), level zerolog.Level, opts ...func(*Server)) *testProxy {
 	t.Helper()
-	p := &testProxy{logs: testkit.NewLogSink()}
+	p := &testProxy{testServer: testServer{key: netip.MustParseAddrPort("127.0.0.1:0")}}
 	var pool backend.Pool
 	targets := make([]sched.Target, len(backends))
 	for i, b := range backends {
@@ -76,27 +116,9 @@ func startProxy(t testing.TB, scheduler sched.Kind, backends []testBackend, tune
 	if tune != nil {
 		tune(tuned{p.svc, p.pol})
 	}
-	key := netip.MustParseAddrPort("127.0.0.1:0")
-	p.srv = New(zerolog.New(p.logs).Level(level))
-	p.store(sched.NewTable(1, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{key: p.svc}))
-	for _, o := range opts {
-		o(p.srv)
-	}
-	ch, err := p.srv.Prepare([]netip.AddrPort{key}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch.Commit()
-	p.addr = p.srv.Addr(key).String()
-	t.Cleanup(func() {
-		p.srv.Close()
-		for _, tg := range p.svc.Targets { // close whatever is still open
-			ctx, cancel := contextDone()
-			tg.B.Drain(ctx)
-			cancel()
-		}
-		p.srv.Wait()
-	})
+	svcs := []*sched.Service{p.svc}
+	tbl := sched.NewTable(1, svcs, map[netip.AddrPort]*sched.Service{p.key: p.svc})
+	p.start(t, svcs, tbl, map[string]*Policy{p.svc.Name: p.pol}, level, opts...)
 	return p
 }
 
@@ -121,27 +143,19 @@ func (p *testProxy) dial(t testing.TB) *net.TCPConn {
 	return c.(*net.TCPConn)
 }
 
-// until polls cond until it holds or d has passed, and says which.
-func until(d time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
-}
-
 // settle awaits the end of every session: no slot held, nothing active on
 // the backends, no pipe lent; then Close and Wait must return.
 func (p *testProxy) settle(t *testing.T, open int) {
 	t.Helper()
-	ok := until(10*time.Second, func() bool {
-		return p.srv.Conns() == open && p.svc.Targets[0].B.Stats().Active == int64(open) &&
-			p.srv.pipes.open.Load() == int64(p.srv.pipes.idleCount())
+	err := testkit.Until(10*time.Second, func() error {
+		conns, active, pipes, idle := p.srv.Conns(), p.svc.Targets[0].B.Stats().Active, p.srv.pipes.open.Load(), p.srv.pipes.idleCount()
+		if conns != open || active != int64(open) || pipes != int64(idle) {
+			return fmt.Errorf("%d slots held, %d active, %d pipes open (%d idle); want %d, %d, none lent", conns, active, pipes, idle, open, open)
+		}
+		return nil
 	})
-	if !ok {
-		t.Errorf("after 10 s: %d slots held, %d active, %d pipes open (%d idle); want %d, %d, none lent",
-			p.srv.Conns(), p.svc.Targets[0].B.Stats().Active, p.srv.pipes.open.Load(), p.srv.pipes.idleCount(), open, open)
+	if err != nil {
+		t.Error(err)
 	}
 }
 

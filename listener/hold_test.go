@@ -49,11 +49,12 @@ backends = [{ name = "a", address = %q }]
 			t.Fatal(err)
 		}
 		defer c.Close()
-		for deadline := time.Now().Add(5 * time.Second); p.Admission("s").Holding != int64(i+1); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) { // arrival order needs each to be queued before the next connects
-				t.Fatalf("connection %d is not held (holding %d)", i, p.Admission("s").Holding)
+		testkit.WaitFor(t, 5*time.Second, func() error { // arrival order needs each to be queued before the next connects
+			if n := p.Admission("s").Holding; n != int64(i+1) {
+				return fmt.Errorf("connection %d is not held (holding %d)", i, n)
 			}
-		}
+			return nil
+		})
 		go func() { // exits when the greeting arrives or the deadline passes
 			c.SetReadDeadline(time.Now().Add(15 * time.Second))
 			s, err := bufio.NewReader(c).ReadString('\n')

@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // TCP keepalive, per service and per socket. The idle time is spread ±20%
@@ -67,7 +68,7 @@ func jitteredIdle(idle time.Duration) int {
 // listener systemd passed).
 func setKeepAliveFD(fd int, ka keepAlive) error {
 	if ka.Idle <= 0 {
-		if err := setsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0); err != nil {
+		if err := sockfd.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 0); err != nil {
 			return fmt.Errorf("clear keepalive: %w", err)
 		}
 		return nil
@@ -78,7 +79,7 @@ func setKeepAliveFD(fd int, ka keepAlive) error {
 		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, max(1, ka.Count)},
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
 	} {
-		if err := setsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+		if err := sockfd.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
 			return fmt.Errorf("set keepalive: %w", err)
 		}
 	}
@@ -113,7 +114,7 @@ func (in *inheritance) prepare(c syscall.RawConn, want keepAlive) {
 	var err error
 	cerr := c.Control(func(fd uintptr) {
 		if same { // the spread is due, nothing else
-			err = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(want.Idle))
+			err = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(want.Idle))
 			return
 		}
 		err = setKeepAliveFD(int(fd), want)
@@ -158,10 +159,7 @@ func (in inherited) setKeepAlive(fd int, ka keepAlive) error {
 // d, 0 (the kernel's default) included, which setUserTimeoutFD leaves
 // alone: routing by name sets it again when the route's differs.
 func setAcceptedUserTimeout(fd int, d time.Duration) error {
-	if err := setsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, max(0, int(d/time.Millisecond))); err != nil {
-		return os.NewSyscallError("setsockopt", err)
-	}
-	return nil
+	return sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, max(0, int(d/time.Millisecond)))
 }
 
 // inherit has the accept loop of listen address key give its listening

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -83,11 +84,12 @@ func TestLeaseReleasedOnEveryEnd(t *testing.T) {
 	// Every slot is back: the Server's (but the one its accept loop takes
 	// before its next accept), the service's, each source's and each
 	// backend's.
-	for deadline := time.Now().Add(10 * time.Second); p.srv.Limit().Open > 1; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d slots of the Server's limit are held; want at most the accept loop's", p.srv.Limit().Open)
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if n := p.srv.Limit().Open; n > 1 {
+			return fmt.Errorf("%d slots of the Server's limit are held; want at most the accept loop's", n)
 		}
-	}
+		return nil
+	})
 	g := p.adm()
 	if st := g.stats(); st.Active != 0 {
 		t.Errorf("the service holds %d slots; want 0", st.Active)

@@ -3,7 +3,7 @@ package listener
 import (
 	"time"
 
-	"golang.org/x/sys/unix"
+	"fulcrum/internal/sockfd"
 )
 
 // The global connection limit. Every proxied connection holds two
@@ -33,11 +33,11 @@ func connLimit(nofile int) int { return max(1, (nofile-reserveFDs(nofile))/2) }
 
 // nofile is the process's RLIMIT_NOFILE soft limit, or 1<<20 when unknown.
 func nofile() int {
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+	cur, _, err := sockfd.Nofile()
+	if err != nil || cur > 1<<30 {
 		return 1 << 20
 	}
-	return int(lim.Cur)
+	return int(cur)
 }
 
 // MaxConns is the global connection limit: connections accepted and not yet

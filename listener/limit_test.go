@@ -3,8 +3,6 @@ package listener
 import (
 	"bufio"
 	"fmt"
-	"fulcrum/internal/testkit"
-	"fulcrum/sched"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"fulcrum/internal/testkit"
+	"fulcrum/sched"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,24 +25,18 @@ func TestConnLimit(t *testing.T) {
 	}
 }
 
-// TestLocalError: a dial that failed for want of fulcrum's own resources
-// is told apart from one the backend refused.
+// TestLocalError: besides sockfd.LocalError's shortages (tested there), a
+// socket that cannot be bound to the client's address (source = "client")
+// is fulcrum's own failure, not the backend's.
 func TestLocalError(t *testing.T) {
-	dial := func(err error) error { return &net.OpError{Op: "dial", Net: "tcp", Err: err} }
-	for _, c := range []struct {
-		err   error
-		local bool
-	}{
-		{dial(os.NewSyscallError("socket", unix.EMFILE)), true},
-		{dial(os.NewSyscallError("connect", unix.EADDRNOTAVAIL)), true},
-		{dial(os.NewSyscallError("socket", unix.EAFNOSUPPORT)), true},
-		{dial(os.NewSyscallError("connect", unix.ENOBUFS)), true},
-		{dial(os.NewSyscallError("connect", unix.ECONNREFUSED)), false},
-		{dial(os.NewSyscallError("connect", unix.EHOSTUNREACH)), false},
-		{dial(os.ErrDeadlineExceeded), false},
+	for err, local := range map[error]bool{
+		fmt.Errorf("bind 10.0.0.1: %w", ErrNoTransparent):                                           true,
+		fmt.Errorf("bind 10.0.0.1: %w (backend [::1]:5432)", errSourceFamily):                       true,
+		&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", unix.EMFILE)}:        true,
+		&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", unix.ECONNREFUSED)}: false,
 	} {
-		if got := localError(c.err); got != c.local {
-			t.Errorf("localError(%v) = %v; want %v", c.err, got, c.local)
+		if got := localError(err); got != local {
+			t.Errorf("localError(%v) = %v; want %v", err, got, local)
 		}
 	}
 }

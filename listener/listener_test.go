@@ -579,11 +579,12 @@ func TestLostSlotRace(t *testing.T) {
 		t.Fatal("acquire")
 	}
 	c := p.dial(t)
-	for deadline := time.Now().Add(5 * time.Second); p.adm().stats().Waiting != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) { // the queue has no event to wait on
-			t.Fatalf("the connection did not queue: %+v", p.adm().stats())
+	testkit.WaitFor(t, 5*time.Second, func() error { // the queue has no event to wait on
+		if st := p.adm().stats(); st.Waiting != 1 {
+			return fmt.Errorf("the connection did not queue: %+v", st)
 		}
-	}
+		return nil
+	})
 	p.srv.releaseBackend(b) // the slot frees, as a lease gives it back: the queued connection takes it
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "a\n" {

@@ -1,13 +1,13 @@
 package listener
 
 import (
-	"math"
 	"os"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // fulcrum's data path: event loops over raw descriptors. An idle
@@ -15,7 +15,7 @@ import (
 // its readiness event lands, with no goroutine woken per message.
 //
 // Sockets never enter Go's poller: accept4 on the listening socket and a
-// non-blocking connect (loop_dial.go) give descriptors that only a loop's
+// non-blocking connect (accept.go, connect.go) give descriptors that only a loop's
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
 // would block). A Server has one loop per P (and fulcrum one loop, and
 // P, per CPU it may use, or [process] loops: procs.go), sessions spread
@@ -29,14 +29,11 @@ import (
 // entersyscall): the loop keeps its P, and the runtime does not hand it off
 // or wake sysmon per message.
 //
-// Measured against a loop locked to its thread that blocks in epoll_wait
-// (redis-benchmark GET, 50 clients, 6 interleaved runs): that loop costs
-// 8.1 µs of proxy CPU per request against 6.0 nested, since every time it
-// blocks its syscall wakes sysmon, which then polls every 20 µs, and its P
-// is handed off and taken back.
+// Why nested, and what the other designs cost, is measured in
+// bench/README.md ("the loop nested in Go's poller").
 //
 // Lost wakeups are what can go wrong, so:
-//   - a direction's state is idle, running, kicked (an event came while
+//   - a direction's state is parked, running, kicked (an event came while
 //     running: run again) or done, changed only by compare-and-swap, so that
 //     one runner at a time owns its xfer and no kick is lost between "would
 //     block" and "parked";
@@ -58,7 +55,7 @@ import (
 // to the old session, and a stale event costs at most a spurious kick.
 
 const (
-	stIdle    int32 = iota // parked: no goroutine, waiting for an event
+	stParked  int32 = iota // parked: no goroutine, waiting for an event
 	stRunning              // a runner owns the direction
 	stKicked               // running, and an event came meanwhile
 	stDone                 // ended; never runs again
@@ -85,22 +82,18 @@ type loop struct {
 type waiter struct{ ready chan struct{} }
 
 func newLoop() (*loop, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	epfd, err := sockfd.EpollCreate()
 	if err != nil {
-		return nil, err
-	}
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		unix.Close(epfd)
 		return nil, err
 	}
 	// The tables cover every descriptor the process may ever open: the hard
 	// limit, which the soft one can be raised to at any time.
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		unix.Close(epfd)
+	cur, hard, err := sockfd.Nofile()
+	if err != nil {
+		sockfd.Close(epfd)
 		return nil, err
 	}
-	n := min(max(lim.Max, lim.Cur), 1<<20)
+	n := min(max(hard, cur), 1<<20)
 	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
 		tab: make([]atomic.Pointer[session], n), wait: make([]atomic.Pointer[waiter], n)}
 	go lp.run() // exits when close closes f
@@ -126,7 +119,7 @@ func (lp *loop) run() {
 	var events [128]unix.EpollEvent
 	wait := func(fd uintptr) bool {
 		for {
-			n, err := epollWaitRaw(int(fd), events[:])
+			n, err := sockfd.EpollWait(int(fd), events[:])
 			if err == unix.EINTR {
 				continue
 			}
@@ -144,15 +137,6 @@ func (lp *loop) run() {
 	}
 	for rc.Read(wait) == nil {
 	}
-}
-
-// epollWaitRaw is epoll_wait with a zero timeout, made raw: it never blocks.
-func epollWaitRaw(epfd int, events []unix.EpollEvent) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
 }
 
 // dispatch wakes the directions an event concerns: the one reading the
@@ -188,7 +172,7 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 }
 
 // epollIn is what a socket is registered for; armOut adds EPOLLOUT.
-// EPOLLPRI: urgent data (MSG_OOB) came, and reads stop at its mark (copy.go).
+// EPOLLPRI: urgent data (MSG_OOB) came, and reads stop at its mark (xfer.go).
 const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLPRI | unix.EPOLLET
 
 // armOut adds EPOLLOUT to fd's registration, the first time a write to it
@@ -197,25 +181,16 @@ const epollIn = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLPRI | unix.EPOLLET
 // the EAGAIN and the MOD is not lost.
 func (lp *loop) armOut(fd int) error {
 	ev := unix.EpollEvent{Events: epollIn | unix.EPOLLOUT, Fd: int32(fd)}
-	return epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
-}
-
-// epollCtl is epoll_ctl made raw: it never blocks.
-func epollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
-	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, uintptr(epfd), uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
+	return sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 }
 
 // register adds fd to the epoll for input, or changes its registration to
 // that if await left it registered here.
 func (lp *loop) register(fd int) error {
 	ev := unix.EpollEvent{Events: epollIn, Fd: int32(fd)}
-	err := epollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	err := sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
 	if err == unix.EEXIST {
-		err = epollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+		err = sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 	}
 	return err
 }
@@ -231,62 +206,10 @@ func (lp *loop) forget(ss *session) {
 	}
 }
 
-// begin runs ss in lp: it registers both sockets, whose readiness, if any,
-// the epoll reports at once. begin owns both halves (stRunning) until both
-// sockets are registered: an event for the client socket that comes
-// between the two registrations only marks its half kicked, and begin runs
-// each half that was kicked once both are in. A failure ends the session
-// through stop and release, as any other end, never by a direct finish:
-// the admission's count in live (newSession) keeps the descriptors owned
-// until every count is given back, once.
-func (ss *session) begin(lp *loop) {
-	c, b := ss.clientFD, ss.backendFD
-	ss.up.sfd, ss.up.dfd = c, b
-	ss.down.sfd, ss.down.dfd = b, c
-	ss.lp = lp
-	ss.up.state.Store(stRunning)
-	ss.down.state.Store(stRunning)
-	ss.live.Add(2) // the halves; admission holds its own count until the end of begin
-	if ss.idle > 0 {
-		ss.last.Store(mono())
-		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
-		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
-		ss.timer.Reset(ss.idle)
-	}
-	var err error
-	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
-		err = unix.EBADF
-	} else {
-		lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
-		lp.tab[b].Store(ss)
-		if err = lp.register(c); err == nil {
-			if err = seamAt(seamRegistered, ss); err == nil {
-				err = lp.register(b)
-			}
-			if err != nil {
-				// Out before the descriptors are closed: a registration
-				// outlives close while another process holds the file.
-				epollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
-			}
-		}
-	}
-	if err != nil {
-		ss.up.err = err
-		ss.failed.CompareAndSwap(0, 1)
-		ss.stop()
-		ss.up.abandon()
-		ss.down.abandon()
-	} else {
-		ss.up.own()
-		ss.down.own()
-	}
-	ss.release() // admission's count: the session is the halves' now
-}
-
 // own gives the half begin held to the event loop: parked, or run now if
 // an event came for it meanwhile.
 func (h *half) own() {
-	if h.state.CompareAndSwap(stRunning, stIdle) {
+	if h.state.CompareAndSwap(stRunning, stParked) {
 		return
 	}
 	h.state.Store(stRunning) // kicked while begin held it
@@ -296,54 +219,8 @@ func (h *half) own() {
 // abandon ends a half that begin held and that never ran.
 func (h *half) abandon() {
 	h.state.Store(stDone)
-	h.x.release()
-	h.ss.release()
-}
-
-// idleCheck runs when the idle timer fires: it stops the session if no
-// byte has moved either way for its limit (idle_timeout, or once a
-// direction has closed the shorter half_close_timeout), or sets the timer
-// to fire that long after the last byte.
-func (ss *session) idleCheck() {
-	if ss.live.Load() == 0 {
-		return
-	}
-	limit, half := ss.idleLimit()
-	quiet := time.Duration(mono() - ss.last.Load())
-	if quiet < limit {
-		ss.timer.Reset(limit - quiet)
-		return
-	}
-	ss.halfFired.Store(half)
-	ss.idleFired.Store(true)
-	ss.stop()
-}
-
-// idleLimit is how long the session may go without a byte: idle_timeout,
-// or half_close_timeout when one direction has closed and it is shorter
-// (half reports that).
-func (ss *session) idleLimit() (limit time.Duration, half bool) {
-	if ss.first.Load() != 0 && ss.halfClose > 0 && (ss.idle == 0 || ss.halfClose < ss.idle) {
-		return ss.halfClose, true
-	}
-	return ss.idle, false
-}
-
-// armHalfClose starts the half-close limit when a direction has closed
-// cleanly: the other direction's bytes are timed from now, by the idle
-// timer (made now if idle_timeout did not make one). Called once, by the
-// half that closed first.
-func (ss *session) armHalfClose() {
-	ss.last.Store(mono())
-	if ss.timer == nil {
-		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
-		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
-		ss.timer.Reset(ss.halfClose)
-		return
-	}
-	if limit, _ := ss.idleLimit(); limit < ss.idle {
-		ss.timer.Reset(limit) // sooner than the idle timer would look
-	}
+	h.x.free()
+	h.ss.unref()
 }
 
 // kick makes the direction run: now, in the caller, if it is parked; again
@@ -351,8 +228,8 @@ func (ss *session) armHalfClose() {
 func (h *half) kick() {
 	for {
 		switch h.state.Load() {
-		case stIdle:
-			if h.state.CompareAndSwap(stIdle, stRunning) {
+		case stParked:
+			if h.state.CompareAndSwap(stParked, stRunning) {
 				h.runParked(runBudget)
 				return
 			}
@@ -382,7 +259,7 @@ func (h *half) runParked(budget int) {
 			go h.runParked(0) // owns the direction now; exits when it parks or ends
 			return
 		}
-		if h.state.CompareAndSwap(stRunning, stIdle) {
+		if h.state.CompareAndSwap(stRunning, stParked) {
 			return
 		}
 		h.state.Store(stRunning) // kicked meanwhile: there may be more
@@ -454,4 +331,50 @@ func (h *half) step(budget int, left *int) (stepResult, error) {
 		*left -= n
 	}
 	return stepMore, nil
+}
+
+// await waits until fd, a socket in no session, has one of events (or a
+// hang-up or error), or deadline passes (os.ErrDeadlineExceeded; a zero
+// deadline is none). It registers fd one-shot in lp, which wakes it: added,
+// or modified if *registered says an earlier await left it here; it sets
+// *registered once it is. The registration outlives the wait, disarmed, so
+// that a later await or the session's register in lp modifies it (register
+// handles both). An event may come for an earlier use of fd's number, so
+// the caller looks again and may await again.
+func (lp *loop) await(fd int, events uint32, deadline time.Time, registered *bool) error {
+	if fd >= len(lp.wait) {
+		return unix.EMFILE
+	}
+	w := &waiter{ready: make(chan struct{})}
+	lp.wait[fd].Store(w) // before the registration, which may report readiness at once
+	ev := unix.EpollEvent{Events: events | unix.EPOLLONESHOT, Fd: int32(fd)}
+	op := unix.EPOLL_CTL_ADD
+	if *registered {
+		op = unix.EPOLL_CTL_MOD
+	}
+	err := sockfd.EpollCtl(lp.epfd, op, fd, &ev)
+	if err == unix.EEXIST { // an earlier peeker's wait left it here (the PROXY header's, then the hello's)
+		err = sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	}
+	if err != nil {
+		lp.wait[fd].CompareAndSwap(w, nil)
+		return err
+	}
+	*registered = true
+	if deadline.IsZero() {
+		<-w.ready
+		return nil
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-w.ready:
+		return nil
+	case <-t.C:
+		if lp.wait[fd].CompareAndSwap(w, nil) {
+			return os.ErrDeadlineExceeded // "i/o timeout", as net.Dialer says
+		}
+		<-w.ready // the loop took it at the same moment: it is closing ready
+		return nil
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/internal/testkit"
 )
 
@@ -91,14 +92,15 @@ func dialWaiting(s *Server) bool {
 	return false
 }
 
-// awaitDialWaiting polls until dialWaiting(s) or d has passed, and says which.
+// awaitDialWaiting polls until dialWaiting(s), and says whether it did
+// within d.
 func awaitDialWaiting(s *Server, d time.Duration) bool {
-	for deadline := time.Now().Add(d); !dialWaiting(s); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
+	return testkit.Until(d, func() error {
+		if !dialWaiting(s) {
+			return errors.New("no dial waits in a loop")
 		}
-	}
-	return true
+		return nil
+	}) == nil
 }
 
 // TestDialWaitsInLoop: a connect with no outcome at once (its SYN dropped
@@ -137,10 +139,10 @@ func TestDialWaitsInLoop(t *testing.T) {
 	}
 }
 
-// TestPendingDialHandsOffAccept: a connection is served in its accept
+// TestPendingDialDetachesAccept: a connection is served in its accept
 // loop's goroutine until it must wait; a connect with no outcome at once
-// hands the loop on first, so the next client is served while it waits.
-func TestPendingDialHandsOffAccept(t *testing.T) {
+// detaches from the loop first, so the next client is served while it waits.
+func TestPendingDialDetachesAccept(t *testing.T) {
 	testkit.CheckLeaks(t)
 	lfd, addr := fullQueue(t)
 	be := testkit.NewServer(t, testkit.Greeter("b"))
@@ -193,11 +195,12 @@ func TestWaitingClientDoesNotHoldAccept(t *testing.T) {
 			for range 3 {
 				p.dial(t)
 			}
-			for deadline := time.Now().Add(10 * time.Second); accepts() < 3; time.Sleep(time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of 3 clients accepted in 10 s: a waiting client holds the accept loop", accepts())
+			testkit.WaitFor(t, 10*time.Second, func() error {
+				if n := accepts(); n < 3 {
+					return fmt.Errorf("%d of 3 clients accepted: a waiting client holds the accept loop", n)
 				}
-			}
+				return nil
+			})
 			p.srv.Close() // the clients' ends close their sessions
 		})
 	}
@@ -290,7 +293,7 @@ func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
 		t.Fatal("the dial did not return within its connect timeout and 10 s")
 	}
 	if r.err == nil {
-		closeFD(r.fd)
+		sockfd.Close(r.fd)
 		t.Fatalf("a connect in progress came back as connected after %v and %d stale events", time.Since(start), stale)
 	}
 	if !errors.Is(r.err, os.ErrDeadlineExceeded) {
@@ -335,15 +338,16 @@ func TestStaleHupForgotten(t *testing.T) {
 	if ss == nil {
 		t.Fatal("no session in the loop")
 	}
-	parked := func() bool { return ss.up.state.Load() == stIdle }
-	if !until(10*time.Second, parked) {
-		t.Fatal("the upload direction did not park")
+	parked := func() error {
+		if ss.up.state.Load() != stParked {
+			return errors.New("the upload direction did not park")
+		}
+		return nil
 	}
+	testkit.WaitFor(t, 10*time.Second, parked)
 	lp.dispatch(unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(ss.clientFD)}) // stale
 	ping()
-	if !until(10*time.Second, parked) {
-		t.Fatal("the upload direction did not park")
-	}
+	testkit.WaitFor(t, 10*time.Second, parked)
 	if ss.up.hup.Load() != ss.up.hupSeen { // parked: the state's CAS orders hupSeen's write before this read
 		t.Errorf("after the stale event and a read that found the socket empty: %d events, %d seen; want them equal", ss.up.hup.Load(), ss.up.hupSeen)
 	}

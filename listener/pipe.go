@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"fulcrum/internal/sockfd"
 )
 
 // pipe is a kernel pipe that one direction of a session splices through:
@@ -16,8 +16,8 @@ type pipe struct {
 }
 
 func (p *pipe) close() {
-	unix.Close(p.r)
-	unix.Close(p.w)
+	sockfd.Close(p.r)
+	sockfd.Close(p.w)
 }
 
 // pipePool lends pipes to directions that are moving data, so that an idle
@@ -76,8 +76,8 @@ func (pp *pipePool) get() *pipe {
 		pp.open.Add(-1)
 		return nil
 	}
-	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_NONBLOCK|unix.O_CLOEXEC); err != nil {
+	r, w, err := sockfd.Pipe()
+	if err != nil {
 		pp.open.Add(-1)
 		pp.failedAt.Store(mono())
 		return nil
@@ -88,18 +88,16 @@ func (pp *pipePool) get() *pipe {
 		// user's pipes add up to fs.pipe-user-pages-soft, which leaves it
 		// at two pages (pipeLeast): then the buffer, and pipe2 again after
 		// pipeRetry.
-		if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETPIPE_SZ, pp.size); err != nil && pp.least > 0 {
-			if sz, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETPIPE_SZ, 0); err != nil || sz < pp.least {
-				unix.Close(fds[0])
-				unix.Close(fds[1])
-				pp.open.Add(-1)
-				pp.failedAt.Store(mono())
-				return nil
-			}
+		if sz, err := sockfd.SetPipeSize(r, pp.size); pp.least > 0 && (err != nil || sz < pp.least) {
+			sockfd.Close(r)
+			sockfd.Close(w)
+			pp.open.Add(-1)
+			pp.failedAt.Store(mono())
+			return nil
 		}
 	}
 	pp.lent.Add(1)
-	return &pipe{r: fds[0], w: fds[1]}
+	return &pipe{r: r, w: w}
 }
 
 // put takes back a pipe lent by get: pooled if empty and there is room,

@@ -4,6 +4,9 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"fulcrum/internal/sockfd"
+	"fulcrum/internal/wire"
 )
 
 // tcpPair returns the two ends of a loopback TCP connection.
@@ -42,11 +45,12 @@ func TestSpoofedSplitSignature(t *testing.T) {
 		{"nothing", nil, false},
 		{"P, then the rest too late", []string{"P", "ROXY TCP4 6.6.6.6 127.0.0.1 1 2\r\n"}, true},
 		{"PROXY without its space", []string{"PROXY"}, true},
-		{"11 bytes of the v2 signature", []string{v2Sig[:11]}, true},
+		{"11 bytes of the v2 signature", []string{wire.V2Sig[:11]}, true},
 		{"whole v1 signature", []string{"PROXY TCP4 6.6.6.6 127.0.0.1 1 2\r\n"}, true},
 		{"PING", []string{"PING\r\n"}, false},
 		{"P, then I in time", []string{"PI"}, false},
 	}
+	loops := newTestLoop(t) // the first wait is in an event loop, as a Server's is
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, s := tcpPair(t)
@@ -55,8 +59,10 @@ func TestSpoofedSplitSignature(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			fd := dupFD(s)
+			defer sockfd.Close(fd)
 			start := time.Now()
-			got, err := spoofed(s, timeout)
+			got, err := spoofed(fd, timeout, loops)
 			if err != nil {
 				t.Fatalf("spoofed = %v, %v", got, err)
 			}

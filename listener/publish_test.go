@@ -2,6 +2,7 @@ package listener
 
 import (
 	"bufio"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -22,11 +23,12 @@ func TestPublishWakesHeld(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
-	for deadline := time.Now().Add(10 * time.Second); p.adm().stats().Holding == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) { // holding has no event to wait on
-			t.Fatal("the connection was not held")
+	testkit.WaitFor(t, 10*time.Second, func() error { // holding has no event to wait on
+		if p.adm().stats().Holding == 0 {
+			return errors.New("the connection was not held")
 		}
-	}
+		return nil
+	})
 
 	// The next table: a live backend, published by a caller that does
 	// nothing else (no reload, no check).

@@ -2,6 +2,8 @@ package listener
 
 import (
 	"sync/atomic"
+
+	"fulcrum/internal/wire"
 )
 
 // Reject is why fulcrum turned a connection away before any backend took
@@ -20,14 +22,14 @@ const (
 	RejectFull                     // max_conns: no slot, at once or after queue_timeout (the service's "refused"; its access line says "full")
 	RejectNoRoute                  // routing by name: no route takes the client and the address has no default
 	RejectMalformed                // routing by name: not a well-formed ClientHello
-	RejectTooLarge                 // routing by name: the ClientHello exceeds MaxHello
+	RejectTooLarge                 // routing by name: the ClientHello exceeds wire.MaxHello
 	RejectTimeout                  // routing by name: the client stopped inside its first message
 	RejectClosed                   // routing by name: the client closed or reset inside its first message
 	rejectKinds
 )
 
 var rejectNames = [rejectKinds]string{"denied", "rate", "per_source", "proxy", "split_brain", "full",
-	ReasonNoRoute, ReasonMalformed, ReasonTooLarge, ReasonTimeout, ReasonClosed}
+	ReasonNoRoute, wire.ReasonMalformed, wire.ReasonTooLarge, wire.ReasonTimeout, wire.ReasonClosed}
 
 // String is the reason's name in logs and in metrics' reason label.
 func (r Reject) String() string {
@@ -44,7 +46,7 @@ var (
 	routeRejects   = [2]Reject{RejectNoRoute, rejectKinds}
 )
 
-// rejectOf is the Reject of a routing refusal whose PrereadError gives
+// rejectOf is the Reject of a routing refusal whose wire.Error gives
 // reason (the parser's name for it).
 func rejectOf(reason string) Reject {
 	for r := RejectNoRoute; r < RejectClosed; r++ {

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/internal/testkit"
 	"fulcrum/sched"
 )
@@ -26,7 +28,7 @@ import (
 //
 //	go test -run '^$' -bench RoutingCost -benchtime 3000x -count 5 ./listener/
 func BenchmarkRoutingCost(b *testing.B) {
-	hello := helloBytes(b, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(b, &tls.Config{ServerName: "db1.example.com"})
 	be := testkit.NewServer(b, func(c *net.TCPConn) {
 		buf := make([]byte, len(hello))
 		if _, err := io.ReadFull(c, buf); err != nil {
@@ -56,13 +58,12 @@ func BenchmarkRoutingCost(b *testing.B) {
 		c.Close()
 	}
 	settled := func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for be.Open() > 0 {
-			if time.Now().After(deadline) {
-				b.Fatalf("%d backend connections still open after 10s", be.Open())
+		testkit.WaitFor(b, 10*time.Second, func() error { // teardown has no event to wait on
+			if n := be.Open(); n > 0 {
+				return fmt.Errorf("%d backend connections still open", n)
 			}
-			time.Sleep(time.Millisecond) // teardown has no event to wait on
-		}
+			return nil
+		})
 	}
 	cpu := func() time.Duration {
 		var ru unix.Rusage
@@ -106,7 +107,7 @@ func BenchmarkRoutingCost(b *testing.B) {
 //
 //	go test -run '^$' -bench Choose -benchmem ./listener/
 func BenchmarkChoose(b *testing.B) {
-	hello := helloBytes(b, &tls.Config{ServerName: "a.tenants.example.com", NextProtos: []string{"h2", "http/1.1"}})
+	hello := testkit.ClientHello(b, &tls.Config{ServerName: "a.tenants.example.com", NextProtos: []string{"h2", "http/1.1"}})
 	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		b.Fatal(err)
@@ -126,7 +127,7 @@ func BenchmarkChoose(b *testing.B) {
 		b.Fatal(err)
 	}
 	fd := dupFD(s)
-	defer closeFD(fd)
+	defer sockfd.Close(fd)
 	tenants := &sched.Service{Name: "tenants"}
 	rs, err := sched.NewRoutes([]sched.Route{
 		{Service: &sched.Service{Name: "db1"}, Names: []string{"db1.example.com"}},

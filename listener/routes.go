@@ -7,13 +7,14 @@ import (
 	"slices"
 	"time"
 
+	"fulcrum/internal/wire"
 	"fulcrum/sched"
 )
 
 // Routing by name on a shared listen address: admission calls
 // Server.route after the accept (and after a PROXY header), before anything
 // else it does for a service, then Server.routed; connect runs the
-// function Hello.toBackend gives on each backend it connects, before the
+// function toBackend gives on each backend it connects, before the
 // splice. See hello.go for the reading and sched.Routes for the choice.
 
 // ReasonNoRoute: no route takes the client and the address has no default.
@@ -25,33 +26,33 @@ var errNoRoute = errors.New("no route for the client's server name and protocols
 // choose reads the first message of the client on fd, within the address's
 // preread_timeout (waiting in one of loops, if it must wait), and returns
 // the service that takes it with what was read. The error is a
-// *PrereadError: the client's message could not be read, or
+// *wire.Error: the client's message could not be read, or
 // (ReasonNoRoute) no route takes it. A PostgreSQL CancelRequest has no
-// route: a nil service and a nil error, h.Proto ProtoCancel.
-func choose(fd int, rs *sched.Routes, loops loopSource) (*sched.Service, Hello, error) {
+// route: a nil service and a nil error, h.Proto wire.ProtoCancel.
+func choose(fd int, rs *sched.Routes, loops loopSource) (*sched.Service, wire.Hello, error) {
 	h, err := preread(fd, rs.PrereadTimeout(), loops)
-	if err != nil || h.Proto == ProtoCancel {
+	if err != nil || h.Proto == wire.ProtoCancel {
 		return nil, h, err
 	}
 	svc := rs.Match(h.SNI, h.ALPN)
 	if svc == nil {
-		return nil, h, &PrereadError{Reason: ReasonNoRoute, Err: errNoRoute}
+		return nil, h, &wire.Error{Reason: ReasonNoRoute, Err: errNoRoute}
 	}
 	return svc, h, nil
 }
 
-// toBackend returns what connect must do to each backend it connects for
+// toBackend returns what connect must do, for a client that sent h first, to each backend it connects for
 // a client whose SSLRequest fulcrum answered: send the PROXY header, if the
 // target takes one, then an SSLRequest the backend must accept (else a
-// *PrereadError with ReasonNoSSL, which counts as a failed connect). nil
+// *wire.Error with wire.ReasonNoSSL, which counts as a failed connect). nil
 // for every other client: its first bytes are still in its socket.
-func (h *Hello) toBackend(pol *Policy, client, orig netip.AddrPort) func(int, *sched.Target) error {
-	if !h.postgres() {
+func toBackend(h *wire.Hello, pol *Policy, client, orig netip.AddrPort) func(int, *sched.Target) error {
+	if !postgresTLS(h) {
 		return nil
 	}
 	return func(bc int, t *sched.Target) error {
 		if t.ProxyProtocol > 0 {
-			if err := writeHeader(fdWriter(bc), t.ProxyProtocol, client, orig); err != nil {
+			if err := wire.WriteHeader(fdWriter(bc), t.ProxyProtocol, client, orig); err != nil {
 				return fmt.Errorf("send PROXY header: %w", err)
 			}
 		}
@@ -77,7 +78,7 @@ func serviceAt(t *sched.Table, key netip.AddrPort, name string) *sched.Service {
 // table: that service, if t still has it there, else the one t's routes
 // choose for what the client sent first (h), else t's service for key
 // (an address no longer routed by name). nil when t has none.
-func reroute(t *sched.Table, key netip.AddrPort, name string, h *Hello) *sched.Service {
+func reroute(t *sched.Table, key netip.AddrPort, name string, h *wire.Hello) *sched.Service {
 	if svc := serviceAt(t, key, name); svc != nil {
 		return svc
 	}
@@ -87,17 +88,17 @@ func reroute(t *sched.Table, key netip.AddrPort, name string, h *Hello) *sched.S
 	return t.Route(key)
 }
 
-// postgres reports whether h is a PostgreSQL client whose SSLRequest
+// postgresTLS reports whether h is a PostgreSQL client whose SSLRequest
 // fulcrum answered (false for nil: an address not routed).
-func (h *Hello) postgres() bool { return h != nil && h.Proto == ProtoPostgres }
+func postgresTLS(h *wire.Hello) bool { return h != nil && h.Proto == wire.ProtoPostgres }
 
 // route is admission's routing step on listen address key: it returns the
 // service that takes client c and what c sent first. When none does, or
-// c's first message cannot be read, it closes c, counts the refusal on
-// the listener by reason, and returns a nil service. A PostgreSQL
-// CancelRequest is forwarded (cancel.go), logged and closed, and a nil
-// service returned too.
-func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *Hello) {
+// c's first message cannot be read, it counts the refusal on the listener
+// by reason and returns a nil service. A PostgreSQL CancelRequest is
+// forwarded (cancel.go) and logged, and a nil service returned too. Either
+// way the caller's lease then closes c.
+func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip.AddrPort) (*sched.Service, *wire.Hello) {
 	svc, h, err := choose(c, rs, s)
 	if err == nil && svc == nil {
 		s.cancel(c, key, client, h.Len, time.Now())
@@ -110,12 +111,12 @@ func (s *Server) route(c int, key netip.AddrPort, rs *sched.Routes, client netip
 	return nil, nil
 }
 
-// refuse counts a routing refusal on the listener by reason, logs it (at
-// most once a second) and closes client socket c. Apart from route, which
+// refuse counts a routing refusal on the listener by reason and logs it
+// (at most once a second); the caller's lease then closes client socket c. Apart from route, which
 // the connection's goroutine runs with little stack to spare.
 func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error) {
-	reason := ReasonMalformed
-	var pe *PrereadError
+	reason := wire.ReasonMalformed
+	var pe *wire.Error
 	if errors.As(err, &pe) {
 		reason = pe.Reason
 	}
@@ -128,7 +129,6 @@ func (s *Server) refuse(c int, key, client netip.AddrPort, sni string, err error
 				Err(err).Uint64("refused_so_far", total).Uint64("suppressed", held).Msg("connection refused")
 		}
 	}
-	closeFD(c)
 }
 
 // routed gives client socket c the keepalive and user timeout of pol, the
@@ -146,8 +146,8 @@ func routed(c int, first, pol *Policy) {
 	}
 }
 
-// sni is the server name h carries; "" for nil (an address not routed).
-func (h *Hello) sni() string {
+// helloSNI is the server name h carries; "" for nil (an address not routed).
+func helloSNI(h *wire.Hello) string {
 	if h == nil {
 		return ""
 	}

@@ -19,6 +19,7 @@ import (
 
 	"fulcrum/backend"
 	"fulcrum/internal/testkit"
+	"fulcrum/internal/wire"
 	"fulcrum/sched"
 
 	proxyproto "github.com/pires/go-proxyproto"
@@ -28,10 +29,7 @@ import (
 // routedProxy is a Server whose one listen address is routed by name over
 // several services, each with its own backends.
 type routedProxy struct {
-	srv  *Server
-	addr string
-	key  netip.AddrPort
-	logs *testkit.LogSink
+	testServer
 	svcs map[string]*sched.Service
 	pols map[string]*Policy // by service name
 }
@@ -51,7 +49,7 @@ type routeSpec struct {
 // Server before it accepts.
 func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...func(*Server)) *routedProxy {
 	t.Helper()
-	p := &routedProxy{logs: testkit.NewLogSink(), svcs: map[string]*sched.Service{}, pols: map[string]*Policy{}, key: netip.MustParseAddrPort("127.0.0.1:0")}
+	p := &routedProxy{testServer: testServer{key: netip.MustParseAddrPort("127.0.0.1:0")}, svcs: map[string]*sched.Service{}, pols: map[string]*Policy{}}
 	var pool backend.Pool
 	var services []*sched.Service
 	var routes []sched.Route
@@ -83,28 +81,7 @@ func startRouted(t testing.TB, level zerolog.Level, specs []routeSpec, opts ...f
 	}
 	tbl := sched.NewTable(1, services, map[netip.AddrPort]*sched.Service{p.key: services[0]})
 	tbl.Routed = map[netip.AddrPort]*sched.Routes{p.key: rs}
-	p.srv = New(zerolog.New(p.logs).Level(level))
-	p.srv.Publish(NewSnapshot(tbl, p.pols))
-	for _, o := range opts {
-		o(p.srv)
-	}
-	ch, err := p.srv.Prepare([]netip.AddrPort{p.key}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch.Commit()
-	p.addr = p.srv.Addr(p.key).String()
-	t.Cleanup(func() {
-		p.srv.Close()
-		for _, svc := range services {
-			for _, tg := range svc.Targets { // close whatever is still open
-				ctx, cancel := contextDone()
-				tg.B.Drain(ctx)
-				cancel()
-			}
-		}
-		p.srv.Wait()
-	})
+	p.start(t, services, tbl, p.pols, level, opts...)
 	return p
 }
 
@@ -293,7 +270,7 @@ func testRouteBackendNoSSL(t *testing.T, opts ...func(*Server)) {
 
 func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	pgLike := func(answer byte) func(*net.TCPConn) {
 		return func(c *net.TCPConn) {
 			if version > 0 {
@@ -302,7 +279,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 				}
 			}
 			var req [8]byte
-			if _, err := io.ReadFull(c, req[:]); err != nil || req != sslRequest {
+			if _, err := io.ReadFull(c, req[:]); err != nil || req != wire.SSLRequest {
 				return
 			}
 			c.Write([]byte{answer})
@@ -327,7 +304,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	c.Write(sslRequest[:])
+	c.Write(wire.SSLRequest[:])
 	var ans [1]byte
 	if _, err := io.ReadFull(c, ans[:]); err != nil || ans[0] != 'S' {
 		t.Fatalf("answer to SSLRequest: %q, %v; want S", ans, err)
@@ -339,8 +316,8 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 	}
 	c.Close()
 	line := p.logs.Wait(t, 10*time.Second, "connect failed", testkit.Message("connect failed"))
-	if e, _ := line["error"].(string); !strings.Contains(e, ReasonNoSSL) || line["backend"] != "0" {
-		t.Errorf("connect failed line = %v; want backend 0 and %s", line, ReasonNoSSL)
+	if e, _ := line["error"].(string); !strings.Contains(e, wire.ReasonNoSSL) || line["backend"] != "0" {
+		t.Errorf("connect failed line = %v; want backend 0 and %s", line, wire.ReasonNoSSL)
 	}
 	if acc := p.access(t, "db1", "db1.example.com"); acc["backend"] != "1" {
 		t.Errorf("access line = %v; want backend 1", acc)
@@ -356,7 +333,7 @@ func routeBackendNoSSL(t *testing.T, version int, opts ...func(*Server)) {
 // each refusal is counted on the listener by reason.
 func TestRouteRefusals(t *testing.T) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	p := startRouted(t, zerolog.DebugLevel, []routeSpec{
 		{name: "db1", sni: []string{"db1.example.com"}, backends: []string{testkit.NewServer(t, testkit.Greeter("db1")).Addr}, preread: 300 * time.Millisecond},
 		{name: "default", sni: []string{"*"}, backends: []string{testkit.NewServer(t, testkit.Greeter("default")).Addr}, preread: 300 * time.Millisecond},
@@ -383,8 +360,8 @@ func TestRouteRefusals(t *testing.T) {
 		t.Errorf("a silent client: read %q, %v; want the default's greeting", greeting, err)
 	}
 	c.Close()
-	if n, m := p.refusals(ReasonTimeout), p.refusals(ReasonMalformed); n != 1 || m != 1 {
-		t.Errorf("refused %d for %s and %d for %s; want 1 and 1", n, ReasonTimeout, m, ReasonMalformed)
+	if n, m := p.refusals(wire.ReasonTimeout), p.refusals(wire.ReasonMalformed); n != 1 || m != 1 {
+		t.Errorf("refused %d for %s and %d for %s; want 1 and 1", n, wire.ReasonTimeout, m, wire.ReasonMalformed)
 	}
 }
 
@@ -396,7 +373,7 @@ func TestRouteProxyHeader(t *testing.T) { testRouteProxyHeader(t) }
 // testRouteProxyHeader is TestRouteProxyHeader with opts applied to every Server it starts (TestLoops).
 func testRouteProxyHeader(t *testing.T, opts ...func(*Server)) {
 	testkit.CheckLeaks(t)
-	hello := helloBytes(t, &tls.Config{ServerName: "db1.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"})
 	got := make(chan []byte, 1)
 	be := testkit.NewServer(t, func(c *net.TCPConn) {
 		b := make([]byte, len(hello))
@@ -514,7 +491,7 @@ func TestRoutePerService(t *testing.T) {
 	greeting := func(name string) string {
 		c := dialTCP(t, p.addr)
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		c.Write(helloBytes(t, &tls.Config{ServerName: name}))
+		c.Write(testkit.ClientHello(t, &tls.Config{ServerName: name}))
 		b, _ := bufio.NewReader(c).ReadString('\n')
 		c.Close()
 		return b
@@ -546,14 +523,14 @@ func TestRouteHold(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	c.Write(helloBytes(t, &tls.Config{ServerName: "db1.example.com"}))
+	c.Write(testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com"}))
 	db1 := p.svcs["db1"]
-	for deadline := time.Now().Add(10 * time.Second); p.srv.adm.get("db1").stats().Holding == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the connection was not held")
+	testkit.WaitFor(t, 10*time.Second, func() error { // holding has no event to wait on
+		if p.srv.adm.get("db1").stats().Holding == 0 {
+			return errors.New("the connection was not held")
 		}
-		time.Sleep(5 * time.Millisecond) // holding has no event to wait on
-	}
+		return nil
+	})
 
 	// The next table: db1 has a live backend now (as after a reload).
 	live := testkit.NewServer(t, testkit.Greeter("db1"))
@@ -595,13 +572,14 @@ func TestRouteRemovedMidHello(t *testing.T) {
 	})
 	c := dialTCP(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	hello := helloBytes(t, &tls.Config{ServerName: "x.example.com"})
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "x.example.com"})
 	c.Write(hello[:5]) // the record header: the preread waits for the rest
-	for deadline := time.Now().Add(10 * time.Second); p.srv.Conns() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the connection was not accepted")
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if p.srv.Conns() == 0 {
+			return errors.New("the connection was not accepted")
 		}
-	}
+		return nil
+	})
 	// The next table: x is gone, its backend drains.
 	old := p.srv.Snapshot()
 	rs, err := sched.NewRoutes([]sched.Route{{Service: p.svcs["dflt"], Names: []string{sched.DefaultName}, PrereadTimeout: 5 * time.Second}})

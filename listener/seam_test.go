@@ -108,11 +108,22 @@ func TestBeginReset(t *testing.T) {
 		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
-		if !until(10*time.Second, func() bool { return woken(&ss.up) && woken(&ss.down) }) {
-			t.Error("the client's reset woke no half within 10 s")
+		if err := testkit.Until(10*time.Second, func() error {
+			if !woken(&ss.up) || !woken(&ss.down) {
+				return errors.New("the client's reset woke no half")
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 		if ss.up.state.Load() == stDone { // ran early: await its close of the descriptors
-			until(10*time.Second, func() bool { _, err := unix.FcntlInt(uintptr(ss.clientFD), unix.F_GETFD, 0); return err != nil })
+			_ = testkit.Until(10*time.Second, func() error { // openVictims then finds them closed
+				_, err := unix.FcntlInt(uintptr(ss.clientFD), unix.F_GETFD, 0)
+				if err == nil {
+					return errors.New("the client's descriptor is open")
+				}
+				return nil
+			})
 		}
 		vc <- openVictims(t, ss)
 		return nil
@@ -174,12 +185,23 @@ func TestBeginUpload(t *testing.T) {
 		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
-		if !until(10*time.Second, func() bool { return woken(&ss.up) }) {
-			t.Error("the upload woke no half within 10 s")
+		if err := testkit.Until(10*time.Second, func() error {
+			if !woken(&ss.up) {
+				return errors.New("the upload woke no half")
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 		// A loop that ran the half early would end it in this time (its
-		// flush blocked on the backend); a held half stays kicked.
-		until(200*time.Millisecond, func() bool { return ss.up.state.Load() == stDone })
+		// flush blocked on the backend); a held half stays kicked, and the
+		// window passes.
+		_ = testkit.Until(200*time.Millisecond, func() error {
+			if ss.up.state.Load() != stDone {
+				return errors.New("the half has not ended")
+			}
+			return nil
+		})
 		return nil
 	})
 	c := p.dial(t)
@@ -189,7 +211,12 @@ func TestBeginUpload(t *testing.T) {
 		c.CloseWrite()
 		werr <- err
 	}()
-	until(10*time.Second, func() bool { return fired.Load() })
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if !fired.Load() {
+			return errors.New("the seam did not fire")
+		}
+		return nil
+	})
 	close(start)
 	if err := <-werr; err != nil {
 		t.Fatalf("upload: %v", err)
@@ -227,8 +254,13 @@ func TestBeginRegisterFails(t *testing.T) {
 		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {
 			return nil
 		}
-		if !until(10*time.Second, func() bool { return woken(&ss.up) }) {
-			t.Error("the client's bytes woke no half within 10 s")
+		if err := testkit.Until(10*time.Second, func() error {
+			if !woken(&ss.up) {
+				return errors.New("the client's bytes woke no half")
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
 		}
 		vc <- openVictims(t, ss)
 		return unix.ENOMEM
@@ -363,9 +395,12 @@ func TestSeamPausesBatch(t *testing.T) {
 	armed.Store(true)
 	done := make(chan error, 1)
 	go func() { done <- echo() }() // exits when the echo is back, or the deadline passes
-	if !until(10*time.Second, paused.Load) {
-		t.Fatal("the loop never reached the seam")
-	}
+	testkit.WaitFor(t, 10*time.Second, func() error {
+		if !paused.Load() {
+			return errors.New("the loop never reached the seam")
+		}
+		return nil
+	})
 	select {
 	case err := <-done:
 		t.Fatalf("the echo came back (%v) while the loop was paused", err)

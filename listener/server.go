@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -34,6 +33,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // Server accepts on a set of listen addresses and proxies each connection.
@@ -52,7 +53,7 @@ type Server struct {
 
 	mu      sync.Mutex // protects lns, spare and adopted
 	lns     map[netip.AddrPort]*socket
-	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (handoff.go), not in use
+	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (export.go), not in use
 	adopted map[netip.AddrPort]bool             // spares handed over by the process this one replaced: ours to close
 
 	slots     chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
@@ -176,7 +177,7 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 // setNoDelay sets TCP_NODELAY and SO_OOBINLINE on a listening socket,
 // which every socket it accepts inherits (Linux copies both to each): no
 // setsockopt per accept. SO_OOBINLINE keeps a client's urgent byte
-// (MSG_OOB) in the stream, to be forwarded as an ordinary byte (copy.go).
+// (MSG_OOB) in the stream, to be forwarded as an ordinary byte (xfer.go).
 // A Multipath TCP socket (what Go's Listen makes by default) takes no
 // SO_OOBINLINE (EOPNOTSUPP): its connections keep the kernel's way, in
 // which an urgent byte is not part of the stream and is not forwarded, as
@@ -184,9 +185,9 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 func setNoDelay(c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
-		if serr = setsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
+		if serr = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
 			serr = fmt.Errorf("set TCP_NODELAY: %w", serr)
-		} else if err := setsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && err != unix.EOPNOTSUPP {
+		} else if err := sockfd.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
 			serr = fmt.Errorf("set SO_OOBINLINE: %w", err)
 		}
 	}); err != nil {
@@ -202,7 +203,7 @@ func setFreebind(network, _ string, c syscall.RawConn) error {
 		level, opt = unix.IPPROTO_IPV6, unix.IPV6_FREEBIND
 	}
 	var serr error
-	if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
+	if err := c.Control(func(fd uintptr) { serr = sockfd.SetsockoptInt(int(fd), level, opt, 1) }); err != nil {
 		return err
 	}
 	if serr != nil {
@@ -454,130 +455,4 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	s.lps.Store(&lps)
 	return &lps, nil
-}
-
-// acceptor is a socket's accept loop: what it knows moves with it when a
-// connection it serves inline hands it on (handOff).
-type acceptor struct {
-	so *socket
-	in inheritance // the keepalive accepted sockets inherit (keepalive.go)
-}
-
-// inline is a connection served in its accept loop's goroutine. At the
-// first point where serving it would wait (a PROXY header, a name to route
-// by, a queue, a hold, a connect not done at once), handOff starts another
-// goroutine for the loop, and this one goes on as the connection's alone.
-// A connection that waits for nothing (a backend that answers its connect
-// at once, as on loopback or a LAN) costs no goroutine and no wake-up of
-// another thread: accept, pick, connect and the session's registration in
-// its event loop are one run, as in nginx's worker.
-type inline struct {
-	a    *acceptor
-	gone bool // handed on: the loop runs in another goroutine now
-}
-
-// handOff gives the accept loop to a new goroutine, if i still has it; a
-// nil i (a connection served in a goroutine of its own) has nothing to give.
-func (s *Server) handOff(i *inline) {
-	if i == nil || i.gone {
-		return
-	}
-	i.gone = true
-	go s.accept(i.a) // the loop's count in s.wg moves with it
-}
-
-// accept runs a socket's accept loop until the socket is closed or retired,
-// then ends it, unless a connection it served handed the loop on.
-func (s *Server) accept(a *acceptor) {
-	so := a.so
-	held := false // a slot of the limit taken for the next connection (acceptRaw)
-	if s.acceptLoop(a, &held) {
-		return
-	}
-	if held {
-		<-s.slots
-	}
-	so.acc.Close()
-	close(so.exited)
-	s.wg.Done()
-}
-
-// acceptLoop accepts and serves connections. Temporary failures (EMFILE,
-// ENFILE, ECONNABORTED, ENOBUFS…) back off from 5 ms, doubling to 1 s, and
-// never end the loop; only closing or retiring the socket does. With a
-// heartbeat set, Accept wakes on a deadline so that the loop answers Alive
-// even when no client comes. It reports whether it handed the loop on.
-func (s *Server) acceptLoop(a *acceptor, held *bool) (handedOn bool) {
-	so := a.so
-	var delay time.Duration
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	acc, rc := so.acc, so.rc
-	emptied := false // acceptRaw's closure shares it: one allocation per loop, not per accept
-	for {
-		if s.acceptHook != nil {
-			s.acceptHook()
-		}
-		if d := time.Duration(s.beat.Load()); d > 0 {
-			acc.SetReadDeadline(time.Now().Add(d))
-		}
-		select { // after the deadline: retire closes done, then sets a deadline in the past
-		case <-so.done:
-			return false
-		default:
-		}
-		s.inherit(&a.in, rc, so.key)
-		emptied = false
-		fd, peer, err := acceptRaw(rc, &emptied, s.slots, held)
-		so.beat.Store(time.Now().UnixNano())
-		if errors.Is(err, errAtLimit) { // a client waits, every slot is taken: wait for one
-			if !s.takeSlot(so) {
-				return false
-			}
-			*held = true
-			continue
-		}
-		if err == nil {
-			*held = false // the connection's now: connDone gives it back
-			delay = 0
-			s.admitting.begin() // before the count a test awaits, and before the loop can be handed on: Close waits for it (handle ends it)
-			so.accepts.Add(1)
-			s.wg.Add(1)
-			i := inline{a: a}
-			s.handle(fd, peer, so.key, a.in.accepted(emptied), &i) // its slot is freed by connDone
-			if i.gone {
-				return true
-			}
-			continue
-		}
-		select {
-		case <-so.done:
-			return false
-		default:
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			continue // the heartbeat
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return false
-		}
-		so.errors.Add(1)
-		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-		so.beat.Store(time.Now().Add(delay).UnixNano()) // backing off is alive, for as long as the wait
-		s.log.Warn().Err(err).Stringer("listen", so.key).Dur("retry_in", delay).Msg("accept failed")
-		if t == nil {
-			t = time.NewTimer(delay)
-		} else {
-			t.Reset(delay)
-		}
-		select {
-		case <-so.done:
-			return false
-		case <-t.C:
-		}
-	}
 }

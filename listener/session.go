@@ -2,11 +2,13 @@ package listener
 
 import (
 	"errors"
+	"math"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"fulcrum/internal/sockfd"
 	"fulcrum/sched"
 )
 
@@ -79,7 +81,7 @@ func (ss *session) run() {
 	if err != nil {
 		ss.up.err = err
 		ss.failed.Store(1)
-		ss.release() // admission's count, the only one: finish
+		ss.unref() // admission's count, the only one: finish
 		return
 	}
 	ss.begin(lp)
@@ -119,15 +121,15 @@ func (ss *session) stop() {
 			break
 		}
 	}
-	shutdownFD(ss.clientFD, unix.SHUT_RDWR)
-	shutdownFD(ss.backendFD, unix.SHUT_RDWR)
-	ss.release()
+	sockfd.Shutdown(ss.clientFD, unix.SHUT_RDWR)
+	sockfd.Shutdown(ss.backendFD, unix.SHUT_RDWR)
+	ss.unref()
 }
 
 // halfDone is called by each half as it ends. A clean EOF is passed on as a
 // FIN and the other direction keeps flowing; an error stops both.
 func (ss *session) halfDone(h *half, err error) {
-	h.x.release()
+	h.x.free()
 	h.err = err
 	switch {
 	case err != nil:
@@ -141,10 +143,10 @@ func (ss *session) halfDone(h *half, err error) {
 		// too: then close sends the FIN, one syscall fewer per connection
 		// (its socket has nothing unread, so close does not reset).
 		if ss.other(h).state.Load() != stDone {
-			shutdownFD(h.dfd, unix.SHUT_WR)
+			sockfd.Shutdown(h.dfd, unix.SHUT_WR)
 		}
 	}
-	ss.release()
+	ss.unref()
 }
 
 // other is the half that is not h.
@@ -155,8 +157,8 @@ func (ss *session) other(h *half) *half {
 	return &ss.up
 }
 
-// release ends one count of live; the last finishes the session.
-func (ss *session) release() {
+// unref ends one count of live; the last finishes the session.
+func (ss *session) unref() {
 	if ss.live.Add(-1) != 0 {
 		return
 	}
@@ -179,8 +181,7 @@ func (ss *session) finish() {
 	if ss.timer != nil {
 		ss.timer.Stop()
 	}
-	closeFD(ss.clientFD)
-	closeFD(ss.backendFD)
+	sockfd.Close(ss.backendFD) // the client's: by the lease
 	ss.t.B.Untrack(ss)
 	ss.lease.release(func() {
 		ss.srv.access(&ss.accessInfo, ss.t, ss.up.n, ss.down.n, ss.end(), ss.firstErr())
@@ -225,4 +226,107 @@ func (ss *session) end() string {
 		return endBackend
 	}
 	return endClient
+}
+
+// RoleEpoch is the backend's role epoch when the session was dialled: a
+// role change seen since then ends it, one seen before does not
+// (backend.CutRole, on_role_change).
+func (ss *session) RoleEpoch() uint64 { return ss.tm.roleEpoch }
+
+// begin runs ss in lp: it registers both sockets, whose readiness, if any,
+// the epoll reports at once. begin owns both halves (stRunning) until both
+// sockets are registered: an event for the client socket that comes
+// between the two registrations only marks its half kicked, and begin runs
+// each half that was kicked once both are in. A failure ends the session
+// through stop and release, as any other end, never by a direct finish:
+// the admission's count in live (newSession) keeps the descriptors owned
+// until every count is given back, once.
+func (ss *session) begin(lp *loop) {
+	c, b := ss.clientFD, ss.backendFD
+	ss.up.sfd, ss.up.dfd = c, b
+	ss.down.sfd, ss.down.dfd = b, c
+	ss.lp = lp
+	ss.up.state.Store(stRunning)
+	ss.down.state.Store(stRunning)
+	ss.live.Add(2) // the halves; admission holds its own count until the end of begin
+	if ss.idle > 0 {
+		ss.last.Store(mono())
+		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
+		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
+		ss.timer.Reset(ss.idle)
+	}
+	var err error
+	if c < 0 || b < 0 || c >= len(lp.tab) || b >= len(lp.tab) {
+		err = unix.EBADF
+	} else {
+		lp.tab[c].Store(ss) // before EPOLL_CTL_ADD, which may report readiness at once
+		lp.tab[b].Store(ss)
+		if err = lp.register(c); err == nil {
+			if err = seamAt(seamRegistered, ss); err == nil {
+				err = lp.register(b)
+			}
+			if err != nil {
+				// Out before the descriptors are closed: a registration
+				// outlives close while another process holds the file.
+				sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, c, nil)
+			}
+		}
+	}
+	if err != nil {
+		ss.up.err = err
+		ss.failed.CompareAndSwap(0, 1)
+		ss.stop()
+		ss.up.abandon()
+		ss.down.abandon()
+	} else {
+		ss.up.own()
+		ss.down.own()
+	}
+	ss.unref() // admission's count: the session is the halves' now
+}
+
+// idleCheck runs when the idle timer fires: it stops the session if no
+// byte has moved either way for its limit (idle_timeout, or once a
+// direction has closed the shorter half_close_timeout), or sets the timer
+// to fire that long after the last byte.
+func (ss *session) idleCheck() {
+	if ss.live.Load() == 0 {
+		return
+	}
+	limit, half := ss.idleLimit()
+	quiet := time.Duration(mono() - ss.last.Load())
+	if quiet < limit {
+		ss.timer.Reset(limit - quiet)
+		return
+	}
+	ss.halfFired.Store(half)
+	ss.idleFired.Store(true)
+	ss.stop()
+}
+
+// idleLimit is how long the session may go without a byte: idle_timeout,
+// or half_close_timeout when one direction has closed and it is shorter
+// (half reports that).
+func (ss *session) idleLimit() (limit time.Duration, half bool) {
+	if ss.first.Load() != 0 && ss.halfClose > 0 && (ss.idle == 0 || ss.halfClose < ss.idle) {
+		return ss.halfClose, true
+	}
+	return ss.idle, false
+}
+
+// armHalfClose starts the half-close limit when a direction has closed
+// cleanly: the other direction's bytes are timed from now, by the idle
+// timer (made now if idle_timeout did not make one). Called once, by the
+// half that closed first.
+func (ss *session) armHalfClose() {
+	ss.last.Store(mono())
+	if ss.timer == nil {
+		// Armed by Reset after the assignment, so that idleCheck sees ss.timer.
+		ss.timer = time.AfterFunc(time.Duration(math.MaxInt64), ss.idleCheck)
+		ss.timer.Reset(ss.halfClose)
+		return
+	}
+	if limit, _ := ss.idleLimit(); limit < ss.idle {
+		ss.timer.Reset(limit) // sooner than the idle timer would look
+	}
 }

@@ -23,12 +23,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // ErrNoTransparent is what source = "client" meets without the privilege
@@ -49,24 +49,10 @@ func bindClient(fd int, a netip.Addr, to netip.AddrPort) error {
 	if err := setTransparent(fd, a.Is6()); err != nil {
 		return err
 	}
-	if err := setsockoptInt(fd, unix.SOL_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1); err != nil {
-		return os.NewSyscallError("setsockopt", err)
+	if err := sockfd.SetsockoptInt(fd, unix.SOL_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1); err != nil {
+		return err
 	}
-	var rsa unix.RawSockaddrAny
-	var n uintptr
-	if a.Is4() {
-		sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&rsa))
-		sa.Family, sa.Addr = unix.AF_INET, a.As4()
-		n = unix.SizeofSockaddrInet4
-	} else {
-		sa := (*unix.RawSockaddrInet6)(unsafe.Pointer(&rsa))
-		sa.Family, sa.Addr = unix.AF_INET6, a.As16()
-		n = unix.SizeofSockaddrInet6
-	}
-	if _, _, e := unix.RawSyscall(unix.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&rsa)), n); e != 0 {
-		return os.NewSyscallError("bind", e)
-	}
-	return nil
+	return sockfd.Bind(fd, netip.AddrPortFrom(a, 0))
 }
 
 // setTransparent sets IP_TRANSPARENT (IPV6_TRANSPARENT on an IPv6 socket)
@@ -76,14 +62,11 @@ func setTransparent(fd int, v6 bool) error {
 	if v6 {
 		level, opt = unix.SOL_IPV6, unix.IPV6_TRANSPARENT
 	}
-	err := setsockoptInt(fd, level, opt, 1)
-	switch {
-	case err == unix.EPERM:
+	err := sockfd.SetsockoptInt(fd, level, opt, 1)
+	if errors.Is(err, unix.EPERM) {
 		return ErrNoTransparent
-	case err != nil:
-		return os.NewSyscallError("setsockopt IP_TRANSPARENT", err)
 	}
-	return nil
+	return err
 }
 
 // CheckTransparent reports whether this process may make transparent
@@ -93,11 +76,11 @@ func CheckTransparent(a netip.Addr) error {
 	if a.Is6() && !a.Is4In6() {
 		family = unix.AF_INET6
 	}
-	fd, err := socketFD(family)
+	fd, err := sockfd.Socket(family)
 	if err != nil {
-		return os.NewSyscallError("socket", err)
+		return err
 	}
-	defer closeFD(fd)
+	defer sockfd.Close(fd)
 	return setTransparent(fd, family == unix.AF_INET6)
 }
 

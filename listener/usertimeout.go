@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
 )
 
 // user_timeout: TCP_USER_TIMEOUT bounds how long sent data may stay
@@ -26,7 +28,7 @@ func userTimeout(d time.Duration) func(network, address string, c syscall.RawCon
 	return func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms)
+			serr = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms)
 		})
 		if err != nil {
 			return err

@@ -14,14 +14,14 @@ import (
 	"fulcrum/sched"
 )
 
-// TestHandoff: a second Server (the new process) adopts the sockets a
+// TestExportAdopt: a second Server (the new process) adopts the sockets a
 // first one exports under their configured address, port 0 included; both
 // accept until the first closes, and a connection queued meanwhile is
 // served by the second. The export leaves the first's socket non-blocking
 // even after its File's Fd is taken (what os.StartProcess does). An
 // adopted socket no listener wants is closed by CloseUnadopted; one that is
 // used is the new Server's own: a reload that removes it closes it.
-func TestHandoff(t *testing.T) {
+func TestExportAdopt(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Greeter("a"))
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)

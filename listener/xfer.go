@@ -1,15 +1,5 @@
 package listener
 
-import (
-	"errors"
-	"sync"
-	"sync/atomic"
-	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
-)
-
 // fulcrum's copy path: each direction of a session moves bytes with its own
 // non-blocking syscalls on the two sockets' descriptors, run by an event
 // loop (loop.go), so that nothing but the two sockets is held while a
@@ -27,6 +17,15 @@ import (
 // Every byte written is counted as it goes: into the direction's total,
 // into the backend's live counters, and, with an idle timeout, as activity.
 
+import (
+	"errors"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"fulcrum/internal/sockfd"
+)
+
 const (
 	bufSize   = 16 << 10 // a direction's buffer (HAProxy's default tune.bufsize)
 	spliceMin = 4 << 10  // a splice that brings in less goes back to the buffer
@@ -36,12 +35,6 @@ const (
 
 // copyMode says how a direction moves bytes.
 type copyMode uint8
-
-const (
-	copyAuto   copyMode = iota // buffer, switching to splice while reads fill the buffer
-	copyBuffer                 // always read/send through the buffer
-	copySplice                 // always splice (when a pipe can be had)
-)
 
 func (m copyMode) String() string {
 	switch m {
@@ -78,8 +71,8 @@ func newXfer(pipes *pipePool, mode copyMode) xfer {
 // was last found empty (half.hup).
 //
 // In splice mode the pipe is always empty here, so the socket side is the
-// only one that can make splice return EAGAIN or 0 (pitfall 4 of the spike):
-// EAGAIN is "no data" and 0 is EOF, but for urgent data. Every socket has
+// only one that can make splice return EAGAIN or 0: EAGAIN is "no data" and
+// 0 is EOF, but for urgent data. Every socket has
 // SO_OOBINLINE (setNoDelay, setDialOpts), so an urgent byte is an ordinary
 // byte of the stream, which read(2) steps over; but splice (tcp_read_sock)
 // never passes the urgent mark: there it finds nothing, EAGAIN, or 0 once
@@ -95,7 +88,7 @@ func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 			x.p = x.pipes.get()
 		}
 		if x.p != nil {
-			n, err := spliceRetry(src, x.p.w, most)
+			n, err := sockfd.Splice(src, x.p.w, most)
 			if err == nil && n > 0 {
 				x.p.n = n
 				if n < spliceMin && x.mode == copyAuto {
@@ -117,7 +110,7 @@ func (x *xfer) fill(src int, marked bool, most int) (int, error) {
 		x.buf = bufs.Get().(*[bufSize]byte)
 	}
 	for {
-		n, err := read(src, x.buf[:])
+		n, err := sockfd.Read(src, x.buf[:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -141,7 +134,7 @@ func (x *xfer) flush(dst int) (int, error) {
 	written := 0
 	if p := x.p; p != nil {
 		for p.n > 0 {
-			n, err := spliceRetry(p.r, dst, p.n)
+			n, err := sockfd.Splice(p.r, dst, p.n)
 			if err != nil {
 				return written, err
 			}
@@ -158,7 +151,7 @@ func (x *xfer) flush(dst int) (int, error) {
 		return written, nil
 	}
 	for x.off < x.end {
-		n, err := send(dst, x.buf[x.off:x.end])
+		n, err := sockfd.Send(dst, x.buf[x.off:x.end])
 		if err == unix.EINTR {
 			continue
 		}
@@ -183,9 +176,9 @@ func (x *xfer) pending() bool {
 	return x.off < x.end
 }
 
-// release gives back what x holds when its direction ends: a pipe that may
+// free gives back what x holds when its direction ends: a pipe that may
 // still hold bytes is closed, not pooled.
-func (x *xfer) release() {
+func (x *xfer) free() {
 	if x.p != nil {
 		x.pipes.put(x.p)
 		x.p = nil
@@ -198,78 +191,8 @@ func (x *xfer) release() {
 
 var errShortSplice = errors.New("splice from a non-empty pipe moved nothing")
 
-// spliceRetry splices up to n bytes from in to out without blocking on the
-// pipe side; a socket side never blocks since every socket is O_NONBLOCK.
-func spliceRetry(in, out, n int) (int, error) {
-	for {
-		k, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return int(k), nil
-	}
-}
-
-// read is read(2), raw: fd is non-blocking.
-func read(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
-
-// send is send(2) with MSG_NOSIGNAL, raw: a peer that has reset gives
-// EPIPE, not a SIGPIPE to be ignored; MSG_DONTWAIT, so it never blocks.
-func send(fd int, p []byte) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)),
-		unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}
-
-// epoch anchors mono, so that mono reads only the monotonic clock.
-var epoch = time.Now()
-
-// mono is nanoseconds on the monotonic clock since the process started.
-func mono() int64 { return int64(time.Since(epoch)) }
-
-// half is one direction of a session, run by its event loop (loop.go).
-type half struct {
-	ss  *session
-	id  int32 // 1 up (client → backend), 2 down
-	x   xfer
-	n   int64 // bytes written to dst; the half's own, read by the session after both end
-	err error // what ended the half, nil for a clean EOF; set before the half ends
-
-	sfd, dfd int           // the descriptors it reads and writes
-	state    atomic.Int32  // stIdle, stRunning, stKicked or stDone
-	hup      atomic.Uint32 // events for src that carried RDHUP, HUP, ERR or PRI, counted
-	hupSeen  uint32        // hup as it was before the last read that found src empty
-	wantOut  atomic.Bool   // waiting for dst to take more: EPOLLOUT concerns this half
-	drained  bool          // the last fill was a short read: src was empty then
-	outArmed bool          // dst's registration has EPOLLOUT (only this half writes dst)
-}
-
-// count books n bytes written: the half's total, the backend's live
-// counter and, with an idle timeout, the session's last activity.
-func (h *half) count(n int) {
-	if n <= 0 {
-		return
-	}
-	h.n += int64(n)
-	ss := h.ss
-	if h.id == 1 {
-		ss.t.B.AddBytes(int64(n), 0)
-	} else {
-		ss.t.B.AddBytes(0, int64(n))
-	}
-	if ss.idle > 0 || ss.first.Load() != 0 {
-		ss.last.Store(mono())
-	}
-}
+const (
+	copyAuto   copyMode = iota // buffer, switching to splice while reads fill the buffer
+	copyBuffer                 // always read/send through the buffer
+	copySplice                 // always splice (when a pipe can be had)
+)

@@ -1,20 +1,22 @@
-package listener
+package wire
 
 import (
 	"crypto/tls"
 	"errors"
 	"strings"
 	"testing"
+
+	"fulcrum/internal/testkit"
 )
 
 // FuzzClientHello feeds each input, as the first bytes of a client, to the
-// framing (helloLen) and the parser (parseHello) that preread uses. It
-// never panics; a refusal is a *PrereadError; a hello found whole is found
+// framing (HelloLen) and the parser (ParseHello) that listener's preread uses. It
+// never panics; a refusal is a *Error; a hello found whole is found
 // at the same length whatever follows it, and no prefix of it was taken
 // for a whole one (so a peek never decides early); a parsed server name is
 // lowercase printable ASCII and every protocol name is non-empty.
 //
-//	go test -run '^$' -fuzz '^FuzzClientHello$' -fuzztime 30s ./listener/
+//	go test -run '^$' -fuzz '^FuzzClientHello$' -fuzztime 30s ./internal/wire/
 func FuzzClientHello(f *testing.F) {
 	for _, cfg := range []*tls.Config{
 		{ServerName: "db1.example.com"},
@@ -22,18 +24,18 @@ func FuzzClientHello(f *testing.F) {
 		{ServerName: "127.0.0.1", NextProtos: []string{"h2", "http/1.1"}},
 		{ServerName: "x.example", MaxVersion: tls.VersionTLS12},
 	} {
-		h := helloBytes(f, cfg)
+		h := testkit.ClientHello(f, cfg)
 		f.Add(h)
-		f.Add(reframe(h, 64))
+		f.Add(testkit.Reframe(h, 64))
 	}
 	f.Add([]byte{recordHandshake, 3, 1, 0x40, 0, typeClientHello, 0, 0x40, 0})
 	f.Add([]byte{recordHandshake, 3, 1, 0, 4, typeClientHello, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		n, err := helloLen(data)
-		var pe *PrereadError
+		n, err := HelloLen(data)
+		var pe *Error
 		if err != nil {
 			if !errors.As(err, &pe) {
-				t.Fatalf("helloLen error %T %v; want a *PrereadError", err, err)
+				t.Fatalf("HelloLen error %T %v; want a *Error", err, err)
 			}
 			return
 		}
@@ -41,22 +43,22 @@ func FuzzClientHello(f *testing.F) {
 			return // more bytes needed
 		}
 		if n > len(data) || n > MaxHello {
-			t.Fatalf("helloLen = %d of %d bytes", n, len(data))
+			t.Fatalf("HelloLen = %d of %d bytes", n, len(data))
 		}
-		if m, err := helloLen(append(data[:n:n], 0x16, 3, 3)); m != n || err != nil {
-			t.Fatalf("helloLen with more bytes = %d, %v; want %d", m, err, n)
+		if m, err := HelloLen(append(data[:n:n], 0x16, 3, 3)); m != n || err != nil {
+			t.Fatalf("HelloLen with more bytes = %d, %v; want %d", m, err, n)
 		}
 		for _, k := range []int{n - 1, n / 2, recordHeader} {
 			if k >= 0 && k < n {
-				if m, err := helloLen(data[:k]); m != 0 {
-					t.Fatalf("helloLen of a %d-byte prefix = %d, %v; want 0", k, m, err)
+				if m, err := HelloLen(data[:k]); m != 0 {
+					t.Fatalf("HelloLen of a %d-byte prefix = %d, %v; want 0", k, m, err)
 				}
 			}
 		}
-		h, err := parseHello(data[:n])
+		h, err := ParseHello(data[:n])
 		if err != nil {
 			if !errors.As(err, &pe) || pe.Reason != ReasonMalformed {
-				t.Fatalf("parseHello error %v; want %s", err, ReasonMalformed)
+				t.Fatalf("ParseHello error %v; want %s", err, ReasonMalformed)
 			}
 			return
 		}
@@ -72,4 +74,18 @@ func FuzzClientHello(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseHelloAllocs: parsing copies out the name and the protocols
+// only.
+func TestParseHelloAllocs(t *testing.T) {
+	hello := testkit.ClientHello(t, &tls.Config{ServerName: "db1.example.com", NextProtos: []string{"h2", "http/1.1"}})
+	n := testing.AllocsPerRun(100, func() {
+		if _, err := ParseHello(hello); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n > 3 {
+		t.Errorf("ParseHello allocates %v times; want at most 3", n)
+	}
 }

@@ -1,7 +1,7 @@
 package listener
 
-// Handing listening sockets to the process that replaces this one (a
-// binary upgrade): Export dups every socket the Server holds, and the new
+// Passing listening sockets to the process that replaces this one (a
+// binary upgrade, package handover): Export dups every socket the Server holds, and the new
 // process takes them back with Inherit (sockets systemd passed) or Adopt
 // (sockets the old process bound itself). Both processes then accept from
 // the same kernel queue until the old one closes its descriptors, so no
@@ -13,7 +13,7 @@ import (
 	"net/netip"
 	"os"
 
-	"golang.org/x/sys/unix"
+	"fulcrum/internal/sockfd"
 )
 
 // Exported is one listening socket to pass to another process.
@@ -71,7 +71,7 @@ func Dup(ln *net.TCPListener) (*os.File, error) {
 		return nil, err
 	}
 	nfd, derr := -1, error(nil)
-	if err := rc.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { nfd, derr = sockfd.Dup(int(fd)) }); err != nil {
 		return nil, err
 	}
 	if derr != nil {

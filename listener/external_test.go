@@ -1,8 +1,9 @@
 package listener_test
 
-// The tests of package listener_test configure a feature as a user does,
-// in a configuration's text, and run it through testkit/proxy: a whole
-// proxy (conf, reload.Manager, listener.Server) talking over loopback.
+// Helpers of package listener_test, whose tests configure a feature as a
+// user does, in a configuration's text, and run it through testkit/proxy:
+// a whole proxy (conf, reload.Manager, listener.Server) talking over
+// loopback.
 
 import (
 	"net"
