@@ -44,7 +44,7 @@ func (n *Notifier) send(state string, oob []byte) (bool, error) {
 	if path == "" {
 		return false, nil
 	}
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|sockCloexec, 0)
 	if err != nil {
 		return false, fmt.Errorf("sd_notify: %w", err)
 	}
