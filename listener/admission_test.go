@@ -66,15 +66,21 @@ func benchHandOver(b *testing.B, g *admission, waiters int, first func(int) bool
 			}
 		}()
 	}
-	for g.stats().Waiting < int64(waiters) {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(b, 30*time.Second, func() error {
+		if w := g.stats().Waiting; w < int64(waiters) {
+			return fmt.Errorf("%d waiting; want %d", w, waiters)
+		}
+		return nil
+	})
 	b.ResetTimer()
 	cpu0 := cpuTime()
 	release()
-	for handed.Load() < total {
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(b, time.Minute, func() error { // the CPU is measured, not the polls' sleeps
+		if n := handed.Load(); n < total {
+			return fmt.Errorf("%d slots handed; want %d", n, total)
+		}
+		return nil
+	})
 	b.StopTimer()
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/release")
 	wg.Wait() // the rest take the slot once each and leave
