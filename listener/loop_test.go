@@ -51,8 +51,7 @@ func fullQueue(t *testing.T) (int, string) {
 		if err != unix.EINPROGRESS {
 			t.Fatal(err)
 		}
-		pfd := []unix.PollFd{{Fd: int32(c), Events: unix.POLLOUT}}
-		if n, _ := unix.Poll(pfd, 300); n == 0 {
+		if !pollFor(c, unix.POLLOUT, 300*time.Millisecond) {
 			unix.Close(c) // no more retransmissions of its SYN
 			return fd, addr
 		}
@@ -61,13 +60,31 @@ func fullQueue(t *testing.T) (int, string) {
 	return -1, ""
 }
 
+// pollFor waits at most d for fd to have one of events (or an error or
+// hang-up), through the interruptions (EINTR) a signal to the thread
+// makes: a Poll that returns early for one is no timeout.
+func pollFor(fd int, events int16, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: events}}
+		left := time.Until(deadline)
+		if left < 0 {
+			left = 0
+		}
+		n, err := unix.Poll(pfd, int(left.Milliseconds()))
+		if err == unix.EINTR && left > 0 {
+			continue
+		}
+		return n == 1
+	}
+}
+
 // acceptWithin accepts from the blocking listening socket fd, waiting at
 // most d.
 func acceptWithin(t *testing.T, fd int, d time.Duration) int {
 	t.Helper()
-	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	if n, err := unix.Poll(pfd, int(d/time.Millisecond)); n != 1 {
-		t.Fatalf("nothing to accept within %v (%v)", d, err)
+	if !pollFor(fd, unix.POLLIN, d) {
+		t.Fatalf("nothing to accept within %v", d)
 	}
 	nfd, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
 	if err != nil {
@@ -120,8 +137,7 @@ func TestDialWaitsInLoop(t *testing.T) {
 	unix.Close(acceptWithin(t, lfd, 5*time.Second)) // the filler: now the retransmitted SYN gets in
 	b := acceptWithin(t, lfd, 15*time.Second)
 	buf := make([]byte, 5)
-	pfd := []unix.PollFd{{Fd: int32(b), Events: unix.POLLIN}}
-	if n, _ := unix.Poll(pfd, 5000); n != 1 {
+	if !pollFor(b, unix.POLLIN, 5*time.Second) {
 		t.Fatal("the client's bytes did not reach the backend within 5s")
 	}
 	if n, err := unix.Read(b, buf); err != nil || string(buf[:n]) != "ping\n" {
@@ -231,8 +247,7 @@ func TestNoDelayInherited(t *testing.T) {
 	var aerr error
 	rc.Control(func(fd uintptr) {
 		lv, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		if n, _ := unix.Poll(pfd, 5000); n != 1 {
+		if !pollFor(int(fd), unix.POLLIN, 5*time.Second) {
 			aerr = errors.New("nothing to accept within 5s")
 			return
 		}
