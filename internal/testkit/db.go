@@ -307,17 +307,25 @@ func startMariaDB(t testing.TB, extra ...string) *MariaDB {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	os.Chmod(dir, 0o755)
-	run(t, "chown", "mysql:mysql", dir)
+	// A temporary directory of its own, so nothing of the server's is in the
+	// shared /tmp: there, with another suite's servers beside it, a bootstrap
+	// found its temporary table (#sql-temptable-…) gone ("Unknown table
+	// 'mysql.tmp_user_sys'").
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "chown", "mysql:mysql", dir, tmp)
 	m := &MariaDB{Port: freePort(t), Dir: filepath.Join(dir, "data"), socket: filepath.Join(dir, "sock")}
 	m.Addr = fmt.Sprintf("127.0.0.1:%d", m.Port)
 	run(t, "mariadb-install-db", "--no-defaults", "--datadir="+m.Dir, "--user=mysql", "--auth-root-authentication-method=socket",
-		"--skip-test-db", "--skip-name-resolve")
+		"--skip-test-db", "--skip-name-resolve", "--tmpdir="+tmp)
 	mariadbd := "/usr/sbin/mariadbd"
 	if p, err := exec.LookPath("mariadbd"); err == nil {
 		mariadbd = p
 	}
 	m.cmd = exec.Command(mariadbd, "--no-defaults", "--datadir="+m.Dir, "--user=mysql", "--port="+fmt.Sprint(m.Port),
-		"--bind-address=127.0.0.1", "--socket="+m.socket, "--pid-file="+filepath.Join(dir, "pid"),
+		"--bind-address=127.0.0.1", "--socket="+m.socket, "--pid-file="+filepath.Join(dir, "pid"), "--tmpdir="+tmp,
 		"--log-error="+filepath.Join(dir, "err.log"), "--performance-schema=ON", "--max-connect-errors=5",
 		"--skip-log-bin", "--innodb-buffer-pool-size=16M", "--skip-innodb-doublewrite", "--innodb-flush-log-at-trx-commit=0")
 	m.cmd.Args = append(m.cmd.Args, extra...)
