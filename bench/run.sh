@@ -39,6 +39,9 @@
 #   SCALE_IDLE=8900 (QUICK 4000): idle connections held during one of the scale runs
 #   PORT_BASE=21000 (uses PORT_BASE+1 … PORT_BASE+506; all below 32768)   RECORD=0 (do not append to RESULTS.md)
 #   KEEP=1 (keep the work directory with configs, logs and raw outputs)   NOTE="…" (a line for RESULTS.md)
+#   QUIET_S=3: seconds of /proc/stat read before the run; over 10 % busy, the entry says "shared machine"
+#   With TARGETS holding both fulcrum and other, the report adds a paired table: other ÷ fulcrum
+#   within each repetition, how often other was better, and the sign test's p (an A/B of two builds)
 #
 # Everything it starts runs in its own process group and is stopped on exit,
 # Ctrl-C or failure. Missing HAProxy, nginx (with its stream module), iperf3,
@@ -331,6 +334,18 @@ perf) perf_works && SYS_TOOL=perf || fail "SYSCALLS=perf, but perf stat -e raw_s
 strace) have strace && SYS_TOOL=strace || fail "SYSCALLS=strace, but there is no strace" ;;
 *) fail "SYSCALLS must be 1, 0, perf or strace, got $SYSCALLS" ;;
 esac
+
+# How busy the machine is before the run, by anyone, from /proc/stat over
+# QUIET_S seconds (all CPUs; busy is all but idle and iowait). The load
+# average said so before, but it is the last minutes' queue, not now: a
+# run that started right after another was called shared though nothing ran
+# beside it.
+busy_jiffies() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t; exit }' /proc/stat; }
+QUIET_S=${QUIET_S:-3}
+read -r B0 T0 < <(busy_jiffies)
+sleep "$QUIET_S"
+read -r B1 T1 < <(busy_jiffies)
+BUSY_BEFORE=$(awk -v b=$((B1 - B0)) -v t=$((T1 - T0)) 'BEGIN { printf "%.0f", (t > 0 ? 100 * b / t : 0) }')
 
 say "building fulcrum and the load tools"
 REV=$(git describe --always --dirty 2>/dev/null || echo unknown) # GOFLAGS may hold -buildvcs=false
@@ -1161,15 +1176,15 @@ for t in "${TARGETS[@]}"; do cols+="${cols:+,}$t=${LABEL[$t]}"; done
 "$BIN/report" -samples "$SAMPLES" -targets "$cols" -clk-tck "$CLK_TCK" >"$WORK/table.md" || fail "report failed"
 
 shared=""
-if awk -v l="$LOAD_BEFORE" 'BEGIN { exit !(l > 0.5) }'; then
-	shared="Taken on a shared machine: other work was running (load average $LOAD_BEFORE before the run), so figures are noisy."
+if ((BUSY_BEFORE > 10)); then
+	shared="Taken on a shared machine: other work was running (its CPUs $BUSY_BEFORE % busy in the $QUIET_S s before the run), so figures are noisy."
 fi
 {
 	echo "## $(date -u '+%Y-%m-%d %H:%M UTC') · \`$CMDLINE\`"
 	echo
 	echo "- machine: $CPU_MODEL, $CORES cores, $MEM_GIB GiB, Linux $KERNEL, RLIMIT_NOFILE hard limit $NOFILE, net.ipv4.tcp_max_tw_buckets $TW_NOW${TW_SET:+ (raised from $TW_SET for the run)}"
 	echo "- software: fulcrum $FULCRUM_V, $GO_V, HAProxy $HAPROXY_V, nginx $NGINX_V, iperf3 $IPERF_V"
-	echo "- run: $REPS repetition$([[ $REPS == 1 ]] || echo s) of ${DUR} s per workload after ${WARM} s warm-up; $IDLE idle connections asked; measuring took $((ELAPSED / 60))m$((ELAPSED % 60))s; load average $LOAD_BEFORE before, $LOAD_AFTER after"
+	echo "- run: $REPS repetition$([[ $REPS == 1 ]] || echo s) of ${DUR} s per workload after ${WARM} s warm-up; $IDLE idle connections asked; measuring took $((ELAPSED / 60))m$((ELAPSED % 60))s; CPUs $BUSY_BEFORE % busy in the $QUIET_S s before it; load average $LOAD_BEFORE before, $LOAD_AFTER after"
 	[[ -n $shared ]] && echo "- $shared"
 	[[ -n ${NOTE:-} ]] && echo "- note: $NOTE"
 	echo

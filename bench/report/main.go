@@ -554,6 +554,7 @@ func renderTable(w io.Writer, s *samples, cols []column, clkTck float64) {
 		fmt.Fprintln(w, "†N: only N repetitions gave this figure (the others failed; see below).")
 	}
 	renderScale(w, s, cols, clkTck)
+	renderPaired(w, s, cols, clkTck)
 	if notes := failures(s, cols); len(notes) > 0 {
 		fmt.Fprintln(w, "\nFailures counted (summed over repetitions):")
 		for _, n := range notes {
@@ -715,4 +716,75 @@ func renderScale(w io.Writer, s *samples, cols []column, clkTck float64) {
 			}
 		}
 	}
+}
+
+// renderPaired compares other with fulcrum repetition by repetition, when
+// both ran: an A/B of two builds. run.sh runs them back to back within each
+// repetition, so a repetition's two figures share whatever the machine was
+// doing then, and their ratio cancels much of it: on the 2-vCPU VM of issue
+// 26 one build's CPU per operation moved up to 2 × between repetitions,
+// which drowned a 5–8 % difference in the medians, while the ratio within
+// each repetition showed it in 6 or 7 of 7. For each figure: the median of
+// the ratios, in how many repetitions other was better (lower where lower
+// is better), the ratios' range, and the two-sided sign test's p, the
+// chance of so lopsided a count if neither build were better.
+func renderPaired(w io.Writer, s *samples, cols []column, clkTck float64) {
+	a, okA := labelOf(cols, "other")
+	b, okB := labelOf(cols, "fulcrum")
+	if !okA || !okB || len(s.reps) < 2 {
+		return
+	}
+	type line struct {
+		label          string
+		med, lo, hi, p float64
+		better, n      int
+	}
+	var lines []line
+	for i := range rows {
+		r := &rows[i]
+		if r.noRatio || r.sys {
+			continue
+		}
+		var qs []float64
+		better := 0
+		for _, rep := range s.reps {
+			x, ok1 := r.value(s.get(rep, "other"), clkTck)
+			y, ok2 := r.value(s.get(rep, "fulcrum"), clkTck)
+			if !ok1 || !ok2 || y == 0 || math.IsNaN(x/y) || math.IsInf(x/y, 0) {
+				continue
+			}
+			q := x / y
+			qs = append(qs, q)
+			if r.lower == (q < 1) && q != 1 {
+				better++
+			}
+		}
+		if len(qs) < 2 {
+			continue
+		}
+		lines = append(lines, line{label: r.label, med: median(qs), lo: slices.Min(qs), hi: slices.Max(qs),
+			better: better, n: len(qs), p: signTest(better, len(qs))})
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nPaired, %s against %s, repetition by repetition (%s ÷ %s within each repetition):\n\n", a, b, a, b)
+	fmt.Fprintf(w, "| figure | median ratio | %s better in | range | sign test p |\n|---|---:|---:|---:|---:|\n", a)
+	for _, l := range lines {
+		fmt.Fprintf(w, "| %s | %.3f | %d of %d | %.2f–%.2f | %.2f |\n", l.label, l.med, l.better, l.n, l.lo, l.hi, l.p)
+	}
+}
+
+// signTest is the two-sided sign test's p for k successes in n trials of
+// even odds: twice the smaller tail, at most 1.
+func signTest(k, n int) float64 {
+	tail := func(k int) float64 { // P(X ≤ k)
+		sum, c := 0.0, 1.0 // c = C(n, i)
+		for i := 0; i <= k; i++ {
+			sum += c
+			c = c * float64(n-i) / float64(i+1)
+		}
+		return sum / math.Pow(2, float64(n))
+	}
+	return min(1, 2*min(tail(k), tail(n-k)))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -232,5 +233,57 @@ func TestPasses(t *testing.T) {
 	}
 	if !strings.Contains(pinned, "median of 3 repetitions") || !strings.Contains(unpinned, "median of 3 repetitions") {
 		t.Errorf("each pass is a median of its own 3 repetitions:\n%s", out)
+	}
+}
+
+// TestPaired: with an other column beside fulcrum, the report compares the
+// two within each repetition. Three repetitions whose levels differ by 2 ×
+// (the machine's drift) with other 10 % lower in each: the medians' ratio
+// is not 0.9, and the paired ratio is.
+func TestPaired(t *testing.T) {
+	var b strings.Builder
+	for rep, level := range []float64{100, 200, 150} {
+		r := strconv.Itoa(rep + 1)
+		b.WriteString(r + "\tfulcrum\tpp1_total\t1000\n")
+		b.WriteString(r + "\tfulcrum\tpp1_cpu_ticks\t" + strconv.FormatFloat(level, 'f', -1, 64) + "\n")
+		b.WriteString(r + "\tother\tpp1_total\t1000\n")
+		b.WriteString(r + "\tother\tpp1_cpu_ticks\t" + strconv.FormatFloat(0.9*level, 'f', -1, 64) + "\n")
+	}
+	s, err := parseSamples(strings.NewReader(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	render(&out, s, []column{{"other", "fulcrum B"}, {"fulcrum", "fulcrum"}}, 100)
+	got := rowOf(t, out.String(), "… proxy CPU per round trip, µs ↓")
+	// The main table's row has two cells; the paired table's row has the
+	// paired figures. rowOf returns the first: look for the paired one.
+	paired := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "| … proxy CPU per round trip, µs ↓ |") && l != got {
+			paired = l
+		}
+	}
+	if want := "| 0.900 | 3 of 3 | 0.90–0.90 | 0.25 |"; !strings.HasSuffix(paired, want) {
+		t.Errorf("paired row = %q; want it to end %q\n%s", paired, want, out.String())
+	}
+	if !strings.Contains(out.String(), "Paired, fulcrum B against fulcrum") {
+		t.Errorf("no paired heading:\n%s", out.String())
+	}
+	out.Reset()
+	render(&out, s, []column{{"fulcrum", "fulcrum"}}, 100)
+	if strings.Contains(out.String(), "Paired") {
+		t.Errorf("a paired table without an other column:\n%s", out.String())
+	}
+}
+
+func TestSignTest(t *testing.T) {
+	for _, c := range []struct {
+		k, n int
+		want float64
+	}{{7, 7, 2.0 / 128}, {6, 7, 16.0 / 128}, {0, 7, 2.0 / 128}, {3, 6, 1}, {9, 10, 22.0 / 1024}} {
+		if got := signTest(c.k, c.n); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("signTest(%d, %d) = %v; want %v", c.k, c.n, got, c.want)
+		}
 	}
 }
