@@ -111,7 +111,8 @@ run() {
 	kill "$pid"
 	wait "$pid" 2>/dev/null || true
 	while listening "$FRONT"; do sleep 0.05; done
-	awk -F, -v bin="$(basename "$bin")" -v rate="$(jq -r .ops_per_s "$load")" -v dur="$DUR" '
+	awk -F, -v bin="$(basename "$bin")" -v rate="$(jq -r .ops_per_s "$load")" -v dur="$DUR" \
+		-v lat="$(jq -r '"p50 \(.p50_us) p99 \(.p99_us) p99.9 \(.p999_us) µs"' "$load")" '
 		$3 == "task-clock" { cpu = $1 * 1000 }  # µs
 		$3 == "context-switches" { cs = $1 }
 		$3 == "raw_syscalls:sys_enter" { sys = $1 }
@@ -119,8 +120,8 @@ run() {
 		END {
 			ops = rate * dur
 			if (ops <= 0) { printf "%-16s no operations\n", bin; exit }
-			printf "%-16s %9.0f ops/s  %7.1f µs CPU  %6.2f syscalls  %5.2f epoll waits  %5.2f context switches per op\n",
-				bin, rate, cpu / ops, sys / ops, waits / ops, cs / ops
+			printf "%-16s %9.0f ops/s  %7.1f µs CPU  %6.2f syscalls  %5.2f epoll waits  %5.2f context switches per op; %s\n",
+				bin, rate, cpu / ops, sys / ops, waits / ops, cs / ops, lat
 		}' "$stat"
 }
 
