@@ -95,12 +95,14 @@ run() {
 	[[ $PROFILE == 1 && -z ${PROFILED:-} ]] && span=$((2 * DUR + 1)) # the profile's DUR s under load too
 	GOMAXPROCS=1 taskset -c "$PROXY_CPU" "$bin" -config "$WORK/fulcrum.toml" >"$WORK/fulcrum.log" 2>&1 &
 	pid=$!
+	PIDS+=("$pid") # cleanup stops it if the script fails before the run does
 	wait_listen "$FRONT"
 	load=$WORK/load.json stat=$WORK/stat.csv
 	# The client's warm-up runs first; perf starts after it and stops before the client does.
 	taskset -c "$LOAD_CPU" "$WORK/tcpload" -mode "$MODE" -addr "127.0.0.1:$FRONT" -c "$C" \
 		-warmup "${WARM}s" -d "${span}s" >"$load" &
 	local client=$!
+	PIDS+=("$client")
 	sleep "$WARM"
 	perf stat -x, -o "$stat" -e "$EVENTS" -p "$pid" -- sleep "$DUR"
 	if [[ $PROFILE == 1 && -z ${PROFILED:-} ]]; then
@@ -119,7 +121,7 @@ run() {
 		$3 == "raw_syscalls:sys_enter" { sys = $1 }
 		$3 ~ /epoll_p?wait$/ { waits += $1 }
 		END {
-			ops = rate * dur
+			ops = rate * dur # the client runs steadily around the window perf counts: its rate times the window
 			if (ops <= 0) { printf "%-16s no operations\n", bin; exit }
 			printf "%-16s %9.0f ops/s  %7.1f µs CPU  %6.2f syscalls  %5.2f epoll waits  %5.2f context switches per op; %s\n",
 				bin, rate, cpu / ops, sys / ops, waits / ops, cs / ops, lat

@@ -241,6 +241,18 @@ for t in go ss setsid timeout pgrep getconf; do
 	have "$t" || fail "$t is needed and missing"
 done
 
+# cpu_stat LIST: busy and total jiffies of the CPUs in LIST (a taskset -c
+# list; "all": every CPU) from /proc/stat; busy is all but idle and iowait.
+cpu_stat() {
+	awk -v list="$1" 'BEGIN {
+			n = split(list, parts, ",")
+			for (i = 1; i <= n; i++)
+				if (split(parts[i], r, "-") == 2) { for (c = r[1] + 0; c <= r[2] + 0; c++) want["cpu" c] = 1 } else want["cpu" parts[i]] = 1
+		}
+		$1 in want || list == "all" && $1 ~ /^cpu[0-9]/ { t = 0; for (i = 2; i <= 9; i++) t += $i; busy += t - $5 - $6; total += t }
+		END { print busy + 0, total + 0 }' /proc/stat
+}
+
 # cpu_count LIST: how many CPUs a taskset -c list names (0-3,8 → 5).
 cpu_count() {
 	local n=0 r parts=()
@@ -340,12 +352,11 @@ esac
 # average said so before, but it is the last minutes' queue, not now: a
 # run that started right after another was called shared though nothing ran
 # beside it.
-busy_jiffies() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6, t; exit }' /proc/stat; }
 QUIET_S=${QUIET_S:-3}
-read -r B0 T0 < <(busy_jiffies)
+read -r Q_B0 Q_T0 < <(cpu_stat all)
 sleep "$QUIET_S"
-read -r B1 T1 < <(busy_jiffies)
-BUSY_BEFORE=$(awk -v b=$((B1 - B0)) -v t=$((T1 - T0)) 'BEGIN { printf "%.0f", (t > 0 ? 100 * b / t : 0) }')
+read -r Q_B1 Q_T1 < <(cpu_stat all)
+BUSY_BEFORE=$(awk -v b=$((Q_B1 - Q_B0)) -v t=$((Q_T1 - Q_T0)) 'BEGIN { printf "%.0f", (t > 0 ? 100 * b / t : 0) }')
 
 say "building fulcrum and the load tools"
 REV=$(git describe --always --dirty 2>/dev/null || echo unknown) # GOFLAGS may hold -buildvcs=false
@@ -666,18 +677,6 @@ record() {
 		   + [(.error_kinds // {}) | to_entries[] | [$k + "_error:" + .key, .value]])[]
 		| select(.[1] != null) | "\(.[0])\t\(.[1])"' "$file" |
 		while IFS=$'\t' read -r key v; do sample "$t" "$key" "$v"; done
-}
-
-# cpu_stat LIST: busy and total jiffies of the CPUs in LIST (a taskset -c
-# list) from /proc/stat; busy is all but idle and iowait.
-cpu_stat() {
-	awk -v list="$1" 'BEGIN {
-			n = split(list, parts, ",")
-			for (i = 1; i <= n; i++)
-				if (split(parts[i], r, "-") == 2) { for (c = r[1] + 0; c <= r[2] + 0; c++) want["cpu" c] = 1 } else want["cpu" parts[i]] = 1
-		}
-		$1 in want { t = 0; for (i = 2; i <= 9; i++) t += $i; busy += t - $5 - $6; total += t }
-		END { print busy + 0, total + 0 }' /proc/stat
 }
 
 # meter_start NAME: NAME's CPU ticks, the load CPUs' and the time, before a
