@@ -151,6 +151,11 @@ package listener
 //     deadline. [TestStaleEventDoesNotCompleteConnect]
 //   - A direction runs inline in its loop for at most runBudget bytes per
 //     kick, then in a goroutine of its own. [BenchmarkEchoBesideBulk]
+//   - A loop waits in epoll_wait holding its P only while it holds a raw
+//     slot, of which there are one fewer than GOMAXPROCS (raised to the
+//     loops + 1): accepts, checks, timers and other goroutines always have
+//     a P. It yields every 9 ms, and after 50 ms without an event waits as
+//     a blocking syscall, giving its P back. [TestBusyLoopLeavesAP]
 //
 // The seam
 //

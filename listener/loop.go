@@ -2,6 +2,8 @@ package listener
 
 import (
 	"os"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,9 +21,8 @@ import (
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
 // would block). A Server has one loop per P (and fulcrum one loop, and
 // P, per CPU it may use, or [process] loops: procs.go), sessions spread
-// round robin. A loop's epoll descriptor
-// is itself watched by Go's poller (a nested epoll): the loop's goroutine
-// parks there, holding no thread, and when woken runs, inline, whatever
+// round robin, and the runtime one P more (reserveP). A loop's goroutine
+// waits in epoll_wait itself and, when woken, runs inline whatever
 // directions its events wake, each until it would block or has used its
 // budget, after which it goes on in a goroutine of its own until it would
 // block (a bulk transfer then does not hold up the other sessions of its
@@ -29,8 +30,17 @@ import (
 // entersyscall): the loop keeps its P, and the runtime does not hand it off
 // or wake sysmon per message.
 //
-// Why nested, and what the other designs cost, is measured in
-// bench/README.md ("the loop nested in Go's poller").
+// The wait, too, is made raw while the loop is busy (run): it keeps its P
+// through it, so a wake-up costs one epoll_wait, as nginx's worker makes.
+// Nested in Go's poller, a wake-up cost three (the runtime's poll without
+// blocking, its blocking poll, then the loop's own on its epoll): pinned,
+// 10.0 syscalls per 64 B round trip of which 6.0 epoll waits, against
+// nginx's 6.0 and 2.0. A loop holding its P leaves the runtime at least one
+// for everything else (accept loops, checks, timers, admin; rawSlots,
+// TestBusyLoopLeavesAP), yields it every 9 ms, and, idle for 50 ms, waits
+// as an ordinary blocking syscall, whose P the runtime takes back: an idle
+// process costs nothing. What each design costs is measured in
+// bench/README.md ("the loop nested in Go's poller", "the loop's own wait").
 //
 // Lost wakeups are what can go wrong, so:
 //   - a direction's state is parked, running, kicked (an event came while
@@ -71,72 +81,190 @@ const runBudget = 16 * bufSize
 
 // loop is one epoll instance and the goroutine that waits on it.
 type loop struct {
-	epfd int
-	f    *os.File                  // epfd, non-blocking, so that Go's poller watches it; closed by close
-	tab  []atomic.Pointer[session] // by descriptor: the session a socket belongs to
-	wait []atomic.Pointer[waiter]  // by descriptor: a goroutine waiting for a socket not yet in a session (await)
-	done chan struct{}             // closed when run returns
+	epfd    int
+	wake    int                       // an eventfd in epfd (tagged wakeTag): close's wake-up
+	closing atomic.Bool               // close has asked run to return
+	waits   atomic.Uint64             // epoll waits made
+	tab     []atomic.Pointer[session] // by descriptor: the session a socket belongs to
+	wait    []atomic.Pointer[waiter]  // by descriptor: a goroutine waiting for a socket not yet in a session (await)
+	done    chan struct{}             // closed when run returns, having closed epfd and wake
 }
 
 // waiter is a goroutine waiting in await for one event on a socket.
 type waiter struct{ ready chan struct{} }
+
+// wakeTag is the data of the wake eventfd's registration: no descriptor.
+const wakeTag = -1
 
 func newLoop() (*loop, error) {
 	epfd, err := sockfd.EpollCreate()
 	if err != nil {
 		return nil, err
 	}
-	// The tables cover every descriptor the process may ever open: the hard
-	// limit, which the soft one can be raised to at any time.
-	cur, hard, err := sockfd.Nofile()
+	wake, err := sockfd.Eventfd()
 	if err != nil {
 		sockfd.Close(epfd)
 		return nil, err
 	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: wakeTag}
+	if err := sockfd.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
+		sockfd.Close(wake)
+		sockfd.Close(epfd)
+		return nil, err
+	}
+	// The tables cover every descriptor the process may ever open: the hard
+	// limit, which the soft one can be raised to at any time.
+	cur, hard, err := sockfd.Nofile()
+	if err != nil {
+		sockfd.Close(wake)
+		sockfd.Close(epfd)
+		return nil, err
+	}
 	n := min(max(hard, cur), 1<<20)
-	lp := &loop{epfd: epfd, f: os.NewFile(uintptr(epfd), "fulcrum-epoll"), done: make(chan struct{}),
+	lp := &loop{epfd: epfd, wake: wake, done: make(chan struct{}),
 		tab: make([]atomic.Pointer[session], n), wait: make([]atomic.Pointer[waiter], n)}
-	go lp.run() // exits when close closes f
+	go lp.run() // returns when close asks it to
 	return lp, nil
 }
 
-// close stops the loop, waits for its goroutine and closes its epoll. No
-// session or waiter may be registered any more.
+// close stops the loop, waits for its goroutine, which closes its epoll
+// and eventfd. No session or waiter may be registered any more.
 func (lp *loop) close() {
-	lp.f.Close()
+	lp.closing.Store(true)
+	sockfd.Signal(lp.wake)
 	<-lp.done
 }
 
-// run waits for events and dispatches them. The callback drains the ready
-// list before it lets Go's poller wait again: the outer registration is
-// edge-triggered, and an inner event left unread would raise no new edge.
+// A loop holding its P yields it every rawYield, just under the 10 ms
+// after which sysmon would preempt it with a signal, waiting no longer
+// than that at a time; after rawIdle without an event it waits as a
+// blocking syscall instead (run).
+const (
+	rawYield = 9 * time.Millisecond
+	rawIdle  = 50 * time.Millisecond
+)
+
+// run waits for events and dispatches them. While events keep coming it
+// waits in epoll_wait made raw: to the runtime the loop's goroutine is
+// running, so its P stays with it and nothing else polls or wakes per
+// wait. That is one system call per wake-up, as nginx's worker makes. A
+// loop holds a P so only while a raw slot is free (rawSlots: one P is
+// always left for everything else: accept loops, checks, timers, admin)
+// and only while busy: after rawIdle without events it waits as a
+// blocking syscall, the runtime hands its P on (sysmon, within 20 µs to
+// 10 ms), and an idle loop costs nothing.
+//
+// A raw wait is interrupted (EINTR) by the signal with which the runtime
+// preempts a goroutine (a GC's stop, sysmon after 10 ms); the call that
+// follows yields at its stack check. With no such signal
+// (GODEBUG=asyncpreemptoff=1) the raw wait's timeout bounds the stall.
 func (lp *loop) run() {
 	defer close(lp.done)
-	rc, err := lp.f.SyscallConn()
-	if err != nil {
-		return
-	}
 	var events [128]unix.EpollEvent
-	wait := func(fd uintptr) bool {
-		for {
-			n, err := sockfd.EpollWait(int(fd), events[:])
-			if err == unix.EINTR {
-				continue
+	raw := false      // holds a raw slot
+	var yielded int64 // mono() when the loop last let the scheduler run
+	var busy int64    // mono() of the last wait that found an event
+	for {
+		var n int
+		var err error
+		if !raw && rawSlots.take() {
+			raw, yielded = true, mono()
+			busy = yielded
+		}
+		if raw {
+			left := (int64(rawYield) - (mono() - yielded)) / int64(time.Millisecond)
+			n, err = sockfd.EpollWaitFor(lp.epfd, events[:], int(max(left, 1)))
+			now := mono()
+			if n > 0 {
+				busy = now
+			} else if err == nil && now-busy > int64(rawIdle) { // idle: give the P back
+				rawSlots.give()
+				raw = false
+				n, err = sockfd.EpollWaitBlocking(lp.epfd, events[:])
 			}
-			if err != nil {
-				return true // EBADF: being closed
+			if raw && now-yielded >= int64(rawYield) {
+				// What the loop made runnable (a bulk half, an awaiter, a
+				// finish) runs here, and sysmon does not signal the thread
+				// to preempt a goroutine it sees running for 10 ms.
+				runtime.Gosched()
+				yielded = now
 			}
-			for i := range n {
-				lp.dispatch(events[i])
-				seamAt(seamBatch, nil)
-			}
-			if n < len(events) {
-				return false
-			}
+		} else {
+			n, err = sockfd.EpollWaitBlocking(lp.epfd, events[:])
+		}
+		lp.waits.Add(1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || lp.closing.Load() {
+			break
+		}
+		for i := range n {
+			lp.dispatch(events[i])
+			seamAt(seamBatch, nil)
 		}
 	}
-	for rc.Read(wait) == nil {
+	if raw {
+		rawSlots.give()
 	}
+	sockfd.Close(lp.wake)
+	sockfd.Close(lp.epfd)
+}
+
+// rawSlots bounds the loops that hold a P in a raw wait at once to one
+// fewer than GOMAXPROCS (reserveP), so that a P is always left for every
+// other goroutine: a loop that finds no slot waits as a blocking syscall.
+var rawSlots rawSlotCount
+
+type rawSlotCount struct{ held, max atomic.Int32 }
+
+func (r *rawSlotCount) take() bool {
+	for {
+		h := r.held.Load()
+		if h >= r.max.Load() {
+			return false
+		}
+		if r.held.CompareAndSwap(h, h+1) {
+			return true
+		}
+	}
+}
+
+func (r *rawSlotCount) give() { r.held.Add(-1) }
+
+var (
+	procsMu   sync.Mutex
+	procsBase int // GOMAXPROCS as the process set it, before reserveP: the default count of loops
+)
+
+// loopProcs is the default count of a Server's loops: one per P as the
+// process set them (fulcrum: one per CPU it may use, or [process] loops;
+// procs.go), not counting the P reserveP adds.
+func loopProcs() int {
+	procsMu.Lock()
+	defer procsMu.Unlock()
+	if procsBase == 0 {
+		procsBase = runtime.GOMAXPROCS(0)
+	}
+	return procsBase
+}
+
+// reserveP makes room for n loops each holding a P in its raw wait and one
+// P more for everything else, raising GOMAXPROCS if need be: a P a loop
+// holds while idle is handed back (run), so the extra P costs nothing
+// while there is nothing for it to do.
+func reserveP(n int) {
+	procsMu.Lock()
+	defer procsMu.Unlock()
+	if procsBase == 0 {
+		procsBase = runtime.GOMAXPROCS(0)
+	}
+	p := runtime.GOMAXPROCS(0)
+	if p < n+1 {
+		runtime.GOMAXPROCS(n + 1)
+		p = n + 1
+	}
+	rawSlots.max.Store(int32(p - 1))
 }
 
 // dispatch wakes the directions an event concerns: the one reading the
@@ -145,7 +273,7 @@ func (lp *loop) run() {
 // session wakes the goroutine awaiting it, if any.
 func (lp *loop) dispatch(ev unix.EpollEvent) {
 	fd := int(ev.Fd)
-	if fd < 0 || fd >= len(lp.tab) {
+	if fd < 0 || fd >= len(lp.tab) { // wakeTag included
 		return
 	}
 	ss := lp.tab[fd].Load()

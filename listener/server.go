@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -439,8 +438,9 @@ func (s *Server) startLoops() (*loops, error) {
 	}
 	n := s.nlp
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0) // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
+		n = loopProcs() // fulcrum sets one P per usable CPU, or [process] loops (procs.go)
 	}
+	reserveP(n)
 	lps := make(loops, 0, n)
 	for range n {
 		lp, err := newLoop()

@@ -355,6 +355,44 @@ func EpollWait(epfd int, events []unix.EpollEvent) (int, error) {
 	return int(n), nil
 }
 
+// EpollWaitFor is epoll_pwait waiting at most msec milliseconds, made raw:
+// to the runtime the calling goroutine is running throughout, so it keeps
+// its P (listener's busy loops). Returns as EpollWait.
+func EpollWaitFor(epfd int, events []unix.EpollEvent, msec int) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	if e != 0 {
+		return 0, fail("epoll_pwait", e)
+	}
+	return int(n), nil
+}
+
+// EpollWaitBlocking is epoll_pwait with no timeout, as a system call the
+// runtime knows may block: it takes the caller's P away while it does.
+// Returns as EpollWait.
+func EpollWaitBlocking(epfd int, events []unix.EpollEvent) (int, error) {
+	n, _, e := unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), ^uintptr(0), 0, 0)
+	if e != 0 {
+		return 0, fail("epoll_pwait", e)
+	}
+	return int(n), nil
+}
+
+// Eventfd makes an eventfd, close-on-exec and non-blocking. Returns: its
+// descriptor, or the *os.SyscallError of eventfd2.
+func Eventfd() (int, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return -1, os.NewSyscallError("eventfd2", err)
+	}
+	return fd, nil
+}
+
+// Signal adds one to the eventfd fd, which makes it readable.
+func Signal(fd int) {
+	one := uint64(1)
+	unix.Write(fd, (*[8]byte)(unsafe.Pointer(&one))[:])
+}
+
 // LocalError reports whether a call (a connection's dial, a check's)
 // failed for want of one of the process's own resources, which says
 // nothing about the peer: descriptors (EMFILE, ENFILE), kernel memory
