@@ -131,7 +131,9 @@ func New(srv *listener.Server, sd Notifier, admin netip.AddrPort, log zerolog.Lo
 	for _, so := range socks {
 		if a, ok := decodeKey(listenPrefix, so.Name); ok {
 			u.stored[so.Name] = true // if it came from the fd store, it is there; syncStore removes it if need be
-			srv.Adopt(a, so.Listener)
+			if err := srv.Adopt(a, so.Listener); err != nil {
+				return nil, fmt.Errorf("adopt the socket of %s: %w", a, err)
+			}
 			log.Info().Stringer("listen", a).Msg("socket adopted from the previous process")
 			continue
 		}
@@ -144,7 +146,10 @@ func New(srv *listener.Server, sd Notifier, admin netip.AddrPort, log zerolog.Lo
 			}
 			continue
 		}
-		a := srv.Inherit(so.Listener)
+		a, err := srv.Inherit(so.Listener)
+		if err != nil {
+			return nil, fmt.Errorf("take the socket systemd passed (%s): %w", so.Listener.Addr(), err)
+		}
 		u.names[a] = so.Name
 		log.Info().Stringer("addr", a).Str("name", so.Name).Msg("socket passed by systemd")
 		if so.Name != "" {

@@ -27,12 +27,13 @@ import (
 // releases it, once. What the steps share is one inbound; each step ends
 // the connection itself when it reports false.
 //
-// handle runs in its accept loop's goroutine (i is not nil), and before
+// handle runs where the connection was accepted (i is not nil: an event
+// loop's goroutine, or its socket's accept goroutine), and before
 // anything that may wait detaches from the loop (detach): a PROXY header or a
 // name to route by, a queue, a hold, a connect not done at once. It then
 // goes on in the goroutine it was called in, which ends with it.
 func (s *Server) handle(c int, peer, key netip.AddrPort, inh inherited, i *inline) {
-	defer s.admitting.end() // begun by the accept loop (server.go)
+	defer s.admitting.end() // begun by serve (accept.go)
 	// The request escapes (Pick is an interface call): on the heap alone,
 	// it leaves in on the stack.
 	in := &inbound{c: c, key: key, r: new(sched.Request), l: lease{srv: s, c: c}}

@@ -65,7 +65,7 @@ func (s *Server) cancelled(c int, key netip.AddrPort, pol *Policy, client netip.
 	if n == 0 {
 		return false
 	}
-	s.detach(i) // forwarding dials and waits on every backend named: never in the accept loop
+	s.detach(i) // forwarding dials and waits on every backend named: never in an event loop
 	s.cancel(c, key, client, n, start)
 	return true
 }

@@ -3,13 +3,15 @@ package listener
 // One connection, file by file: the walk a newcomer can follow from the
 // accept to the access line. The package comment is in server.go.
 //
-//  1. accept   accept.go     Server.accept runs a listening socket's
-//                            accept loop (acceptLoop): acceptRaw takes a
-//                            slot of the connection limit (limit.go) once a
-//                            client waits, and accept4s it as a raw
-//                            non-blocking descriptor (sockfd.Accept4). The
-//                            connection is served inline in the loop's
-//                            goroutine until it would wait, then detaches.
+//  1. accept   accept.go     the event loop whose epoll a connection wakes
+//                            owns the listening socket (kick) and accepts
+//                            (drainIn): acceptRaw takes a slot of the
+//                            connection limit (limit.go) and accept4s it as
+//                            a raw non-blocking descriptor (sockfd.Accept4).
+//                            The connection is served inline in the loop's
+//                            goroutine until it would wait, then detaches;
+//                            the socket's accept goroutine (accept) takes
+//                            the limit, errors and the heartbeat.
 //  2. admit    admit.go      handle runs the steps; identify: the service
 //                            at the address and its Policy (policy.go),
 //                            keepalive (keepalive.go), the PROXY header
@@ -157,12 +159,30 @@ package listener
 //     a P. It yields every 9 ms, and after 50 ms without an event waits as
 //     a blocking syscall, giving its P back. [TestBusyLoopLeavesAP]
 //
+// Accepting
+//
+//   - One owner accepts from a listening socket at a time; an event while
+//     it is owned marks it kicked, and the owner that then finds the queue
+//     empty accepts again instead of parking. [TestAcceptorStates]
+//   - A loop accepts at most acceptBatch connections per wake-up, and the
+//     rest after its next wait, with no new edge. [TestLoopAcceptsQueueBeyondBatch]
+//   - A loop never waits on an accept: at the limit, and after an accept
+//     error, it hands the socket to its accept goroutine, which waits or
+//     backs off, and accepts what is queued. [TestLoopAcceptErrorHandedOver,
+//     TestConnLimit]
+//   - A retired socket's descriptor is closed only once no loop watches it
+//     and none owns it: its accept goroutine waits for the owner, which
+//     hands it over when it sees the retirement, having parked it or not.
+//     [TestRetireWhileLoopParks, TestRetireWhileLoopAccepts]
+//
 // The seam
 //
 // The races that are one syscall wide in production are forced through a
 // test-only seam (seam.go): seamAt, at named points (seamRegistered,
-// seamTracked, seamBatch, seamPicked), calls a hook a test sets, in a build with the
-// tag fulcrumseam; in the release build seamAt is an empty function the
-// compiler removes. The seam tests are in seam_test.go:
+// seamTracked, seamBatch, seamPicked, and the accept path's seamLoopAccept,
+// seamAcceptEmpty, seamAcceptWaitOwner), calls a hook a test sets, in a
+// build with the tag fulcrumseam; in the release build seamAt is an empty
+// function the compiler removes. The seam tests are in seam_test.go and
+// accept_seam_test.go:
 //
 //	go test -race -tags fulcrumseam ./listener/

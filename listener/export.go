@@ -24,7 +24,7 @@ type Exported struct {
 	// still non-blocking; the caller closes it. It is not made with
 	// TCPListener.File: handing that one to os.StartProcess would call Fd,
 	// which clears O_NONBLOCK on the open file description that this
-	// process's accept loop shares, and the loop would then block a thread
+	// process's accept path shares, and its loops would then block a thread
 	// in accept(2).
 	File *os.File
 }
@@ -35,8 +35,8 @@ func (s *Server) Export() ([]Exported, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]Exported, 0, len(s.lns)+len(s.spare))
-	add := func(key netip.AddrPort, ln *net.TCPListener, inherited bool) error {
-		f, err := Dup(ln)
+	add := func(key netip.AddrPort, ln *lsock, inherited bool) error {
+		f, err := ln.file()
 		if err != nil {
 			return fmt.Errorf("export listener %s: %w", key, err)
 		}
@@ -64,7 +64,16 @@ func (s *Server) Export() ([]Exported, error) {
 	return out, nil
 }
 
-// dupListener duplicates ln's descriptor with F_DUPFD_CLOEXEC.
+// file duplicates l's descriptor with F_DUPFD_CLOEXEC.
+func (l *lsock) file() (*os.File, error) {
+	nfd, err := sockfd.Dup(l.fd)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(nfd), "listener-"+l.addr.String()), nil
+}
+
+// Dup duplicates ln's descriptor with F_DUPFD_CLOEXEC.
 func Dup(ln *net.TCPListener) (*os.File, error) {
 	rc, err := ln.SyscallConn()
 	if err != nil {
@@ -84,15 +93,21 @@ func Dup(ln *net.TCPListener) (*os.File, error) {
 // bound for the configured address key. Prepare uses it for key instead of
 // binding, and it is then this Server's own: a reload that removes key
 // closes it, as it would a socket it had bound. CloseUnadopted closes
-// those that the configuration does not use.
-func (s *Server) Adopt(key netip.AddrPort, ln *net.TCPListener) {
+// those that the configuration does not use. It takes ln over
+// (takeListener): the caller no longer uses or closes it.
+func (s *Server) Adopt(key netip.AddrPort, ln *net.TCPListener) error {
+	l, err := takeListener(ln)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.adopted == nil {
 		s.adopted = map[netip.AddrPort]bool{}
 	}
-	s.spare[key] = ln
+	s.spare[key] = l
 	s.adopted[key] = true
+	return nil
 }
 
 // CloseUnadopted closes the adopted sockets that no listener took: their

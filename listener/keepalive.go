@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,7 +24,7 @@ import (
 // TCP_KEEPCNT to each socket it accepts, as they are when the connection
 // is queued (TestKeepAliveInherited; the MPTCP listening socket Go makes
 // passes them to the TCP socket of a client without MPTCP as well,
-// TestKeepAlivePerSocket). So the accept loop gives the listening socket
+// TestKeepAlivePerSocket). So the accept path gives the listening socket
 // its service's keepalive (inheritance), and a client socket that carries
 // it takes no setsockopt, where it took four of the 26 syscalls of a
 // proxied connection. TCP_USER_TIMEOUT is inherited by a TCP listening
@@ -90,8 +89,8 @@ func setKeepAliveFD(fd int, ka keepAlive) error {
 // two draws of its keepalive idle time.
 const spreadEvery = 16
 
-// inheritance is what an accept loop knows of the keepalive its listening
-// socket passes on; only the accept loop uses it.
+// inheritance is what an accept path knows of the keepalive its listening
+// socket passes on; only the socket's owner uses it (accept.go).
 type inheritance struct {
 	set   keepAlive // what the listening socket has, if known
 	known bool
@@ -106,20 +105,18 @@ type inheritance struct {
 // another, and draws its idle time again every spreadEvery accepts. It is
 // called before each accept. On failure what the socket has is unknown,
 // and the sockets accepted get their keepalive one by one.
-func (in *inheritance) prepare(c syscall.RawConn, want keepAlive) {
+func (in *inheritance) prepare(fd int, want keepAlive) {
 	same := in.known && in.set == want
 	if same && (want.Idle <= 0 || in.accepts < spreadEvery) {
 		return
 	}
 	var err error
-	cerr := c.Control(func(fd uintptr) {
-		if same { // the spread is due, nothing else
-			err = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(want.Idle))
-			return
-		}
-		err = setKeepAliveFD(int(fd), want)
-	})
-	if err != nil || cerr != nil {
+	if same { // the spread is due, nothing else
+		err = sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, jitteredIdle(want.Idle))
+	} else {
+		err = setKeepAliveFD(fd, want)
+	}
+	if err != nil {
 		in.known = false
 		return
 	}
@@ -129,18 +126,23 @@ func (in *inheritance) prepare(c syscall.RawConn, want keepAlive) {
 	in.accepts = 0
 }
 
-// accepted counts a socket accepted after prepare and returns what it
-// inherited. emptied says whether the accept saw the queue empty first.
-func (in *inheritance) accepted(emptied bool) inherited {
-	in.accepts++
-	if emptied && in.known {
+// empty says an accept after prepare found the queue empty: every socket
+// accepted from now on was queued after the listening socket took set.
+func (in *inheritance) empty() {
+	if in.known {
 		in.fresh = true
 	}
+}
+
+// accepted counts a socket accepted after prepare and returns what it
+// inherited.
+func (in *inheritance) accepted() inherited {
+	in.accepts++
 	return inherited{ka: in.set, ok: in.known && in.fresh}
 }
 
 // inherited is the keepalive a socket accepted carries from its listening
-// socket, as far as its accept loop knows.
+// socket, as far as its accept path knows.
 type inherited struct {
 	ka keepAlive
 	ok bool // the socket carries ka; if false, what it carries is unknown
@@ -162,11 +164,11 @@ func setAcceptedUserTimeout(fd int, d time.Duration) error {
 	return sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, max(0, int(d/time.Millisecond)))
 }
 
-// inherit has the accept loop of listen address key give its listening
-// socket (rc) the options of the service that takes the address now.
-func (s *Server) inherit(in *inheritance, rc syscall.RawConn, key netip.AddrPort) {
+// inherit has the accept path of listen address key give its listening
+// socket (fd) the options of the service that takes the address now.
+func (s *Server) inherit(in *inheritance, fd int, key netip.AddrPort) {
 	snap := s.tbl.Load()
 	if svc := snap.Route(key); svc != nil { // nil while a reload closes the address
-		in.prepare(rc, keepAliveFor(snap.Policy(svc)))
+		in.prepare(fd, keepAliveFor(snap.Policy(svc)))
 	}
 }

@@ -51,7 +51,7 @@ func (s *Server) Conns() int { return len(s.slots) }
 type LimitStats struct {
 	Open  int    // connections holding a slot
 	Max   int    // the limit (MaxConns)
-	Waits uint64 // times an accept loop waited at the limit
+	Waits uint64 // times an accept goroutine waited at the limit
 }
 
 // Limit reads the global connection limit's counters.

@@ -459,7 +459,10 @@ func TestInheritedSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := p.srv.Inherit(ln)
+	a, err := p.srv.Inherit(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := netip.MustParseAddrPort("127.0.0.1:0")
 	p.store(sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc}))
 	apply := func(addrs ...netip.AddrPort) {

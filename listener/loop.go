@@ -16,10 +16,14 @@ import (
 // connection holds no goroutine, buffer or pipe; a busy one is served where
 // its readiness event lands, with no goroutine woken per message.
 //
-// Sockets never enter Go's poller: accept4 on the listening socket and a
-// non-blocking connect (accept.go, connect.go) give descriptors that only a loop's
+// Sockets never enter Go's poller, listening sockets included: every
+// loop's epoll watches each listening socket, and the loop a connection
+// wakes accepts it and serves it inline (accept.go); accept4 and a
+// non-blocking connect (connect.go) give descriptors that only a loop's
 // epoll watches, edge-triggered (IN|RDHUP|ET, and OUT once a write to it
-// would block). A Server has one loop per P (and fulcrum one loop, and
+// would block). A new connection whose backend answers at once is then one
+// run of one loop's goroutine, from the readiness of the listening socket
+// to the session's registration, and wakes no other thread. A Server has one loop per P (and fulcrum one loop, and
 // P, per CPU it may use, or [process] loops: procs.go), sessions spread
 // round robin, and the runtime one P more (reserveP). A loop's goroutine
 // waits in epoll_wait itself and, when woken, runs inline whatever
@@ -36,7 +40,7 @@ import (
 // blocking, its blocking poll, then the loop's own on its epoll): pinned,
 // 10.0 syscalls per 64 B round trip of which 6.0 epoll waits, against
 // nginx's 6.0 and 2.0. A loop holding its P leaves the runtime at least one
-// for everything else (accept loops, checks, timers, admin; rawSlots,
+// for everything else (accept goroutines, checks, timers, admin; rawSlots,
 // TestBusyLoopLeavesAP), yields it every 9 ms, and, idle for 50 ms, waits
 // as an ordinary blocking syscall, whose P the runtime takes back: an idle
 // process costs nothing. What each design costs is measured in
@@ -88,6 +92,20 @@ type loop struct {
 	tab     []atomic.Pointer[session] // by descriptor: the session a socket belongs to
 	wait    []atomic.Pointer[waiter]  // by descriptor: a goroutine waiting for a socket not yet in a session (await)
 	done    chan struct{}             // closed when run returns, having closed epfd and wake
+
+	accMu sync.Mutex                          // serialises watch and unwatch
+	accs  atomic.Pointer[map[int32]*acceptor] // the listening sockets it watches (watch), by descriptor; copied on write
+}
+
+// loopRun is what a loop's goroutine holds while it runs the loop; when a
+// connection it accepted and served inline must wait, detach hands it to a
+// new goroutine, which goes on where this one left off (run).
+type loopRun struct {
+	events  [128]unix.EpollEvent
+	raw     bool        // holds a raw slot
+	yielded int64       // mono() when the loop last let the scheduler run
+	busy    int64       // mono() of the last wait that found an event
+	owned   []*acceptor // listening sockets this loop owns and accepts from (drainIn), with connections queued
 }
 
 // waiter is a goroutine waiting in await for one event on a socket.
@@ -123,7 +141,8 @@ func newLoop() (*loop, error) {
 	n := min(max(hard, cur), 1<<20)
 	lp := &loop{epfd: epfd, wake: wake, done: make(chan struct{}),
 		tab: make([]atomic.Pointer[session], n), wait: make([]atomic.Pointer[waiter], n)}
-	go lp.run() // returns when close asks it to
+	lp.accs.Store(&map[int32]*acceptor{})
+	go lp.run(&loopRun{}) // returns when close asks it to
 	return lp, nil
 }
 
@@ -149,7 +168,7 @@ const (
 // running, so its P stays with it and nothing else polls or wakes per
 // wait. That is one system call per wake-up, as nginx's worker makes. A
 // loop holds a P so only while a raw slot is free (rawSlots: one P is
-// always left for everything else: accept loops, checks, timers, admin)
+// always left for everything else: accept goroutines, checks, timers, admin)
 // and only while busy: after rawIdle without events it waits as a
 // blocking syscall, the runtime hands its P on (sysmon, within 20 µs to
 // 10 ms), and an idle loop costs nothing.
@@ -158,39 +177,63 @@ const (
 // preempts a goroutine (a GC's stop, sysmon after 10 ms); the call that
 // follows yields at its stack check. With no such signal
 // (GODEBUG=asyncpreemptoff=1) the raw wait's timeout bounds the stall.
-func (lp *loop) run() {
-	defer close(lp.done)
-	var events [128]unix.EpollEvent
-	raw := false      // holds a raw slot
-	var yielded int64 // mono() when the loop last let the scheduler run
-	var busy int64    // mono() of the last wait that found an event
+//
+// The listening sockets a batch's events made the loop's own are accepted
+// from after the batch (drainIn); one left with connections queued makes
+// the next wait not block. A connection accepted here that must wait hands
+// r to a new goroutine, which runs the loop from where this one was, and
+// this one returns into the connection's own work.
+func (lp *loop) run(r *loopRun) {
 	for {
+		// Listening sockets first: a run handed over by detach goes on
+		// with the one it was accepting from.
+		for k := 0; k < len(r.owned); {
+			a := r.owned[k]
+			released, detached := a.s.drainIn(a, lp, r)
+			if detached {
+				return // r is another goroutine's now
+			}
+			if released {
+				r.owned[k] = r.owned[len(r.owned)-1]
+				r.owned[len(r.owned)-1] = nil
+				r.owned = r.owned[:len(r.owned)-1]
+				continue
+			}
+			k++
+		}
 		var n int
 		var err error
-		if !raw && rawSlots.take() {
-			raw, yielded = true, mono()
-			busy = yielded
+		if !r.raw && rawSlots.take() {
+			r.raw, r.yielded = true, mono()
+			r.busy = r.yielded
 		}
-		if raw {
-			left := (int64(rawYield) - (mono() - yielded)) / int64(time.Millisecond)
-			n, err = sockfd.EpollWaitFor(lp.epfd, events[:], int(max(left, 1)))
-			now := mono()
-			if n > 0 {
-				busy = now
-			} else if err == nil && now-busy > int64(rawIdle) { // idle: give the P back
-				rawSlots.give()
-				raw = false
-				n, err = sockfd.EpollWaitBlocking(lp.epfd, events[:])
+		switch {
+		case r.raw:
+			left := (int64(rawYield) - (mono() - r.yielded)) / int64(time.Millisecond)
+			wait := int(max(left, 1))
+			if len(r.owned) > 0 { // connections still queued: look, and accept them after this batch
+				wait = 0
 			}
-			if raw && now-yielded >= int64(rawYield) {
+			n, err = sockfd.EpollWaitFor(lp.epfd, r.events[:], wait)
+			now := mono()
+			if n > 0 || len(r.owned) > 0 {
+				r.busy = now
+			} else if err == nil && now-r.busy > int64(rawIdle) { // idle: give the P back
+				rawSlots.give()
+				r.raw = false
+				n, err = sockfd.EpollWaitBlocking(lp.epfd, r.events[:])
+			}
+			if r.raw && now-r.yielded >= int64(rawYield) {
 				// What the loop made runnable (a bulk half, an awaiter, a
 				// finish) runs here, and sysmon does not signal the thread
 				// to preempt a goroutine it sees running for 10 ms.
 				runtime.Gosched()
-				yielded = now
+				r.yielded = now
 			}
-		} else {
-			n, err = sockfd.EpollWaitBlocking(lp.epfd, events[:])
+		case len(r.owned) > 0:
+			n, err = sockfd.EpollWaitFor(lp.epfd, r.events[:], 0)
+		default:
+			n, err = sockfd.EpollWaitBlocking(lp.epfd, r.events[:])
 		}
 		lp.waits.Add(1)
 		if err == unix.EINTR {
@@ -200,15 +243,16 @@ func (lp *loop) run() {
 			break
 		}
 		for i := range n {
-			lp.dispatch(events[i])
+			lp.dispatch(r.events[i], r)
 			seamAt(seamBatch, nil)
 		}
 	}
-	if raw {
+	if r.raw {
 		rawSlots.give()
 	}
 	sockfd.Close(lp.wake)
 	sockfd.Close(lp.epfd)
+	close(lp.done)
 }
 
 // rawSlots bounds the loops that hold a P in a raw wait at once to one
@@ -271,8 +315,14 @@ func reserveP(n int) {
 // socket on input, hang-up or error; the one writing it on output if it
 // wants output, or on hang-up or error. An event for a socket not in a
 // session wakes the goroutine awaiting it, if any.
-func (lp *loop) dispatch(ev unix.EpollEvent) {
+func (lp *loop) dispatch(ev unix.EpollEvent, r *loopRun) {
 	fd := int(ev.Fd)
+	if ev.Pad == acceptTag { // a listening socket: accept after the batch, if no other loop does
+		if a := (*lp.accs.Load())[ev.Fd]; a != nil && a.kick() {
+			r.owned = append(r.owned, a)
+		}
+		return
+	}
 	if fd < 0 || fd >= len(lp.tab) { // wakeTag included
 		return
 	}
@@ -297,6 +347,53 @@ func (lp *loop) dispatch(ev unix.EpollEvent) {
 	if e&(unix.EPOLLHUP|unix.EPOLLERR) != 0 || e&unix.EPOLLOUT != 0 && out.wantOut.Load() {
 		out.kick()
 	}
+}
+
+// acceptTag marks a listening socket's registration (watch), in the
+// event's data beside the descriptor: a session's socket never has it, so
+// an event left from a listening socket closed meanwhile never kicks the
+// session whose socket took its number.
+const acceptTag = 1
+
+// watch adds listening socket a to the loop's epoll: edge-triggered, and
+// exclusive, so that a connection wakes one waiting loop, not every one.
+func (lp *loop) watch(a *acceptor) error {
+	lp.accMu.Lock()
+	defer lp.accMu.Unlock()
+	old := *lp.accs.Load()
+	m := make(map[int32]*acceptor, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[int32(a.fd)] = a
+	lp.accs.Store(&m) // before the registration, which may report a connection at once
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET | unix.EPOLLEXCLUSIVE, Fd: int32(a.fd), Pad: acceptTag}
+	if err := sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_ADD, a.fd, &ev); err != nil {
+		lp.accs.Store(&old)
+		return err
+	}
+	return nil
+}
+
+// unwatch takes listening socket a out of the loop's epoll. Its descriptor
+// must stay open until it is: an epoll watches an open file, not a number,
+// and the registration would outlive the close while another descriptor
+// for the file stays open (a binary upgrade's, systemd's).
+func (lp *loop) unwatch(a *acceptor) {
+	lp.accMu.Lock()
+	defer lp.accMu.Unlock()
+	old := *lp.accs.Load()
+	if old[int32(a.fd)] != a {
+		return
+	}
+	sockfd.EpollCtl(lp.epfd, unix.EPOLL_CTL_DEL, a.fd, nil)
+	m := make(map[int32]*acceptor, len(old))
+	for k, v := range old {
+		if v != a {
+			m[k] = v
+		}
+	}
+	lp.accs.Store(&m)
 }
 
 // epollIn is what a socket is registered for; armOut adds EPOLLOUT.

@@ -228,6 +228,7 @@ func TestWaitingClientDoesNotHoldAccept(t *testing.T) {
 func TestNoDelayInherited(t *testing.T) {
 	testkit.CheckLeaks(t)
 	s := New(zerolog.Nop())
+	defer s.Wait() // stops the event loops, which Prepare started to watch the socket
 	ch, err := s.Prepare([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -239,26 +240,23 @@ func TestNoDelayInherited(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var lv, av int
 	var aerr error
-	rc.Control(func(fd uintptr) {
-		lv, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY)
-		if !pollFor(int(fd), unix.POLLIN, 5*time.Second) {
+	func() {
+		fd := ln.fd // nothing accepts from it: not committed
+		lv, _ = unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
+		if !pollFor(fd, unix.POLLIN, 5*time.Second) {
 			aerr = errors.New("nothing to accept within 5s")
 			return
 		}
-		nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+		nfd, _, err := unix.Accept4(fd, unix.SOCK_CLOEXEC)
 		if err != nil {
 			aerr = err
 			return
 		}
 		defer unix.Close(nfd)
 		av, aerr = unix.GetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY)
-	})
+	}()
 	if aerr != nil {
 		t.Fatal(aerr)
 	}
@@ -295,7 +293,7 @@ func TestStaleEventDoesNotCompleteConnect(t *testing.T) {
 		for _, lp := range *p.srv.lps.Load() {
 			for fd := range lp.wait {
 				if lp.wait[fd].Load() != nil {
-					lp.dispatch(unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(fd)})
+					lp.dispatch(unix.EpollEvent{Events: unix.EPOLLOUT, Fd: int32(fd)}, &loopRun{})
 					stale++
 				}
 			}
@@ -360,7 +358,7 @@ func TestStaleHupForgotten(t *testing.T) {
 		return nil
 	}
 	testkit.WaitFor(t, 10*time.Second, parked)
-	lp.dispatch(unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(ss.clientFD)}) // stale
+	lp.dispatch(unix.EpollEvent{Events: unix.EPOLLRDHUP, Fd: int32(ss.clientFD)}, &loopRun{}) // stale
 	ping()
 	testkit.WaitFor(t, 10*time.Second, parked)
 	if ss.up.hup.Load() != ss.up.hupSeen { // parked: the state's CAS orders hupSeen's write before this read

@@ -131,7 +131,10 @@ func testUrgentData(t *testing.T, mode copyMode, dir string, fin bool) {
 	})
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withMode(mode))
 	if dir != "mptcp" { // a plain TCP listener, as systemd's
-		a := p.srv.Inherit(tcpListener(t))
+		a, err := p.srv.Inherit(tcpListener(t))
+		if err != nil {
+			t.Fatal(err)
+		}
 		base := netip.MustParseAddrPort("127.0.0.1:0")
 		p.store(sched.NewTable(2, []*sched.Service{p.svc}, map[netip.AddrPort]*sched.Service{base: p.svc, a: p.svc}))
 		ch, err := p.srv.Prepare([]netip.AddrPort{base, a}, false)
@@ -175,7 +178,7 @@ func oobInline(p *testProxy) bool {
 	defer p.srv.mu.Unlock()
 	for _, so := range p.srv.lns {
 		v := 0
-		so.rc.Control(func(fd uintptr) { v, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE) })
+		v, _ = unix.GetsockoptInt(so.a.fd, unix.SOL_SOCKET, unix.SO_OOBINLINE)
 		return v == 1
 	}
 	return false

@@ -25,4 +25,15 @@ const (
 	// session, and not yet tracked it: a Cut of the backend now does not
 	// see it.
 	seamPicked
+	// seamLoopAccept: a loop that owns a listening socket is about to
+	// accept from it (drainIn). An error from the hook is taken as
+	// accept4's.
+	seamLoopAccept
+	// seamAcceptEmpty: a loop found a listening socket's queue empty and
+	// has not yet parked it.
+	seamAcceptEmpty
+	// seamAcceptWaitOwner: a retired socket's accept goroutine found it
+	// owned by a loop, and is about to wait for the loop to hand it over
+	// (endSocket).
+	seamAcceptWaitOwner
 )

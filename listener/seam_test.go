@@ -84,6 +84,14 @@ func (vs victims) check(t *testing.T) {
 	}
 }
 
+// offLoop makes each connection detach before its dial (a queue to wait
+// in detaches it), so that begin runs in a goroutine of its own. A test
+// that pauses begin while a loop dispatches the session's events needs
+// the two apart: a connection served inline runs begin in the loop that
+// accepted it, which may be the session's, and then no event of the
+// session is dispatched until begin is done.
+func offLoop(s tuned) { s.QueueTimeout = time.Minute }
+
 // TestBeginReset (C1): the client resets its connection while begin is
 // between the two registrations, and the client socket's events have been
 // dispatched. The session ends once, as reset: it closes no descriptor
@@ -93,7 +101,7 @@ func (vs victims) check(t *testing.T) {
 func TestBeginReset(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Echo)
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, offLoop)
 	keep := p.dial(t) // another session, holding a slot
 	keep.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := keep.Write([]byte("k")); err != nil {
@@ -179,7 +187,7 @@ func TestBeginUpload(t *testing.T) {
 		io.Copy(h, testkit.User(c))
 		got <- [32]byte(h.Sum(nil))
 	})
-	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, offLoop)
 	var fired atomic.Bool
 	setSeam(t, func(at seamPoint, ss *session) error {
 		if at != seamRegistered || ss.srv != p.srv || fired.Swap(true) {

@@ -1,5 +1,5 @@
-// Package listener owns fulcrum's sockets: one accept loop per listen address
-// and the per-connection path — pick a backend, dial it, and splice bytes
+// Package listener owns fulcrum's sockets: one listening socket per listen
+// address, which the event loops accept from, and the per-connection path — pick a backend, dial it, and splice bytes
 // both ways with half-close — reading the scheduler snapshot Publish stores.
 //
 // Typical use (the reload package does this):
@@ -8,10 +8,10 @@
 //	ch, err := srv.Prepare(addrs, false) // bind what is new; nothing accepts yet
 //	if err != nil { ... }             // Prepare closed what it had bound
 //	srv.Publish(listener.NewSnapshot(next, policies)) // stores it in ptr and wakes held connections
-//	ch.Commit()                       // start new accept loops, close removed ones
+//	ch.Commit()                       // start accepting on new sockets, close removed ones
 //	...
 //	srv.Close() // stop accepting everywhere
-//	srv.Wait()  // accept loops and sessions have ended
+//	srv.Wait()  // accept goroutines and sessions have ended
 //
 // Ownership: the Server owns its listeners and every session it accepted;
 // Wait returns only when all of them are gone. A listener removed by a reload
@@ -42,22 +42,22 @@ type Server struct {
 	// it for others, and only Publish stores into it.
 	tbl atomic.Pointer[Snapshot]
 	log zerolog.Logger
-	wg  sync.WaitGroup // accept loops and sessions
+	wg  sync.WaitGroup // accept goroutines and sessions
 
-	beat atomic.Int64 // nanoseconds: accept loops wake at least this often; 0 = never
+	beat atomic.Int64 // nanoseconds: accept goroutines wake at least this often; 0 = never
 
 	// acceptHook, if set before the first Prepare, runs at the top of every
-	// accept loop iteration: a test freezes a loop with it.
+	// accept, in a loop or an accept goroutine: a test freezes one with it.
 	acceptHook func()
 
 	mu      sync.Mutex // protects lns, spare and adopted
 	lns     map[netip.AddrPort]*socket
-	spare   map[netip.AddrPort]*net.TCPListener // inherited from systemd or adopted (export.go), not in use
-	adopted map[netip.AddrPort]bool             // spares handed over by the process this one replaced: ours to close
+	spare   map[netip.AddrPort]*lsock // inherited from systemd or adopted (export.go), not in use
+	adopted map[netip.AddrPort]bool   // spares handed over by the process this one replaced: ours to close
 
 	slots     chan struct{} // the global connection limit: one entry per connection accepted and not ended (limit.go)
-	atLimit   atomic.Uint64 // times an accept loop waited for a slot
-	limited   atomic.Bool   // an accept loop is waiting for a slot: an episode at the limit
+	atLimit   atomic.Uint64 // times an accept goroutine waited for a slot
+	limited   atomic.Bool   // an accept goroutine is waiting for a slot: an episode at the limit
 	limitLog  every         // lets an episode's line through at most once a second (limit.go)
 	limitTold atomic.Bool   // the current episode's start was logged: so is its end
 
@@ -71,28 +71,25 @@ type Server struct {
 
 	nlp  int                   // event loops; 0 = one per P (GOMAXPROCS)
 	lpMu sync.Mutex            // serialises starting and stopping the loops
-	lps  atomic.Pointer[loops] // the sessions' event loops, started with the first
+	lps  atomic.Pointer[loops] // the event loops, started with the first listening socket (newSocket)
 	next atomic.Uint32         // round robin over lps
 }
 
 // loops are a Server's event loops: a session stays in the one it was given.
 type loops []*loop
 
-// socket is one listening socket and its accept loop.
+// socket is one listening socket and its accept path.
 type socket struct {
 	key       netip.AddrPort // the address as configured (port 0 stays 0)
-	ln        *net.TCPListener
+	ln        *lsock
 	inherited bool          // passed by systemd: never closed by a reload, only handed back
 	done      chan struct{} // closed when the socket is taken out of service
-	exited    chan struct{} // closed when its accept loop has returned
-	// acc is the listening socket again, as a conn on a duplicate
-	// descriptor: what the accept loop waits on in Go's poller, with its
-	// deadline, since a listener's RawConn cannot wait; rc is its RawConn.
-	// Made by Prepare, so that a full descriptor table refuses the reload
-	// instead of leaving a listener that never accepts; closed by the accept
-	// loop as it returns, or by abort.
-	acc     *net.TCPConn
-	rc      syscall.RawConn
+	exited    chan struct{} // closed when its accept goroutine has ended it (endSocket)
+	// a is its accept path, on ln's descriptor, which only the event loops
+	// watch (accept.go). Made by Prepare, so that a socket the loops cannot
+	// watch refuses the reload instead of leaving a listener that never
+	// accepts.
+	a       *acceptor
 	beat    atomic.Int64 // unix nanoseconds of the loop's last answer
 	accepts atomic.Uint64
 	errors  atomic.Uint64
@@ -103,7 +100,7 @@ type socket struct {
 // snapshots Publish gives it.
 func New(log zerolog.Logger) *Server {
 	return &Server{log: log.With().Str("component", "listener").Logger(),
-		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*net.TCPListener{},
+		lns: map[netip.AddrPort]*socket{}, spare: map[netip.AddrPort]*lsock{},
 		slots: make(chan struct{}, connLimit(nofile())),
 		pipes: newPipePool(pipeLimit(nofile()))}
 }
@@ -137,29 +134,69 @@ func (s *Server) Snapshot() *Snapshot { return s.tbl.Load() }
 // adopts it for the configured address it is bound to instead of binding
 // that address; until then, and after a reload removes its address, it is
 // kept open (systemd holds the address) and Close closes it at the end.
-func (s *Server) Inherit(ln *net.TCPListener) netip.AddrPort {
-	a := ln.Addr().(*net.TCPAddr).AddrPort()
+// It takes ln over (takeListener): the caller no longer uses or closes it.
+func (s *Server) Inherit(ln *net.TCPListener) (netip.AddrPort, error) {
+	l, err := takeListener(ln)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	a := l.addr.AddrPort()
 	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 	s.mu.Lock()
-	s.spare[a] = ln
+	s.spare[a] = l
 	s.mu.Unlock()
-	return a
+	return a, nil
 }
 
-// SetHeartbeat makes every accept loop wake and answer at least every d, so
+// lsock is a listening socket the Server holds, as a raw descriptor in no
+// poller of Go's: only the event loops watch it (accept.go), so no thread
+// but a loop's wakes for a connection. A *net.TCPListener would be in
+// Go's poller, whose idle thread would wake for every connection, to find
+// no goroutine waiting.
+type lsock struct {
+	fd   int // non-blocking, as Go made it
+	addr *net.TCPAddr
+}
+
+// takeListener takes ln's socket as an lsock: a duplicate of its
+// descriptor, then ln closed, which takes it out of Go's poller and leaves
+// the socket open and listening on the duplicate.
+func takeListener(ln *net.TCPListener) (*lsock, error) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(l uintptr) { fd, derr = sockfd.Dup(int(l)) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, derr
+	}
+	l := &lsock{fd: fd, addr: ln.Addr().(*net.TCPAddr)}
+	ln.Close()
+	return l, nil
+}
+
+func (l *lsock) Addr() net.Addr { return l.addr }
+func (l *lsock) Close()         { sockfd.Close(l.fd) }
+
+// SetHeartbeat makes every accept goroutine wake and accept at least every d, so
 // that Alive can tell a live loop from a stuck one; 0 turns it off.
 func (s *Server) SetHeartbeat(d time.Duration) {
 	s.beat.Store(int64(d))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, so := range s.lns { // loops already waiting wait at most d from now
-		if c := so.acc; c != nil && d > 0 {
-			c.SetReadDeadline(time.Now().Add(d))
+	for _, so := range s.lns { // accept goroutines already waiting wait at most d from now
+		select {
+		case so.a.poke <- struct{}{}:
+		default: // poked already
 		}
 	}
 }
 
-// Alive reports whether every accept loop has answered within maxAge: the
+// Alive reports whether every accept path has answered within maxAge: the
 // watchdog's liveness probe.
 func (s *Server) Alive(maxAge time.Duration) bool {
 	s.mu.Lock()
@@ -183,16 +220,21 @@ func (s *Server) Alive(maxAge time.Duration) bool {
 // HAProxy and nginx do; the copy path steps over the mark either way.
 func setNoDelay(c syscall.RawConn) error {
 	var serr error
-	if err := c.Control(func(fd uintptr) {
-		if serr = sockfd.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); serr != nil {
-			serr = fmt.Errorf("set TCP_NODELAY: %w", serr)
-		} else if err := sockfd.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
-			serr = fmt.Errorf("set SO_OOBINLINE: %w", err)
-		}
-	}); err != nil {
+	if err := c.Control(func(fd uintptr) { serr = setNoDelayFD(int(fd)) }); err != nil {
 		return err
 	}
 	return serr
+}
+
+// setNoDelayFD is setNoDelay on a raw descriptor.
+func setNoDelayFD(fd int) error {
+	if err := sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		return fmt.Errorf("set TCP_NODELAY: %w", err)
+	}
+	if err := sockfd.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("set SO_OOBINLINE: %w", err)
+	}
+	return nil
 }
 
 // setFreebind sets IP_FREEBIND (IPV6_FREEBIND for IPv6) on a socket before bind.
@@ -271,7 +313,7 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 			continue
 		}
 		if ln, ok := s.spare[a]; ok {
-			so, err := newSocket(a, ln, !s.adopted[a])
+			so, err := s.newSocket(a, ln, !s.adopted[a])
 			if err != nil {
 				c.abort()
 				return nil, fmt.Errorf("listen %s: %w", a, err)
@@ -289,8 +331,13 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 			}
 			return nil, fmt.Errorf("listen %s: %w", a, err)
 		}
-		ln := l.(*net.TCPListener)
-		so, err := newSocket(a, ln, false)
+		ln, err := takeListener(l.(*net.TCPListener))
+		if err != nil {
+			l.Close()
+			c.abort()
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+		so, err := s.newSocket(a, ln, false)
 		if err != nil {
 			ln.Close()
 			c.abort()
@@ -301,7 +348,6 @@ func (s *Server) Prepare(want []netip.AddrPort, freebind bool) (*Change, error) 
 	return c, nil
 }
 
-// newSocket prepares ln for its accept loop: the duplicate it waits on.
 // overlapping returns a listener of this Server that holds a's port on an
 // address that overlaps a's (one of them the wildcard of the same family,
 // or the unspecified address of either), so that binding a fails with
@@ -315,19 +361,47 @@ func (s *Server) overlapping(a netip.AddrPort) (netip.AddrPort, bool) {
 	return netip.AddrPort{}, false
 }
 
-func newSocket(a netip.AddrPort, ln *net.TCPListener, inherited bool) (*socket, error) {
-	acc, rc, err := acceptConn(ln)
-	if err != nil {
+// newSocket prepares ln's accept path: its duplicate, watched by every
+// event loop (started here if need be). Nothing accepts from it until its
+// accept goroutine starts (Commit): until then a loop that sees a
+// connection only marks it kicked.
+func (s *Server) newSocket(a netip.AddrPort, ln *lsock, inherited bool) (*socket, error) {
+	lps := s.lps.Load()
+	if lps == nil {
+		var err error
+		if lps, err = s.startLoops(); err != nil {
+			return nil, err
+		}
+	}
+	// TCP_NODELAY and SO_OOBINLINE, which accepted sockets inherit, again:
+	// an inherited socket may lack them.
+	if err := setNoDelayFD(ln.fd); err != nil {
 		return nil, err
 	}
-	so := &socket{key: a, ln: ln, inherited: inherited, acc: acc, rc: rc, done: make(chan struct{}), exited: make(chan struct{})}
+	so := &socket{key: a, ln: ln, inherited: inherited, done: make(chan struct{}), exited: make(chan struct{})}
+	so.a = &acceptor{s: s, so: so, fd: ln.fd, own: make(chan struct{}, 1), poke: make(chan struct{}, 1)}
+	so.a.state.Store(stRunning) // its accept goroutine's, from its start
+	for _, lp := range *lps {
+		if err := lp.watch(so.a); err != nil {
+			so.unwatch(lps)
+			return nil, fmt.Errorf("watch in event loop: %w", err)
+		}
+	}
 	so.beat.Store(time.Now().UnixNano())
 	return so, nil
 }
 
+// unwatch takes so out of every loop of lps: a socket that never accepted.
+func (so *socket) unwatch(lps *loops) {
+	for _, lp := range *lps {
+		lp.unwatch(so.a)
+	}
+}
+
 func (c *Change) abort() {
+	lps := c.s.lps.Load() // not nil: every socket opened is watched by its loops
 	for _, so := range c.opened {
-		so.acc.Close()
+		so.unwatch(lps)
 		if !so.inherited && c.s.spare[so.key] != so.ln { // an adopted spare stays a spare
 			so.ln.Close()
 		}
@@ -337,7 +411,7 @@ func (c *Change) abort() {
 
 // Commit starts accepting on the new sockets and takes out of service those
 // not wanted. Sockets whose address is kept are untouched: not one SYN is
-// lost. A snapshot must be published by then: the accept loops
+// lost. A snapshot must be published by then: the accept paths
 // read it before their first accept (keepalive.go).
 func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	s := c.s
@@ -350,7 +424,7 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 		opened = append(opened, so.key)
 		s.log.Info().Stringer("listen", so.key).Stringer("addr", so.ln.Addr()).Bool("inherited", so.inherited).Msg("listening")
 		s.wg.Add(1)
-		go s.accept(&acceptor{so: so}) // the loop exits when so is closed or taken out of service
+		go s.accept(so.a, true) // exits when so is closed or taken out of service
 	}
 	for a, so := range s.lns {
 		if !c.want[a] {
@@ -362,14 +436,13 @@ func (c *Change) Commit() (opened, closed []netip.AddrPort) {
 	return opened, closed
 }
 
-// retire stops a socket's accept loop. An inherited socket stays open, back
+// retire stops a socket's accept path. An inherited socket stays open, back
 // among the spares; any other is closed. Called with s.mu held.
 func (s *Server) retire(so *socket) {
 	delete(s.lns, so.key)
-	close(so.done)
-	so.acc.SetReadDeadline(time.Unix(1, 0)) // wake the loop; it closes acc as it returns
-	// The loop's duplicate of the socket keeps it listening until the loop
-	// has returned: wait for that, so that a socket retired is closed.
+	close(so.done) // wakes its accept goroutine, which closes its duplicate as it ends
+	// The accept path's duplicate of the socket keeps it listening until
+	// then: wait for that, so that a socket retired is closed.
 	<-so.exited
 	if !so.inherited {
 		so.ln.Close()
@@ -403,7 +476,7 @@ func (s *Server) Close() {
 	}
 }
 
-// Wait blocks until every accept loop and session has ended, then closes
+// Wait blocks until every accept goroutine and session has ended, then closes
 // the splice pipes kept for reuse and stops the event loops.
 func (s *Server) Wait() {
 	s.wg.Wait()

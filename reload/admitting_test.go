@@ -35,7 +35,9 @@ func startInstance(t *testing.T, text string, adopt []listener.Exported) *instan
 		if err != nil {
 			t.Fatal(err)
 		}
-		in.h.srv.Adopt(e.Key, l.(*net.TCPListener))
+		if err := in.h.srv.Adopt(e.Key, l.(*net.TCPListener)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	in.h.m = New("", in.h.srv, log, Options{})
 	t.Cleanup(func() { in.h.m.Shutdown(context.Background()) })
