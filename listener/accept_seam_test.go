@@ -32,6 +32,33 @@ func closeInBackground(p *testProxy) <-chan struct{} {
 	return closed
 }
 
+// retireRace stops p's only loop once at seam point at, as it accepts
+// from the listening socket, after arm; at says it stopped there, waiting
+// that a retired socket's accept goroutine waits for its owner, and
+// closing release lets the loop go on.
+func retireRace(t *testing.T, p *testProxy, point seamPoint) (arm func(), at, waiting <-chan struct{}, release chan struct{}) {
+	t.Helper()
+	awaitParked(t, p)
+	var armed atomic.Bool
+	atc, waitc, release := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	setSeam(t, func(sp seamPoint, _ *session) error {
+		switch sp {
+		case point:
+			if armed.CompareAndSwap(true, false) {
+				atc <- struct{}{}
+				<-release
+			}
+		case seamAcceptWaitOwner:
+			select {
+			case waitc <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	})
+	return func() { armed.Store(true) }, atc, waitc, release
+}
+
 // TestRetireWhileLoopParks: a loop finds the listening socket's queue
 // empty and, before it parks the socket, the socket is retired; the accept
 // goroutine, finding it owned, waits for the loop to hand it over. The
@@ -41,25 +68,8 @@ func TestRetireWhileLoopParks(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Echo)
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withLoops(1))
-	awaitParked(t, p)
-	var armed atomic.Bool
-	atEmpty, waiting, release := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	setSeam(t, func(at seamPoint, _ *session) error {
-		switch at {
-		case seamAcceptEmpty:
-			if armed.CompareAndSwap(true, false) {
-				atEmpty <- struct{}{}
-				<-release
-			}
-		case seamAcceptWaitOwner:
-			select {
-			case waiting <- struct{}{}:
-			default:
-			}
-		}
-		return nil
-	})
-	armed.Store(true)
+	arm, atEmpty, waiting, release := retireRace(t, p, seamAcceptEmpty)
+	arm()
 	c := p.dial(t) // the loop accepts it, finds the queue empty and stops before parking
 	awaitSeam(t, atEmpty, "the loop never found the queue empty")
 	closed := closeInBackground(p)
@@ -86,25 +96,8 @@ func TestRetireWhileLoopAccepts(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Echo)
 	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, nil, withLoops(1))
-	awaitParked(t, p)
-	var armed atomic.Bool
-	atAccept, waiting, release := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
-	setSeam(t, func(at seamPoint, _ *session) error {
-		switch at {
-		case seamLoopAccept:
-			if armed.CompareAndSwap(true, false) {
-				atAccept <- struct{}{}
-				<-release
-			}
-		case seamAcceptWaitOwner:
-			select {
-			case waiting <- struct{}{}:
-			default:
-			}
-		}
-		return nil
-	})
-	armed.Store(true)
+	arm, atAccept, waiting, release := retireRace(t, p, seamLoopAccept)
+	arm()
 	c := p.dial(t)
 	awaitSeam(t, atAccept, "the loop never came to accept")
 	closed := closeInBackground(p)
