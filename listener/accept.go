@@ -27,7 +27,6 @@ package listener
 
 import (
 	"errors"
-	"net"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -386,31 +385,6 @@ func acceptRaw(lfd int, slots chan struct{}, held *bool) (int, netip.AddrPort, e
 // errAtLimit: a client waits to be accepted and the Server's connection
 // limit is reached.
 var errAtLimit = errors.New("at the connection limit")
-
-// listenFD returns a duplicate of ln's descriptor for the accept path, with
-// TCP_NODELAY and SO_OOBINLINE, which accepted sockets inherit, set again
-// (an inherited socket may lack them). The duplicate is in no poller of
-// Go's: only the loops' epolls watch it (watch), so that no thread but the
-// loop's wakes for a connection.
-func listenFD(ln *net.TCPListener) (int, error) {
-	rc, err := ln.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd := -1
-	var derr error
-	if err := rc.Control(func(l uintptr) { fd, derr = sockfd.Dup(int(l)) }); err != nil {
-		return -1, err
-	}
-	if derr != nil {
-		return -1, derr
-	}
-	if err := setNoDelayFD(fd); err != nil {
-		sockfd.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
 
 // localAddr is the address a client connected to (getsockname): asked only
 // when the listening address does not say it (a wildcard or port 0).
