@@ -330,9 +330,7 @@ func (s *Server) drainHere(a *acceptor, held *bool, why error) int {
 // while a loop can still act on that event.
 func (s *Server) endSocket(a *acceptor, owned, held bool) {
 	if lps := s.lps.Load(); lps != nil {
-		for _, lp := range *lps {
-			lp.unwatch(a)
-		}
+		a.so.unwatch(lps)
 	}
 	if !owned && !a.state.CompareAndSwap(stParked, stDone) {
 		seamAt(seamAcceptWaitOwner, nil)

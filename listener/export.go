@@ -75,18 +75,28 @@ func (l *lsock) file() (*os.File, error) {
 
 // Dup duplicates ln's descriptor with F_DUPFD_CLOEXEC.
 func Dup(ln *net.TCPListener) (*os.File, error) {
-	rc, err := ln.SyscallConn()
+	nfd, err := dupListener(ln)
 	if err != nil {
 		return nil, err
 	}
+	return os.NewFile(uintptr(nfd), "listener-"+ln.Addr().String()), nil
+}
+
+// dupListener duplicates ln's descriptor with F_DUPFD_CLOEXEC, as a raw
+// descriptor in no poller.
+func dupListener(ln *net.TCPListener) (int, error) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
 	nfd, derr := -1, error(nil)
 	if err := rc.Control(func(fd uintptr) { nfd, derr = sockfd.Dup(int(fd)) }); err != nil {
-		return nil, err
+		return -1, err
 	}
 	if derr != nil {
-		return nil, derr
+		return -1, derr
 	}
-	return os.NewFile(uintptr(nfd), "listener-"+ln.Addr().String()), nil
+	return nfd, nil
 }
 
 // Adopt offers a listening socket that the process this one replaces had

@@ -162,17 +162,9 @@ type lsock struct {
 // descriptor, then ln closed, which takes it out of Go's poller and leaves
 // the socket open and listening on the duplicate.
 func takeListener(ln *net.TCPListener) (*lsock, error) {
-	rc, err := ln.SyscallConn()
+	fd, err := dupListener(ln)
 	if err != nil {
 		return nil, err
-	}
-	fd := -1
-	var derr error
-	if err := rc.Control(func(l uintptr) { fd, derr = sockfd.Dup(int(l)) }); err != nil {
-		return nil, err
-	}
-	if derr != nil {
-		return nil, derr
 	}
 	l := &lsock{fd: fd, addr: ln.Addr().(*net.TCPAddr)}
 	ln.Close()
