@@ -269,12 +269,13 @@ func (s *Server) connectHeld(in *inbound, ready func(int, *sched.Target) error) 
 var errHoldExpired = fmt.Errorf("hold_timeout passed: %w", sched.ErrNoBackend)
 
 // dial connects to a backend of a service of policy pol: a non-blocking
-// connect on a raw socket with TCP_NODELAY, pol's keepalive and user
-// timeout, from client's address when pol says so (pol.SourceClient,
-// transparent.go), then a wait of at most pol.ConnectTimeout (0: none) for
-// its outcome. A connect that is not done
-// at once (always so but on loopback) waits in an event loop's epoll, never
-// in a thread of its own; before it waits, i (if not nil) is detached.
+// connect on a raw socket with TCP_NODELAY and pol's user timeout (its
+// keepalive comes later, from the session: lateKeepAlive), from client's
+// address when pol says so (pol.SourceClient, transparent.go), then a wait
+// of at most pol.ConnectTimeout (0: none) for its outcome. A connect that
+// is not done at once (always so but on loopback) waits in an event loop's
+// epoll, never in a thread of its own; before it waits, i (if not nil) is
+// detached.
 func (s *Server) dial(pol *Policy, a netip.AddrPort, client netip.Addr, i *inline) (int, error) {
 	fd, err := s.connectRaw(pol, a, client, i)
 	if err != nil {
@@ -381,21 +382,18 @@ func (s *Server) awaitConnect(fd int, timeout time.Duration) error {
 
 // setDialOpts gives a new socket to be connected what a Go net.Conn has
 // (TCP_NODELAY), SO_OOBINLINE (a backend's urgent byte stays in the stream,
-// as a client's does: setNoDelay), pol's keepalive, and its user timeout,
-// set before the connect so that it bounds the handshake's retransmissions
-// too. What a new socket has already (keepalive off, the kernel's user
-// timeout) is not set again.
+// as a client's does: setNoDelay), and pol's user timeout, set before the
+// connect so that it bounds the handshake's retransmissions too. What a new
+// socket has already (keepalive off, the kernel's user timeout) is not set
+// again. Keepalive is not set here: a session's backend socket gets it once
+// the session has lived keepAliveAfter (lateKeepAlive), and a cancel
+// request's connection lives a few seconds at most (cancelTimeout).
 func setDialOpts(fd int, pol *Policy) error {
 	if err := sockfd.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		return err
 	}
 	if err := sockfd.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
 		return err
-	}
-	if ka := keepAliveFor(pol); ka.Idle > 0 { // a new socket has it off
-		if err := setKeepAliveFD(fd, ka); err != nil {
-			return err
-		}
 	}
 	return setUserTimeoutFD(fd, pol.UserTimeout)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +32,16 @@ import (
 // proxied connection. TCP_USER_TIMEOUT is inherited by a TCP listening
 // socket's but an MPTCP one refuses it: it stays per socket (off by
 // default, so no syscall).
+//
+// A backend socket gets its keepalive late: lateKeepAlive sets it once the
+// session has lived keepAliveAfter. Keepalive only acts after a minute (at
+// least a second) of silence, and most connections a proxy carries end long
+// before that (a pgbench -C or redis-benchmark -k 0 connection in well
+// under a millisecond): they took four setsockopts each, 4 of 26 syscalls
+// per connection and about 4 µs of the proxy's CPU (bench/README.md, "A
+// backend socket's keepalive, set late"), for a probe that could never
+// come. A session that lives longer gets the same four calls a quarter of a
+// second in, and its first probe comes that much later at worst.
 //
 // The spread of the client sockets' idle times is drawn on the listening
 // socket, again every spreadEvery connections accepted, rather than per
@@ -170,5 +182,105 @@ func (s *Server) inherit(in *inheritance, fd int, key netip.AddrPort) {
 	snap := s.tbl.Load()
 	if svc := snap.Route(key); svc != nil { // nil while a reload closes the address
 		in.prepare(fd, keepAliveFor(snap.Policy(svc)))
+	}
+}
+
+// keepAliveAfter is how long a session's backend socket goes without its
+// keepalive (lateKeepAlive).
+const keepAliveAfter = 250 * time.Millisecond
+
+// lateKeepAlive gives the backend sockets of sessions that have lived
+// keepAliveAfter their service's keepalive, from a timer: a session that
+// ends before then never takes the four setsockopts. Sessions are queued in
+// the order they begin, so the queue is in order of due time; the timer
+// runs while it is not empty, at most every after/4, each run taking every
+// session then due.
+type lateKeepAlive struct {
+	mu    sync.Mutex
+	q     []lateEntry // in order of due
+	armed bool        // a run is due or running: add leaves the timer alone
+	timer *time.Timer
+	after time.Duration // keepAliveAfter; tests set their own before the first session
+
+	set atomic.Uint64 // backend sockets given their keepalive
+	ran func()        // tests: called after each run
+}
+
+type lateEntry struct {
+	ss  *session
+	due int64 // mono()
+}
+
+// add queues ss, just begun, whose policy has keepalive on.
+func (k *lateKeepAlive) add(ss *session) {
+	after := k.after
+	if after == 0 {
+		after = keepAliveAfter
+	}
+	due := mono() + int64(after)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.q = append(k.q, lateEntry{ss, due})
+	if k.armed {
+		return
+	}
+	k.armed = true
+	if k.timer == nil {
+		k.timer = time.AfterFunc(after, func() { k.apply(mono()) })
+		return
+	}
+	k.timer.Reset(after)
+}
+
+// apply gives every session due at now that has not ended its keepalive,
+// then arms the timer for the next, if any. A session that has ended is
+// left: its descriptor may be another connection's by now, and hold
+// refuses a session whose descriptors finish has closed or may be closing.
+func (k *lateKeepAlive) apply(now int64) {
+	k.mu.Lock()
+	n := 0
+	for n < len(k.q) && k.q[n].due <= now {
+		n++
+	}
+	due := append([]lateEntry(nil), k.q[:n]...) // set outside the lock: the loops add to q
+	m := copy(k.q, k.q[n:])
+	clear(k.q[m:])
+	k.q = k.q[:m]
+	k.mu.Unlock()
+	for _, e := range due {
+		if !e.ss.hold() {
+			continue
+		}
+		// An error (the socket reset meanwhile) leaves it as it was.
+		if setKeepAliveFD(e.ss.backendFD, keepAliveFor(e.ss.pol)) == nil {
+			k.set.Add(1)
+		}
+		e.ss.unref()
+	}
+	k.mu.Lock()
+	if len(k.q) == 0 {
+		k.armed = false
+	} else {
+		after := k.after
+		if after == 0 {
+			after = keepAliveAfter
+		}
+		k.timer.Reset(max(time.Duration(k.q[0].due-mono()), after/4))
+	}
+	k.mu.Unlock()
+	if k.ran != nil {
+		k.ran()
+	}
+}
+
+// stop drops the queue and the pending run (Server.Wait: every session has
+// ended).
+func (k *lateKeepAlive) stop() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	clear(k.q)
+	k.q = k.q[:0]
+	if k.timer != nil && k.timer.Stop() {
+		k.armed = false
 	}
 }

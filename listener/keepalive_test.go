@@ -60,7 +60,11 @@ func legKeepAlives(t *testing.T, local, peer netip.AddrPort) (accepted, dialled 
 // TestKeepAlivePerSocket: both legs of each connection get the service's
 // keepalive, with the idle time spread ±20% per socket (so that a burst of
 // connections never probes in step); keepalive_idle = 0 turns it off on
-// both legs.
+// both legs. The accepted leg has it from the start (inherited); the
+// dialled leg once its session has lived keepAliveAfter (lateKeepAlive),
+// here when the test runs the late keepalive itself, and only on sessions
+// still open: one that ended before is left alone, though its descriptor
+// number is another connection's by then.
 func TestKeepAlivePerSocket(t *testing.T) {
 	testkit.CheckLeaks(t)
 	be := testkit.NewServer(t, testkit.Greeter("a"))
@@ -71,23 +75,57 @@ func TestKeepAlivePerSocket(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
 				s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = c.idle, 7*time.Second, 3
-			})
-			const n = 64
+			}, func(s *Server) { s.lateKA.after = time.Hour }) // runs only when the test says
+			const n, gone = 64, 16
 			var conns []*net.TCPConn
 			defer func() {
 				for _, cn := range conns {
 					cn.Close()
 				}
 			}()
-			for range n {
-				cn := p.dial(t)
-				conns = append(conns, cn)
-				cn.SetReadDeadline(time.Now().Add(5 * time.Second))
-				if line, err := bufio.NewReader(cn).ReadString('\n'); err != nil || line != "a\n" {
-					t.Fatalf("greeting %q, %v", line, err)
+			open := func(k int) {
+				for range k {
+					cn := p.dial(t)
+					conns = append(conns, cn)
+					cn.SetReadDeadline(time.Now().Add(5 * time.Second))
+					if line, err := bufio.NewReader(cn).ReadString('\n'); err != nil || line != "a\n" {
+						t.Fatalf("greeting %q, %v", line, err)
+					}
 				}
 			}
-			accepted, dialled := legKeepAlives(t, netip.MustParseAddrPort(p.addr), netip.MustParseAddrPort(be.Addr))
+			open(n)
+			local, peer := netip.MustParseAddrPort(p.addr), netip.MustParseAddrPort(be.Addr)
+			if _, dialled := legKeepAlives(t, local, peer); len(dialled) != n {
+				t.Fatalf("found %d dialled sockets; want %d", len(dialled), n)
+			} else {
+				for _, k := range dialled {
+					if k.on != 0 {
+						t.Fatalf("a dialled socket has keepalive before its session has lived keepAliveAfter")
+					}
+				}
+			}
+			// gone sessions end; as many new ones take their descriptor numbers.
+			for _, cn := range conns[:gone] {
+				cn.Close()
+			}
+			conns = conns[gone:]
+			ended := 0
+			p.logs.Wait(t, 10*time.Second, "the closed sessions' access lines", func(m map[string]any) bool {
+				if isAccess(m) {
+					ended++
+				}
+				return ended == gone
+			})
+			open(gone)
+			p.srv.lateKA.apply(mono() + int64(2*time.Hour))
+			want := uint64(n)
+			if c.idle == 0 {
+				want = 0
+			}
+			if v := p.srv.lateKA.set.Load(); v != want {
+				t.Fatalf("late keepalive set on %d sockets; want %d, the open sessions' only", v, want)
+			}
+			accepted, dialled := legKeepAlives(t, local, peer)
 			if len(accepted) != n || len(dialled) != n {
 				t.Fatalf("found %d accepted and %d dialled sockets; want %d each", len(accepted), len(dialled), n)
 			}
@@ -120,18 +158,63 @@ func TestKeepAlivePerSocket(t *testing.T) {
 			if v := count(dialled); v < 10 { // 64 draws over 41 values
 				t.Errorf("idle times of %d dialled sockets take %d values; want them spread", n, v)
 			}
-			// 4 draws for 64 sockets, plus one per socket accepted before
-			// the loop first saw its queue empty. That is not the first
-			// alone: a greeting can reach the client before the loop has
-			// come back to accept, and under load the next dial is then
-			// queued before the loop looks, again and again (the bound of
-			// 5 failed so). A draw per socket would take about 32 of the
-			// 41 values (sd 2.5): n/4 tells the two apart with room for a
-			// dozen such sockets.
+			// 4 or 5 draws for the 64 of the 80 sockets accepted still
+			// open, plus one per socket accepted before the loop first saw
+			// its queue empty. That is not the first alone: a greeting can
+			// reach the client before the loop has come back to accept, and
+			// under load the next dial is then queued before the loop looks,
+			// again and again (the bound of 5 failed so). A draw per socket
+			// would take about 32 of the 41 values (sd 2.5): n/4 tells the
+			// two apart with room for a dozen such sockets.
 			if v := count(accepted); v < 2 || v > n/4 {
 				t.Errorf("idle times of %d accepted sockets take %d values; want 2..%d, drawn on the listening socket", n, v, n/4)
 			}
 		})
+	}
+}
+
+// TestKeepAliveLate: the late keepalive runs by itself, keepAliveAfter
+// after a session begins: every dialled socket of the sessions still open
+// then has it.
+func TestKeepAliveLate(t *testing.T) {
+	testkit.CheckLeaks(t)
+	be := testkit.NewServer(t, testkit.Greeter("a"))
+	ran := make(chan struct{}, 1)
+	p := newProxy(t, "rr", []testBackend{{"a", be.Addr, 1}}, func(s tuned) {
+		s.KeepAliveIdle, s.KeepAliveInterval, s.KeepAliveCount = 30*time.Second, 5*time.Second, 2
+	}, func(s *Server) {
+		s.lateKA.ran = func() {
+			select {
+			case ran <- struct{}{}:
+			default:
+			}
+		}
+	})
+	const n = 8
+	for range n {
+		cn := p.dial(t)
+		defer cn.Close()
+		cn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if line, err := bufio.NewReader(cn).ReadString('\n'); err != nil || line != "a\n" {
+			t.Fatalf("greeting %q, %v", line, err)
+		}
+	}
+	deadline := time.After(10 * time.Second)
+	for p.srv.lateKA.set.Load() < n {
+		select {
+		case <-ran:
+		case <-deadline:
+			t.Fatalf("late keepalive set on %d of %d sockets after 10 s", p.srv.lateKA.set.Load(), n)
+		}
+	}
+	_, dialled := legKeepAlives(t, netip.MustParseAddrPort(p.addr), netip.MustParseAddrPort(be.Addr))
+	if len(dialled) != n {
+		t.Fatalf("found %d dialled sockets; want %d", len(dialled), n)
+	}
+	for _, k := range dialled {
+		if k.on != 1 || k.idle < 24 || k.idle > 36 || k.interval != 5 || k.count != 2 {
+			t.Errorf("dialled socket: keepalive %d, idle %ds, interval %ds, count %d; want on, 24..36s, 5s, 2", k.on, k.idle, k.interval, k.count)
+		}
 	}
 }
 

@@ -67,7 +67,10 @@ type Server struct {
 	cancels atomic.Int32 // PostgreSQL cancel requests being forwarded, at most maxCancels (cancel.go)
 
 	pipes pipePool // splice pipes lent to sessions while they move data
-	mode  copyMode // how sessions copy; copyAuto but in tests
+	// lateKA gives sessions' backend sockets their keepalive once they have
+	// lived keepAliveAfter (keepalive.go).
+	lateKA lateKeepAlive
+	mode   copyMode // how sessions copy; copyAuto but in tests
 
 	nlp  int                   // event loops; 0 = one per P (GOMAXPROCS)
 	lpMu sync.Mutex            // serialises starting and stopping the loops
@@ -472,6 +475,7 @@ func (s *Server) Close() {
 // the splice pipes kept for reuse and stops the event loops.
 func (s *Server) Wait() {
 	s.wg.Wait()
+	s.lateKA.stop()
 	s.pipes.closeIdle()
 	s.lpMu.Lock()
 	if lps := s.lps.Swap(nil); lps != nil {

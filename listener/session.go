@@ -109,21 +109,27 @@ func (ss *session) Cut(end string) {
 // while it uses the descriptors, so that finish cannot close them (and the
 // numbers be reused) under it; a session already finishing is left alone.
 func (ss *session) stop() {
-	if ss.stopping.Swap(true) {
+	if ss.stopping.Swap(true) || !ss.hold() {
 		return
-	}
-	for {
-		n := ss.live.Load()
-		if n == 0 {
-			return
-		}
-		if ss.live.CompareAndSwap(n, n+1) {
-			break
-		}
 	}
 	sockfd.Shutdown(ss.clientFD, unix.SHUT_RDWR)
 	sockfd.Shutdown(ss.backendFD, unix.SHUT_RDWR)
 	ss.unref()
+}
+
+// hold counts a use of the session's descriptors in live, so that finish
+// cannot close them (and their numbers be reused) until unref gives it back.
+// A session already finishing is refused: false.
+func (ss *session) hold() bool {
+	for {
+		n := ss.live.Load()
+		if n == 0 {
+			return false
+		}
+		if ss.live.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // halfDone is called by each half as it ends. A clean EOF is passed on as a
@@ -279,6 +285,9 @@ func (ss *session) begin(lp *loop) {
 		ss.up.abandon()
 		ss.down.abandon()
 	} else {
+		if keepAliveFor(ss.pol).Idle > 0 {
+			ss.srv.lateKA.add(ss) // the backend socket's keepalive (keepalive.go)
+		}
 		ss.up.own()
 		ss.down.own()
 	}
