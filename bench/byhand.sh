@@ -8,9 +8,12 @@
 #
 #   bench/byhand.sh [BINARY ...]        (default: this tree, built)
 #
-# Each BINARY is a fulcrum executable. With several, they take turns PAIRS
-# times (A B A B …), each on the same ports in turn, so that every run of one
-# has a run of the other beside it (read them as pairs: this VM drifts).
+# Each BINARY is a fulcrum executable, or "nginx" (one worker, as run.sh
+# configures it) or "nginx-half-close" (the same with proxy_half_close and
+# proxy_socket_keepalive on, the half-close and backend keepalive fulcrum
+# keeps), counted on its worker. With several, they take turns PAIRS times
+# (A B A B …), each on the same ports in turn, so that every run of one has
+# a run of the other beside it (read them as pairs: this VM drifts).
 #
 # Knobs, all optional:
 #   MODE=pingpong   tcpload's mode: pingpong (C persistent connections, 64 B
@@ -51,7 +54,12 @@ if ((${#BINS[@]} == 0)); then
 	(cd "$ROOT" && go build -o "$WORK/fulcrum" .)
 	BINS=("$WORK/fulcrum")
 fi
-for b in "${BINS[@]}"; do [[ -x $b ]] || { echo "byhand: $b is not an executable" >&2; exit 2; }; done
+for b in "${BINS[@]}"; do
+	case $b in
+	nginx | nginx-half-close) command -v nginx >/dev/null || { echo "byhand: $b needs nginx and its stream module" >&2; exit 2; } ;;
+	*) [[ -x $b ]] || { echo "byhand: $b is not an executable" >&2; exit 2; } ;;
+	esac
+done
 
 E1=$((PORT_BASE + 1)) E2=$((PORT_BASE + 2)) E3=$((PORT_BASE + 3)) FRONT=$((PORT_BASE + 100))
 cat >"$WORK/fulcrum.toml" <<EOF
@@ -73,6 +81,38 @@ backends = [
 ]
 EOF
 
+# nginx_conf EXTRA: one worker, the three echo backends at FRONT, EXTRA in
+# the server block; its stream module loaded if Debian ships it apart.
+nginx_conf() {
+	local mods
+	mods=$(nginx -V 2>&1 | tr ' ' '\n' | sed -n 's/^--modules-path=//p')
+	[[ -e $mods/ngx_stream_module.so ]] && echo "load_module $mods/ngx_stream_module.so;"
+	cat <<EOF
+daemon off;
+master_process on;
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $WORK/nginx.pid;
+error_log stderr warn;
+events { worker_connections 19000; }
+stream {
+    upstream echo {
+        server 127.0.0.1:$E1;
+        server 127.0.0.1:$E2;
+        server 127.0.0.1:$E3;
+    }
+    proxy_connect_timeout 5s;
+    server {
+        listen 127.0.0.1:$FRONT reuseport;
+        proxy_pass echo;
+        $1
+    }
+}
+EOF
+}
+nginx_conf "" >"$WORK/nginx.conf"
+nginx_conf "proxy_half_close on; proxy_socket_keepalive on;" >"$WORK/nginx-half-close.conf"
+
 # listening PORT: whether something listens on PORT.
 listening() { [[ -n $(ss -Hltn "sport = :$1") ]]; }
 wait_listen() {
@@ -93,10 +133,19 @@ EVENTS=task-clock,context-switches,raw_syscalls:sys_enter,syscalls:sys_enter_epo
 run() {
 	local bin=$1 pid load stat span=$((DUR + 1))
 	[[ $PROFILE == 1 && -z ${PROFILED:-} ]] && span=$((2 * DUR + 1)) # the profile's DUR s under load too
-	GOMAXPROCS=1 taskset -c "$PROXY_CPU" "$bin" -config "$WORK/fulcrum.toml" >"$WORK/fulcrum.log" 2>&1 &
-	pid=$!
-	PIDS+=("$pid") # cleanup stops it if the script fails before the run does
+	local main
+	case $bin in
+	nginx | nginx-half-close) taskset -c "$PROXY_CPU" nginx -c "$WORK/$bin.conf" >"$WORK/nginx.log" 2>&1 & ;;
+	*) GOMAXPROCS=1 taskset -c "$PROXY_CPU" "$bin" -config "$WORK/fulcrum.toml" >"$WORK/fulcrum.log" 2>&1 & ;;
+	esac
+	main=$!
+	PIDS+=("$main") # cleanup stops it if the script fails before the run does
 	wait_listen "$FRONT"
+	pid=$main
+	if [[ $bin == nginx* ]]; then # the worker: what proxies
+		for _ in $(seq 100); do pid=$(pgrep -P "$main") && break; sleep 0.05; done
+		[[ $pid != "$main" ]] || { echo "byhand: nginx started no worker in 5 s" >&2; exit 1; }
+	fi
 	load=$WORK/load.json stat=$WORK/stat.csv
 	# The client's warm-up runs first; perf starts after it and stops before the client does.
 	taskset -c "$LOAD_CPU" "$WORK/tcpload" -mode "$MODE" -addr "127.0.0.1:$FRONT" -c "$C" \
@@ -110,8 +159,8 @@ run() {
 		perf record -q -g -o "$WORK/perf.data" -p "$pid" -- sleep "$DUR" 2>/dev/null || true
 	fi
 	wait "$client"
-	kill "$pid"
-	wait "$pid" 2>/dev/null || true
+	kill "$main"
+	wait "$main" 2>/dev/null || true
 	for _ in $(seq 100); do listening "$FRONT" || break; sleep 0.05; done # the next run binds the same port
 	if listening "$FRONT"; then echo "byhand: $FRONT still listened on 5 s after fulcrum was stopped" >&2; exit 1; fi
 	awk -F, -v bin="$(basename "$bin")" -v rate="$(jq -r .ops_per_s "$load")" -v dur="$DUR" \
@@ -128,7 +177,7 @@ run() {
 		}' "$stat"
 }
 
-echo "# $MODE, c=$C, ${DUR} s per run; fulcrum on CPU $PROXY_CPU with GOMAXPROCS=1, client and echo on CPU $LOAD_CPU; $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
+echo "# $MODE, c=$C, ${DUR} s per run; the proxy on CPU $PROXY_CPU (fulcrum with GOMAXPROCS=1, nginx with one worker), client and echo on CPU $LOAD_CPU; $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
 for ((i = 1; i <= PAIRS; i++)); do
 	for b in "${BINS[@]}"; do run "$b"; done
 done
