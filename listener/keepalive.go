@@ -211,12 +211,18 @@ type lateEntry struct {
 	due int64 // mono()
 }
 
+// delay is how long a session waits for its keepalive: after, or
+// keepAliveAfter when a test has not set it.
+func (k *lateKeepAlive) delay() time.Duration {
+	if k.after == 0 {
+		return keepAliveAfter
+	}
+	return k.after
+}
+
 // add queues ss, just begun, whose policy has keepalive on.
 func (k *lateKeepAlive) add(ss *session) {
-	after := k.after
-	if after == 0 {
-		after = keepAliveAfter
-	}
+	after := k.delay()
 	due := mono() + int64(after)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -261,11 +267,7 @@ func (k *lateKeepAlive) apply(now int64) {
 	if len(k.q) == 0 {
 		k.armed = false
 	} else {
-		after := k.after
-		if after == 0 {
-			after = keepAliveAfter
-		}
-		k.timer.Reset(max(time.Duration(k.q[0].due-mono()), after/4))
+		k.timer.Reset(max(time.Duration(k.q[0].due-mono()), k.delay()/4))
 	}
 	k.mu.Unlock()
 	if k.ran != nil {
