@@ -162,7 +162,7 @@ run() {
 	kill "$main"
 	wait "$main" 2>/dev/null || true
 	for _ in $(seq 100); do listening "$FRONT" || break; sleep 0.05; done # the next run binds the same port
-	if listening "$FRONT"; then echo "byhand: $FRONT still listened on 5 s after fulcrum was stopped" >&2; exit 1; fi
+	if listening "$FRONT"; then echo "byhand: $FRONT still listened on 5 s after $(basename "$bin") was stopped" >&2; exit 1; fi
 	awk -F, -v bin="$(basename "$bin")" -v rate="$(jq -r .ops_per_s "$load")" -v dur="$DUR" \
 		-v lat="$(jq -r '"p50 \(.p50_us) p99 \(.p99_us) p99.9 \(.p999_us) µs"' "$load")" '
 		$3 == "task-clock" { cpu = $1 * 1000 }  # µs

@@ -20,8 +20,8 @@ import (
 // kernel resets healthy connections. The setter takes a raw descriptor, so
 // that any accept or dial path can call it.
 //
-// A backend socket gets its options one by one before its connect (four
-// setsockopts with keepalive on). A client socket inherits them: Linux
+// A backend socket gets its options one by one (four setsockopts with
+// keepalive on), late: below. A client socket inherits them: Linux
 // copies a listening socket's SO_KEEPALIVE, TCP_KEEPIDLE, TCP_KEEPINTVL and
 // TCP_KEEPCNT to each socket it accepts, as they are when the connection
 // is queued (TestKeepAliveInherited; the MPTCP listening socket Go makes
@@ -34,13 +34,13 @@ import (
 // default, so no syscall).
 //
 // A backend socket gets its keepalive late: lateKeepAlive sets it once the
-// session has lived keepAliveAfter. Keepalive only acts after a minute (at
-// least a second) of silence, and most connections a proxy carries end long
-// before that (a pgbench -C or redis-benchmark -k 0 connection in well
-// under a millisecond): they took four setsockopts each, 4 of 26 syscalls
-// per connection and about 4 µs of the proxy's CPU (bench/README.md, "A
-// backend socket's keepalive, set late"), for a probe that could never
-// come. A session that lives longer gets the same four calls a quarter of a
+// session has lived keepAliveAfter, not before the connect. Keepalive only
+// acts after a minute (at least a second) of silence, and most connections
+// a proxy carries end long before that (a pgbench -C or redis-benchmark
+// -k 0 connection in well under a millisecond): set at the connect, the
+// four calls were 4 of the 26 syscalls of a proxied connection and about
+// 4 µs of the proxy's CPU (bench/README.md, "A backend socket's keepalive,
+// set late"), for a probe that could never come. A session that lives longer gets the same four calls a quarter of a
 // second in, and its first probe comes that much later at worst.
 //
 // The spread of the client sockets' idle times is drawn on the listening
