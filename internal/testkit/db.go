@@ -21,7 +21,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -505,21 +507,68 @@ func appendFile(t testing.TB, path, text string) {
 }
 
 // freePort returns a port of 127.0.0.1 that was free a moment ago, for a
-// server that takes a port number. It is drawn below 32768, where the
-// kernel never hands out an ephemeral port: an ephemeral one (port 0) can
-// be taken by any outgoing connection of a busy machine before the server
-// binds it, which made PostgreSQL fail to start under parallel suites.
+// server that takes a port number (freePortOn).
 func freePort(t testing.TB) int {
 	t.Helper()
+	return freePortOn(t, "127.0.0.1")
+}
+
+// freePortOn returns a port that was free a moment ago on every one of
+// hosts, for a server that takes a port number. It is drawn below 32768,
+// where the kernel never hands out an ephemeral port: an ephemeral one
+// (port 0) can be taken by any outgoing connection of a busy machine
+// before the server binds it, which made PostgreSQL fail to start under
+// parallel suites. And it is reserved until t ends, by a lock on a file
+// named after it (reservePort), so that neither this process nor another
+// test binary (go test ./... runs packages at once) draws it again between
+// the probe here and the server's bind.
+func freePortOn(t testing.TB, hosts ...string) int {
+	t.Helper()
+	dir := defaultPortDir()
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o777|os.ModeSticky) // as /tmp: every user's tests share it (fails, harmlessly, when another user made it)
+draw:
 	for range 100 {
 		p := 20000 + rand.IntN(12000)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
+		release := reservePort(dir, p)
+		if release == nil {
 			continue
 		}
-		ln.Close()
+		for _, h := range hosts {
+			ln, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(p)))
+			if err != nil {
+				release()
+				continue draw
+			}
+			ln.Close()
+		}
+		t.Cleanup(release)
 		return p
 	}
-	t.Fatal("no free port below 32768 on 127.0.0.1 in 100 draws")
+	t.Fatalf("no port below 32768 free on %v in 100 draws", hosts)
 	return 0
+}
+
+// defaultPortDir holds one file per port handed out, shared by every test
+// binary of the machine.
+func defaultPortDir() string { return filepath.Join(os.TempDir(), "fulcrum-test-ports") }
+
+// reservePort takes an exclusive lock on dir/port, which the kernel drops
+// when the lock's holder closes it or exits, however it ends. Returns
+// what gives it back, or nil when another holds it (or it cannot be
+// taken). The files stay: removing one would let two processes lock two
+// files of the same name.
+func reservePort(dir string, port int) (release func()) {
+	// Read-only: a lock needs no more, and another user's file allows it.
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDONLY, 0o644)
+	if err != nil {
+		return nil
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil
+	}
+	return func() { f.Close() }
 }

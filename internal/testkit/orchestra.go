@@ -75,6 +75,7 @@ type PatroniNode struct {
 // proc is a child process and the end of its Wait.
 type proc struct {
 	cmd  *exec.Cmd
+	log  string // where its output goes
 	done chan struct{}
 }
 
@@ -92,7 +93,7 @@ func startProc(t testing.TB, logPath string, setpgid bool, name string, args ...
 		t.Fatalf("%s: %v", name, err)
 	}
 	f.Close() // the child has its own copy
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(p.done) }() // exits with the process
 	return p
 }
@@ -140,7 +141,12 @@ func StartPatroni(t testing.TB, n int) *PatroniCluster {
 	}
 	root := pgRoot(t)
 	c := &PatroniCluster{root: root, bin: bin}
-	ep, pp := freePort(t), freePort(t)
+	// etcd takes its client port on 127.0.33.N too, one address per node.
+	hosts := []string{"127.0.0.1"}
+	for i := range n {
+		hosts = append(hosts, fmt.Sprintf("127.0.33.%d", i+1))
+	}
+	ep, pp := freePortOn(t, hosts...), freePort(t)
 	c.Etcd = fmt.Sprintf("127.0.0.1:%d", ep)
 	listen := []string{"http://" + c.Etcd}
 	for i := range n {
@@ -439,10 +445,7 @@ func (c *PatroniCluster) logTail() string {
 	var b strings.Builder
 	for _, nd := range c.Nodes {
 		out, _ := os.ReadFile(nd.Log)
-		if len(out) > 2000 {
-			out = out[len(out)-2000:]
-		}
-		fmt.Fprintf(&b, "--- %s\n%s\n", nd.Name, out)
+		fmt.Fprintf(&b, "--- %s\n%s\n", nd.Name, tail(out, 2000))
 	}
 	return b.String()
 }
@@ -476,7 +479,8 @@ func waitHTTP(t testing.TB, p *proc, url string, within time.Duration) {
 			err = errors.New(resp.Status)
 		}
 		if p.exited() {
-			t.Fatalf("%s exited before %s answered", p.cmd.Path, url)
+			out, _ := os.ReadFile(p.log)
+			t.Fatalf("%s exited (%v) before %s answered; the end of its output:\n%s", p.cmd.Path, p.cmd.ProcessState, url, tail(out, 2000))
 		}
 		return fmt.Errorf("GET %s: %w; want 200", url, err)
 	})
