@@ -524,7 +524,7 @@ func freePort(t testing.TB) int {
 // the probe here and the server's bind.
 func freePortOn(t testing.TB, hosts ...string) int {
 	t.Helper()
-	dir := defaultPortDir()
+	dir := portDir
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
@@ -551,9 +551,9 @@ draw:
 	return 0
 }
 
-// defaultPortDir holds one file per port handed out, shared by every test
-// binary of the machine.
-func defaultPortDir() string { return filepath.Join(os.TempDir(), "fulcrum-test-ports") }
+// portDir holds one file per port handed out, shared by every test binary
+// of the machine (a test of the reservation sets its own).
+var portDir = filepath.Join(os.TempDir(), "fulcrum-test-ports")
 
 // reservePort takes an exclusive lock on dir/port, which the kernel drops
 // when the lock's holder closes it or exits, however it ends. Returns

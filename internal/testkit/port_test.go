@@ -12,6 +12,8 @@ import (
 // socket listens on is never handed out.
 func TestReservePort(t *testing.T) {
 	dir := t.TempDir()
+	defer func(d string) { portDir = d }(portDir)
+	portDir = dir // a port another test binary holds cannot make this fail
 	release := reservePort(dir, 20001)
 	if release == nil {
 		t.Fatal("reservePort: a fresh port was refused")
@@ -37,12 +39,12 @@ func TestReservePort(t *testing.T) {
 			}
 			ln.Close()
 		}
-		if r := reservePort(defaultPortDir(), p); r != nil {
+		if r := reservePort(dir, p); r != nil {
 			r()
 			t.Fatalf("port %d is not held while its test runs", p)
 		}
 	})
-	r := reservePort(defaultPortDir(), p)
+	r := reservePort(dir, p)
 	if r == nil {
 		t.Fatalf("port %d still held after its test ended", p)
 	}
