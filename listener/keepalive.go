@@ -40,8 +40,9 @@ import (
 // -k 0 connection in well under a millisecond): set at the connect, the
 // four calls were 4 of the 26 syscalls of a proxied connection and about
 // 4 µs of the proxy's CPU (bench/README.md, "A backend socket's keepalive,
-// set late"), for a probe that could never come. A session that lives longer gets the same four calls a quarter of a
-// second in, and its first probe comes that much later at worst.
+// set late"), for a probe that could never come. A session that lives
+// longer gets the same four calls a quarter of a second in, and its first
+// probe comes that much later at worst.
 //
 // The spread of the client sockets' idle times is drawn on the listening
 // socket, again every spreadEvery connections accepted, rather than per

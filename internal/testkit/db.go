@@ -524,15 +524,14 @@ func freePort(t testing.TB) int {
 // the probe here and the server's bind.
 func freePortOn(t testing.TB, hosts ...string) int {
 	t.Helper()
-	dir := portDir
-	if err := os.MkdirAll(dir, 0o777); err != nil {
+	if err := os.MkdirAll(portDir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(dir, 0o777|os.ModeSticky) // as /tmp: every user's tests share it (fails, harmlessly, when another user made it)
+	os.Chmod(portDir, 0o777|os.ModeSticky) // as /tmp: every user's tests share it (fails, harmlessly, when another user made it)
 draw:
 	for range 100 {
 		p := 20000 + rand.IntN(12000)
-		release := reservePort(dir, p)
+		release := reservePort(portDir, p)
 		if release == nil {
 			continue
 		}
